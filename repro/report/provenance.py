@@ -120,13 +120,14 @@ def software_versions() -> dict[str, Any]:
 def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
-                              timeout=20).stdout.strip()
+                              timeout=20, check=True).stdout.strip()
     try:
-        sha = git("rev-parse", "HEAD")
+        sha = git("rev-parse", "--verify", "HEAD")
         dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
-        sha, dirty = "", False
-    return {"sha": sha or "unknown", "dirty": dirty}
+        # Not a git checkout (an unpacked release, a copied tree on a cluster node).
+        return {"sha": "unknown", "dirty": None}
+    return {"sha": sha, "dirty": dirty}
 
 
 @lru_cache(maxsize=1)
