@@ -246,6 +246,7 @@ class TapChannel:
             return
         self.transport.flush()
         self._held_view.clear()
+        self.transport.shutdown()
         if self.group is not None:
             self._barrier(timeout_s)  # every rank flushed: no write is still in flight
         if self.rank != self.layout.consumer_rank:

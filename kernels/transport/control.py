@@ -61,14 +61,18 @@ class ControlBlock:
 
 
 def attach_shm(name: str) -> shared_memory.SharedMemory:
-    """Attach to a segment another process created, without letting this process's resource
-    tracker unlink it at exit (the creator owns it)."""
-    shm = shared_memory.SharedMemory(name=name)
+    """Attach to a segment another process created without registering it with this process's
+    resource tracker: the creator owns (and unlinks) it, whether or not the trackers are shared."""
     try:
-        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 (CPython detail)
-    except Exception:  # pragma: no cover - tracker absent on some platforms
+        return shared_memory.SharedMemory(name=name, track=False)  # Python >= 3.13
+    except TypeError:
         pass
-    return shm
+    register = resource_tracker.register
+    resource_tracker.register = lambda *args, **kwargs: None
+    try:
+        return shared_memory.SharedMemory(name=name)
+    finally:
+        resource_tracker.register = register
 
 
 def close_shm(shm: shared_memory.SharedMemory, unlink: bool) -> None:

@@ -132,5 +132,8 @@ class Transport(ABC):
     def release(self, ring: RingId, slot: int, seq: int) -> None:
         """Hand the slot back to the producer once the consumer's reads of it have finished."""
 
+    def shutdown(self) -> None:
+        """Stop helper threads; every rank of the channel calls it after flushing, concurrently."""
+
     def close(self) -> None:
-        """Free or detach the rings. Called after every rank of the channel flushed."""
+        """Free or detach the rings. Sources close before the consumer frees the rings."""

@@ -1,0 +1,110 @@
+"""TapChannel across processes (gloo world, kernels.launch.spawn): PP-1 sources fanning in to the
+draft's rank over each CPU transport, bit-exact; a producer or consumer that dies mid-run gives a
+PeerDiedError naming the rank and sequence number well inside the timeout.
+
+    .venv/bin/python -m pytest -q tests/transport/test_multiprocess.py
+"""
+import os
+import time
+import zlib
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from kernels.launch import WorkerError, spawn
+from kernels.transport import ChannelLayout, PeerDiedError, TapChannel, TapSpec, sequence_stamp
+
+N_MB, STEPS, HIDDEN = 3, 2, 16
+
+
+def layout(world, depth=2):
+    taps = {0: [TapSpec("embed", (24, HIDDEN)), TapSpec("L1", (24, HIDDEN))]}
+    for s in range(1, world - 1):
+        taps[s] = [TapSpec(f"L{4 * s + 1}", (24, HIDDEN))]
+    return ChannelLayout(sources=taps, stage_to_rank={s: s for s in range(world)}, consumer_rank=world - 1,
+                         ring_depth=depth)
+
+
+def tap_value(stage, name, seq):
+    g = torch.Generator().manual_seed(zlib.crc32(f"{stage}/{name}/{seq}".encode()))
+    rows = 8 + (seq * 5 + stage) % 17  # variable length, always <= 24
+    return torch.randn(rows, HIDDEN, generator=g)
+
+
+def fanin_worker(rank, world, transport):
+    lay = layout(world)
+    ch = TapChannel.setup(lay, transport, get_timeout_s=30, put_timeout_s=30)
+    mismatches = 0
+    for step in range(STEPS):
+        for mb in range(N_MB):
+            seq = sequence_stamp(step, mb, N_MB)
+            if rank in lay.sources:
+                for spec in lay.sources[rank]:
+                    ch.put(rank, spec.name, seq, tap_value(rank, spec.name, seq))
+            if rank == lay.consumer_rank:
+                for stage in lay.sources:
+                    got = ch.get_stage(stage, seq)
+                    for name, t in got.items():
+                        mismatches += not torch.equal(t, tap_value(stage, name, seq))
+                    ch.release(stage, seq)
+    rep = ch.report()
+    ch.close()
+    return {"mismatches": mismatches, "report": rep}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "gloo", "host_staging"])
+def test_fanin_bit_exact(transport):
+    out = spawn(fanin_worker, 4, args=(transport,), timeout_s=100)
+    consumer = out[-1]
+    assert consumer["mismatches"] == 0
+    assert consumer["report"]["get"]["bytes"]["n"] == STEPS * N_MB * 4  # 4 rings
+    for r in out[:-1]:
+        assert r["report"]["put"]["bytes"]["n"] == STEPS * N_MB * len(layout(4).sources[out.index(r)])
+
+
+def death_worker(rank, world, who_dies, result_path):
+    lay = ChannelLayout(sources={0: [TapSpec("L1", (4, 4))]}, stage_to_rank={0: 0, 1: 1}, consumer_rank=1,
+                        ring_depth=1)
+    ch = TapChannel.setup(lay, "shm", get_timeout_s=20, put_timeout_s=20)
+    if rank == 0:
+        ch.put(0, "L1", 0, torch.ones(4, 4))
+        if who_dies == "producer":
+            os._exit(3)
+        try:  # consumer dies without releasing seq 0: seq 1 can never get credit
+            t0 = time.monotonic()
+            ch.put(0, "L1", 1, torch.ones(4, 4))
+            msg = "no error"
+        except PeerDiedError as exc:
+            msg = f"{time.monotonic() - t0:.2f} {exc}"
+    else:
+        ch.get(0, "L1", 0)
+        if who_dies == "consumer":
+            time.sleep(0.2)
+            os._exit(3)
+        ch.release(0, 0)
+        try:
+            t0 = time.monotonic()
+            ch.get(0, "L1", 1)
+            msg = "no error"
+        except PeerDiedError as exc:
+            msg = f"{time.monotonic() - t0:.2f} {exc}"
+    with open(result_path, "w") as f:
+        f.write(msg)
+    os._exit(0)  # the peer is gone: no collective teardown is possible
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("who_dies", ["producer", "consumer"])
+def test_peer_death_is_reported(tmp_path, who_dies):
+    path = tmp_path / "msg.txt"
+    with pytest.raises(WorkerError):
+        spawn(death_worker, 2, args=(who_dies, str(path)), timeout_s=40)
+    msg = path.read_text()
+    elapsed, _, text = msg.partition(" ")
+    assert float(elapsed) < 5.0, msg  # found by the liveness check, long before the 20 s timeout
+    if who_dies == "producer":
+        assert "rank 0" in text and "has exited" in text and "source stage 0" in text and "seq 1" in text, text
+    else:
+        assert "rank 1" in text and "has exited" in text and "seq 0" in text and "seq 1" in text, text
