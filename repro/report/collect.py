@@ -1,0 +1,209 @@
+"""collect: W&B logs of every run folder -> tidy tables under results/tidy/.
+
+A run folder is any folder under results/ holding an ``env.json`` written by the suite's metrics
+logger. Its metrics come from its W&B offline logs (``wandb/*/run-*.wandb``, read with the suite's
+own reader); the ``metrics.jsonl`` sidecar is read only for runs logged with W&B disabled. Runs that
+live only on a W&B server are read with ``wandb.Api().scan_history`` (``--online``).
+
+Runs of other engines (NeMo-RL) name their engine in env.json; a per-engine mapper turns their metric
+names into the suite's (``ENGINE_MAPPERS``), so one set of table and figure rules serves both.
+
+Tidy schema (results/tidy/metrics.csv), one row per logged number:
+    artifact, profile, hardware, hardware_label, run, engine, row, step, metric, value
+and results/tidy/runs.csv, one row per run: run folder, artifact, profile, hardware, git sha, date, finished.
+
+    python -m repro.report.collect                      # every run under results/
+    python -m repro.report.collect --online me/rl-spec-repro --group table1
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import pandas as pd
+
+from repro.report.provenance import write_atomic
+from repro.report.wandb_reader import WandbLogError, find_wandb_logs, read_wandb_log
+
+TIDY_COLUMNS = ["artifact", "profile", "hardware", "hardware_label", "run", "engine", "row", "step",
+                "metric", "value"]
+RUN_COLUMNS = ["run", "artifact", "profile", "hardware", "hardware_label", "engine", "git_sha", "git_dirty",
+               "date", "finished", "source"]
+
+# engine name -> function(history row) -> list of (row, metric, value). The suite's own runs log
+# {"row": ..., "step": ..., <metric>: <value>}; other engines register a mapper here.
+Mapper = Callable[[dict[str, Any]], list[tuple[str, str, float]]]
+
+
+def suite_mapper(entry: dict[str, Any]) -> list[tuple[str, str, float]]:
+    row = str(entry.get("row", ""))
+    out = []
+    for key, value in entry.items():
+        if key in ("row", "step") or key.startswith("_"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) and math.isnan(value):
+            continue
+        out.append((row, key, float(value)))
+    return out
+
+
+ENGINE_MAPPERS: dict[str, Mapper] = {"suite": suite_mapper}
+
+
+def _mapper(engine: str) -> Mapper:
+    if engine not in ENGINE_MAPPERS and engine == "nemo-rl":
+        try:  # registered by repro.nemo_rl when that integration is present
+            import repro.nemo_rl.metrics  # noqa: F401
+        except ImportError:
+            pass
+    if engine not in ENGINE_MAPPERS:
+        raise ValueError(f"no metric mapper for engine {engine!r}; known: {sorted(ENGINE_MAPPERS)}")
+    return ENGINE_MAPPERS[engine]
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Run folders under ``root`` (those with an env.json), skipping the tidy output."""
+    return sorted(p.parent for p in root.rglob("env.json") if "tidy" not in p.relative_to(root).parts)
+
+
+def _history_of(run_dir: Path, env: dict[str, Any]) -> tuple[list[dict[str, Any]], bool, str]:
+    """(history rows, finished, source) of one run folder."""
+    if env.get("wandb_mode") == "disabled":
+        path = run_dir / "metrics.jsonl"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing (run logged with W&B disabled has only this sidecar)")
+        rows = []
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{n}: not a JSON object ({exc.msg}); truncated sidecar?") from exc
+        return rows, True, "metrics.jsonl"
+    logs = find_wandb_logs(run_dir)
+    if not logs:
+        raise FileNotFoundError(f"{run_dir}: env.json says W&B mode {env.get('wandb_mode')!r} but there is "
+                                "no wandb/*/run-*.wandb log (was the run killed before W&B started?)")
+    rows, finished = [], False
+    for log in logs:   # several logs = a resumed run; later rows win on (row, step)
+        run = read_wandb_log(log)
+        rows.extend(run.history)
+        finished = run.finished
+    return rows, finished, "wandb-offline"
+
+
+def tidy_rows(history: Iterable[dict[str, Any]], meta: dict[str, Any], mapper: Mapper) -> list[dict[str, Any]]:
+    latest: dict[tuple[str, int, str], float] = {}
+    for i, entry in enumerate(history):
+        step = int(entry.get("step", entry.get("_step", i)))
+        for row, metric, value in mapper(entry):
+            latest[(row, step, metric)] = value
+    return [{**meta, "row": row, "step": step, "metric": metric, "value": value}
+            for (row, step, metric), value in latest.items()]
+
+
+def collect_run(run_dir: Path, root: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    env_path = run_dir / "env.json"
+    try:
+        env = json.loads(env_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{env_path}: not valid JSON ({exc.msg}); half-written run folder?") from exc
+    engine = env.get("engine") or env.get("config", {}).get("engine") or "suite"
+    hw = env.get("hardware", {})
+    meta = {"artifact": env.get("artifact", ""), "profile": env.get("profile", ""),
+            "hardware": hw.get("tag", ""), "hardware_label": hw.get("label", ""),
+            "run": str(run_dir.relative_to(root)), "engine": engine}
+    history, finished, source = _history_of(run_dir, env)
+    info = {**meta, "git_sha": env.get("git", {}).get("sha", ""), "git_dirty": env.get("git", {}).get("dirty"),
+            "date": env.get("date", ""), "finished": finished, "source": source}
+    return tidy_rows(history, meta, _mapper(engine)), info
+
+
+def collect(root: Path, artifact: str | None = None, profile: str | None = None
+            ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every run folder under ``root`` (optionally one artifact and/or profile) as tidy tables."""
+    rows, runs = [], []
+    for run_dir in find_run_dirs(root):
+        r, info = collect_run(run_dir, root)
+        if (artifact and info["artifact"] != artifact) or (profile and info["profile"] != profile):
+            continue
+        rows.extend(r)
+        runs.append(info)
+    tidy = pd.DataFrame(rows, columns=TIDY_COLUMNS)
+    tidy = tidy.sort_values(["artifact", "profile", "hardware", "run", "row", "step", "metric"], kind="stable")
+    return tidy.reset_index(drop=True), pd.DataFrame(runs, columns=RUN_COLUMNS)
+
+
+def collect_online(project: str, filters: dict[str, Any] | None = None, api=None) -> pd.DataFrame:
+    """Read runs from a W&B server with ``scan_history`` (every row, unsampled)."""
+    if api is None:
+        import wandb
+        api = wandb.Api()
+    rows = []
+    for run in api.runs(project, filters=filters or {}):
+        cfg = dict(run.config)
+        engine = cfg.get("engine", "suite")
+        tags = {t.split(":", 1)[0]: t.split(":", 1)[1] for t in run.tags if ":" in t}
+        meta = {"artifact": cfg.get("artifact", run.group), "profile": cfg.get("profile", tags.get("profile", "")),
+                "hardware": cfg.get("hardware", tags.get("hw", "")), "hardware_label": "",
+                "run": f"wandb:{project}/{run.id}", "engine": engine}
+        rows.extend(tidy_rows(run.scan_history(), meta, _mapper(engine)))
+    return pd.DataFrame(rows, columns=TIDY_COLUMNS)
+
+
+def write_csv(df: pd.DataFrame, path: Path) -> Path:
+    buf = io.StringIO()
+    df.to_csv(buf, index=False, lineterminator="\n")
+    return write_atomic(path, buf.getvalue())
+
+
+def read_tidy(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no collected metrics (run `snakemake collect` first)")
+    df = pd.read_csv(path, dtype={"row": str, "run": str}, keep_default_na=False)
+    missing = [c for c in TIDY_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: missing tidy columns {missing}; expected {TIDY_COLUMNS}")
+    df["value"] = pd.to_numeric(df["value"])
+    return df
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Collect W&B logs of every run into tidy tables.")
+    ap.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
+    ap.add_argument("--out", type=Path, default=None, help="output folder (default: <results>/tidy)")
+    ap.add_argument("--online", metavar="ENTITY/PROJECT", help="read runs from a W&B server instead")
+    ap.add_argument("--group", help="with --online: only runs of this group (artifact)")
+    ap.add_argument("--artifact", help="only runs of this artifact")
+    ap.add_argument("--profile", help="only runs of this profile")
+    ap.add_argument("--tidy-file", type=Path, help="write only the tidy metrics, to this file")
+    args = ap.parse_args(argv)
+    out = args.out or args.results / "tidy"
+    try:
+        if args.online:
+            tidy = collect_online(args.online, {"group": args.group} if args.group else None)
+            write_csv(tidy, out / "metrics_online.csv")
+        else:
+            tidy, runs = collect(args.results, args.artifact, args.profile)
+            if args.tidy_file:
+                out = args.tidy_file
+                write_csv(tidy, out)
+            else:
+                write_csv(tidy, out / "metrics.csv")
+                write_csv(runs, out / "runs.csv")
+    except (WandbLogError, FileNotFoundError, ValueError) as exc:
+        print(f"collect: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"collect: {len(tidy)} metric values -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

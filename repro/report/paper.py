@@ -1,0 +1,40 @@
+"""The paper's numbers (experiments/paper_numbers.csv): loading and schema check.
+
+Every number of ../shared/PAPER.md lives in that one tidy file, one row per number: artifact, row,
+metric, stat (value / min / max of a stated range), unit, paper hardware, value, direction, the
+ceiling it scales with, and where in the paper it stands. Nothing else in the suite holds a paper number.
+
+    python -m repro.report.paper        # validate and print a summary
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from repro.report.profiles import ProfileError, validate
+from repro.report.provenance import REPO_ROOT
+
+PAPER_NUMBERS = REPO_ROOT / "experiments" / "paper_numbers.csv"
+ARTIFACTS = ("table1", "table2", "fig3", "fig4", "fig5", "fig6", "fig7")
+
+
+def load_paper_numbers(path: Path = PAPER_NUMBERS) -> pd.DataFrame:
+    """Read and validate every row against workflow/schemas/paper_numbers.schema.yaml."""
+    df = pd.read_csv(path, dtype={"row": str, "metric": str, "source": str}, keep_default_na=False)
+    df["higher_is_better"] = df["higher_is_better"].map({"true": True, "false": False, True: True, False: False})
+    for i, rec in enumerate(df.to_dict("records"), start=2):
+        validate(rec, "paper_numbers.schema.yaml", f"{path.name} line {i}")
+    dup = df.duplicated(["artifact", "row", "metric", "stat"])
+    if dup.any():
+        first = df[dup].iloc[0]
+        raise ProfileError(f"{path.name}: duplicate number {first['artifact']}/{first['row']}/{first['metric']}/"
+                           f"{first['stat']}")
+    return df
+
+
+if __name__ == "__main__":
+    df = load_paper_numbers()
+    print(df.groupby("artifact").size().to_string())
+    sys.exit(0)

@@ -1,0 +1,45 @@
+"""Tables as CSV and Markdown, written atomically.
+
+    write_table(df, "paper_figures/cpu-tiny/table1")  ->  table1.csv, table1.md
+"""
+from __future__ import annotations
+
+import io
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from repro.report.provenance import write_atomic
+
+
+def format_value(value, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        if value != 0 and (abs(value) < 10 ** -(digits - 1) or abs(value) >= 10 ** 6):
+            return f"{value:.{digits - 1}e}"
+        return f"{value:.{digits}g}" if abs(value) >= 10 ** digits else f"{value:.{digits}f}".rstrip("0").rstrip(".")
+    return str(value)
+
+
+def to_markdown(df: pd.DataFrame, title: str | None = None, notes: list[str] | None = None) -> str:
+    lines = [f"# {title}", ""] if title else []
+    cols = [str(c) for c in df.columns]
+    lines.append("| " + " | ".join(cols) + " |")
+    lines.append("|" + "|".join("---" for _ in cols) + "|")
+    for _, r in df.iterrows():
+        lines.append("| " + " | ".join(format_value(v).replace("|", "\\|") for v in r.tolist()) + " |")
+    if notes:
+        lines += [""] + [f"{n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def write_table(df: pd.DataFrame, stem: str | os.PathLike, title: str | None = None,
+                notes: list[str] | None = None) -> list[Path]:
+    stem = Path(stem)
+    buf = io.StringIO()
+    df.to_csv(buf, index=False, lineterminator="\n")
+    return [write_atomic(stem.with_suffix(".csv"), buf.getvalue()),
+            write_atomic(stem.with_suffix(".md"), to_markdown(df, title, notes))]

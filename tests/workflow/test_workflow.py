@@ -1,0 +1,71 @@
+"""The Snakemake workflow: every existing target plans (dry run) for every profile; bad --config
+values, unknown targets and unservable profiles fail before any job runs, naming what is wrong.
+
+    .venv/bin/python -m pytest -q tests/workflow
+"""
+import functools
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from repro.report.paper import ARTIFACTS
+from repro.report.profiles import available_profiles
+from repro.report.provenance import hardware
+
+pytestmark = pytest.mark.timeout(180)
+ROOT = Path(__file__).resolve().parents[2]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--nolock"]
+
+
+def snakemake(*args):
+    return subprocess.run([*SNAKEMAKE, *args], cwd=ROOT, capture_output=True, text=True, timeout=170)
+
+
+@functools.lru_cache(maxsize=1)
+def target_rules():
+    out = snakemake("--list-target-rules")
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+def test_targets_exist_only_with_their_experiments():
+    targets = target_rules()
+    assert {"envcheck", "collect", "compare", "all"} <= targets
+    for artifact in ARTIFACTS:
+        has_rules = (ROOT / "workflow" / "rules" / f"{artifact}.smk").is_file()
+        assert (artifact in targets) == has_rules, f"target {artifact} exists without its experiment, or vice versa"
+
+
+@pytest.mark.parametrize("profile", available_profiles())
+def test_every_target_plans_for_every_profile(profile):
+    targets = sorted(target_rules())
+    out = snakemake("-n", *targets, "--config", f"profile={profile}")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("config,message", [
+    ("profile=a100", r"profile.*'a100' is not one of"),
+    ("seed=-3", r"seed.*-3 is less than the minimum of 0"),
+    ("bogus=1", r"Additional properties are not allowed \('bogus' was unexpected\)"),
+])
+def test_bad_config_fails_before_planning(config, message):
+    out = snakemake("-n", "all", "--config", config)
+    assert out.returncode != 0
+    assert re.search(message, out.stdout + out.stderr), out.stdout + out.stderr
+
+
+def test_unknown_target_is_named():
+    out = snakemake("-n", "table9")
+    assert out.returncode != 0 and "table9" in out.stdout + out.stderr
+
+
+@pytest.mark.skipif(hardware()["gpus"]["count"] > 0, reason="checks the refusal on a CPU-only machine")
+def test_unservable_profile_fails_before_any_job(tmp_path):
+    out = snakemake("-c1", "envcheck", "--config", "profile=h200")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "profile 'h200' cannot run on this machine" in text and "GPU" in text
+    assert not list((ROOT / "results").glob("*/h200/envcheck/env.json"))

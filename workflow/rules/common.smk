@@ -1,0 +1,61 @@
+# Helpers shared by every rule file: config and profile validation, the hardware check, paths,
+# and the registry of artifacts. No rules here.
+import sys
+
+from snakemake.exceptions import WorkflowError
+
+from repro.report.paper import ARTIFACTS as PAPER_ARTIFACTS
+from repro.report.profiles import ProfileError, check_servable, load_profile, validate
+from repro.report.provenance import hardware
+
+# A bad --config value fails here, before the DAG is built, naming the key and the allowed values.
+try:
+    validate(config, "config.schema.yaml", "--config / workflow/config.yaml")
+    PROFILE = load_profile(config["profile"])
+except ProfileError as exc:
+    raise WorkflowError(str(exc))
+
+PROFILE_NAME = PROFILE["name"]
+HW = hardware()["tag"]
+# The interpreter Snakemake runs under is the suite's environment.
+PY = sys.executable
+RUNS = f"results/{HW}/{PROFILE_NAME}"
+FIGS = f"paper_figures/{PROFILE_NAME}"
+TIDY = "results/tidy"
+ENV_JSON = f"{RUNS}/envcheck/env.json"
+
+# artifact -> files its run rule writes / files its report rule writes (filled by workflow/rules/<artifact>.smk)
+ARTIFACT_RUNS = {}
+ARTIFACT_REPORTS = {}
+
+
+def register_artifact(name, runs, reports):
+    """Declare an artifact's run outputs and report outputs (called once per rules/<artifact>.smk)."""
+    if name not in PAPER_ARTIFACTS:
+        raise WorkflowError(f"unknown artifact {name!r}; expected one of {PAPER_ARTIFACTS}")
+    ARTIFACT_RUNS[name] = list(runs)
+    ARTIFACT_REPORTS[name] = list(reports)
+
+
+def existing_runs():
+    """Run outputs already on disk (collect/compare report on what exists; they never force a run)."""
+    return [f for outs in ARTIFACT_RUNS.values() for f in outs if Path(f).exists()]
+
+
+def report_cmd(artifact):
+    """Shell command building an artifact's tables/figures from its collected data."""
+    return (f"{PY} -m repro.report.build --artifact {artifact} --profile {PROFILE_NAME} "
+            f"--tidy {TIDY}/{PROFILE_NAME}/{artifact}.csv --out {FIGS}")
+
+
+COLLECT_CMD = f"{PY} -m repro.report.collect --results results --out {TIDY}"
+COMPARE_CMD = (f"{PY} -m repro.report.compare --profile {PROFILE_NAME} --tidy {TIDY}/metrics.csv "
+               f"--env {ENV_JSON} --out {FIGS}/comparison")
+
+
+onstart:
+    # The profile's hardware and local paths are checked before any job runs (dry runs plan freely).
+    try:
+        check_servable(PROFILE, config)
+    except ProfileError as exc:
+        raise WorkflowError(str(exc))
