@@ -1,0 +1,202 @@
+"""A batched speculative rollout engine: chain proposals, one-forward verification, exact rejection sampling.
+
+``RolloutEngine(policy, proposer=None).generate(prompts, ...)`` decodes a batch of prompts with a KV
+cache for the policy (and the draft's own cache inside the proposer), ragged acceptance per row,
+stop tokens and a length limit. Each verify step feeds ``[last token, d_1..d_k]`` through the policy
+once, accepts a prefix by ``repro.rollout.sampling.verify`` and commits ``accepted + 1`` tokens.
+Without a proposer (k = 0) the same loop is the plain decoding baseline.
+
+Returned per row: generated tokens, the policy's log-probabilities of those tokens
+(``log_softmax(logits / temperature)``; temperature 1 in greedy mode), why it stopped; and counters
+as vLLM and the paper count them: ``acceptance_length = 1 + accepted / verify_steps`` and
+``accepted_per_pos[i]`` = verify steps whose proposal ``i`` was accepted.
+
+    from repro.models.policy import build_policy
+    from repro.rollout.engine import RolloutEngine
+    out = RolloutEngine(build_policy("qwen3", "tiny")).generate([[1, 2, 3]], max_new_tokens=8, greedy=True)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from repro.models.policy import Policy
+from repro.rollout.kv import SlotTable, trim_hf_cache, select_hf_cache_rows
+from repro.rollout.proposer import Proposer
+from repro.rollout.sampling import verify
+
+
+@dataclass
+class AcceptanceCounters:
+    num_proposals: int
+    verify_steps: int = 0            # (row, step) pairs with a proposal
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.accepted_per_pos:
+            self.accepted_per_pos = [0] * self.num_proposals
+
+    def add(self, accepted: torch.Tensor) -> None:
+        k = self.num_proposals
+        self.verify_steps += int(accepted.numel())
+        self.draft_tokens += k * int(accepted.numel())
+        self.accepted += int(accepted.sum())
+        if k:
+            per = (accepted.view(-1, 1) > torch.arange(k, device=accepted.device)).sum(0).tolist()
+            self.accepted_per_pos = [a + b for a, b in zip(self.accepted_per_pos, per)]
+
+    @property
+    def acceptance_length(self) -> float:
+        return 1.0 + self.accepted / self.verify_steps if self.verify_steps else float("nan")
+
+    def as_dict(self) -> dict:
+        return {"num_proposals": self.num_proposals, "verify_steps": self.verify_steps,
+                "draft_tokens": self.draft_tokens, "accepted": self.accepted,
+                "accepted_per_pos": list(self.accepted_per_pos),
+                "acceptance_length": self.acceptance_length}
+
+
+@dataclass
+class RolloutResult:
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    finish_reason: list[str]          # "stop" or "length"
+    counters: AcceptanceCounters
+    policy_forwards: int
+
+
+class RolloutEngine:
+    """Speculative (or, with ``proposer=None``, plain) batched decoding for one policy."""
+
+    def __init__(self, policy: Policy, proposer: Proposer | None = None, *, max_model_len: int = 4096):
+        self.policy = policy
+        self.proposer = proposer
+        self.k = proposer.num_proposals if proposer is not None else 0
+        if proposer is not None and proposer.needs_taps and policy.recorder is None:
+            raise ValueError("the draft needs policy taps but the policy has no TapSpec; call "
+                             "policy.set_taps(draft.tap_spec)")
+        if max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+        self.max_model_len = max_model_len
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, greedy: bool = False,
+                 temperature: float = 1.0, stop_tokens: Sequence[int] = (), seed: int = 0) -> RolloutResult:
+        pol, k, dev = self.policy, self.k, self.policy.device
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        lens = [len(p) for p in prompts]
+        for i, (p, n) in enumerate(zip(prompts, lens)):
+            if n < 1:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+            if n + max_new_tokens + k > self.max_model_len:
+                raise ValueError(f"prompt {i} has {n} tokens; with max_new_tokens={max_new_tokens} and "
+                                 f"{k} proposals per step it needs {n + max_new_tokens + k} positions, "
+                                 f"over the limit max_model_len={self.max_model_len}")
+            bad = [t for t in p if not 0 <= int(t) < pol.vocab_size]
+            if bad:
+                raise ValueError(f"prompt {i} has token ids {bad[:4]} outside the vocabulary [0, {pol.vocab_size})")
+        if not greedy and temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+        temp = 1.0 if greedy else float(temperature)
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(seed)
+        B, P = len(prompts), max(lens)
+        stop = torch.tensor(sorted(set(int(s) for s in stop_tokens)), dtype=torch.long, device=dev)
+
+        # -- prefill (left padding; pads are dead slots) -------------------------------------------------
+        ids = torch.zeros(B, P, dtype=torch.long, device=dev)
+        for i, p in enumerate(prompts):
+            ids[i, P - len(p):] = torch.tensor(list(p), dtype=torch.long)
+        plen = torch.tensor(lens, device=dev)
+        pos = torch.arange(P, device=dev).unsqueeze(0) - (P - plen).unsqueeze(1)
+        live = pos >= 0
+        pos = pos.clamp_min(0)
+        cache, table = pol.new_cache(), SlotTable(B, dev)
+        want_taps = self.proposer is not None and self.proposer.needs_taps
+        out = pol.decode_step(ids, pos, cache, table, live, want_taps=want_taps)
+        forwards = 1
+        first = verify(out.logits[:, -1:], ids[:, :0], None, greedy=greedy, temperature=temp, generator=gen)
+        first_tok = first.next_token
+        lp_first = torch.log_softmax(out.logits[:, -1].float() / temp, -1).gather(1, first_tok[:, None])[:, 0]
+        if self.proposer is not None:
+            self.proposer.reset(B)
+            nxt = torch.cat([ids[:, 1:], first_tok[:, None]], dim=1)
+            self.proposer.observe(nxt, out.taps, pos, live)
+
+        # -- per-row outputs -----------------------------------------------------------------------------
+        toks: list[list[int]] = [[] for _ in range(B)]
+        lps: list[list[float]] = [[] for _ in range(B)]
+        reason = ["length"] * B
+        counters = AcceptanceCounters(k)
+        rows = torch.arange(B, device=dev)               # active row -> original index
+        last_tok, last_pos = first_tok, plen.clone()      # newest committed token, its position
+        done = self._commit(rows, first_tok[:, None], lp_first[:, None], torch.ones(B, dtype=torch.long,
+                            device=dev), toks, lps, reason, max_new_tokens, stop)
+
+        while True:
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            if keep.numel() < rows.numel():                # finished rows leave the batch
+                rows, last_tok, last_pos = rows[keep], last_tok[keep], last_pos[keep]
+                select_hf_cache_rows(cache, keep)
+                table.select(keep)
+                if self.proposer is not None:
+                    self.proposer.select(keep)
+            nb = rows.numel()
+            if self.proposer is not None:
+                d, q = self.proposer.propose(last_tok, last_pos, greedy=greedy, temperature=temp, generator=gen)
+            else:
+                d, q = last_tok.new_zeros(nb, 0), None
+            inp = torch.cat([last_tok[:, None], d], dim=1)
+            qpos = last_pos[:, None] + torch.arange(k + 1, device=dev)
+            start = table.length
+            out = pol.decode_step(inp, qpos, cache, table, want_taps=want_taps)
+            forwards += 1
+            v = verify(out.logits, d, q, greedy=greedy, temperature=temp, generator=gen)
+            a = v.accepted
+            counters.add(a)
+            # committed tokens of this step: d_1..d_a then the policy's token
+            j = torch.arange(k + 1, device=dev).unsqueeze(0)
+            committed = torch.cat([d, d.new_zeros(nb, 1)], dim=1)
+            committed = torch.where(j == a[:, None], v.next_token[:, None], committed)
+            n_new = a + 1
+            lp = torch.log_softmax(out.logits.float() / temp, -1).gather(2, committed[:, :, None])[:, :, 0]
+            table.kill(start, n_new)                        # rejected proposals become dead slots
+            tail = table.dead_tail()
+            if tail:
+                table.trim(table.length - tail)
+                trim_hf_cache(cache, table.length)
+            if self.proposer is not None:
+                self.proposer.observe(committed, out.taps, qpos, j < n_new[:, None])
+            last_tok = committed.gather(1, a[:, None])[:, 0]
+            last_pos = last_pos + n_new
+            done = self._commit(rows, committed, lp, n_new, toks, lps, reason, max_new_tokens, stop)
+        return RolloutResult(toks, lps, reason, counters, forwards)
+
+    @staticmethod
+    def _commit(rows, committed, lp, n_new, toks, lps, reason, max_new, stop) -> torch.Tensor:
+        """Append each active row's new tokens, cutting at a stop token or the length limit."""
+        c, l, n = committed.tolist(), lp.tolist(), n_new.tolist()
+        stop_set = set(stop.tolist())
+        done = []
+        for r, orig in enumerate(rows.tolist()):
+            fin = False
+            for t, x in zip(c[r][: n[r]], l[r][: n[r]]):
+                toks[orig].append(t)
+                lps[orig].append(x)
+                if t in stop_set:
+                    reason[orig], fin = "stop", True
+                    break
+                if len(toks[orig]) >= max_new:
+                    fin = True
+                    break
+            done.append(fin)
+        return torch.tensor(done, dtype=torch.bool, device=committed.device)

@@ -1,0 +1,94 @@
+"""Exact speculative verification: rejection sampling with residual resample and bonus token, and greedy mode.
+
+Given the policy's logits at the k+1 verified positions and the draft's k proposals with the
+probabilities it drew them from, ``verify`` returns per row how many proposals are accepted and the
+one extra token the policy contributes (the residual sample after a rejection, or the bonus token
+after k acceptances). The committed tokens are then distributed exactly as plain sampling from the
+policy (Leviathan et al. 2023; Chen et al. 2023):
+
+* accept proposal ``d_i ~ q_i`` with probability ``min(1, p_i(d_i) / q_i(d_i))``;
+* at the first rejection ``i``, sample from ``norm(max(0, p_i - q_i))``;
+* if all k are accepted, sample the bonus from ``p_k``.
+
+Greedy mode accepts ``d_i`` iff it equals ``argmax p_i`` and contributes ``argmax p_a``; that is
+token-identical to plain greedy decoding. A draft that proposes greedily while the policy samples
+passes ``q = None``: its distribution is the one-hot of its proposal (vLLM's greedy draft sampling).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Verdict:
+    accepted: torch.Tensor   # [B] long, number of accepted proposals (0..k)
+    next_token: torch.Tensor  # [B] long, the policy's token after the accepted prefix
+
+
+def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Sampling distribution at ``temperature`` (> 0), computed in fp32."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for sampling, got {temperature} (use greedy=True)")
+    return torch.softmax(logits.float() / temperature, dim=-1)
+
+
+def verify(policy_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, *,
+           greedy: bool, temperature: float = 1.0, generator: torch.Generator | None = None) -> Verdict:
+    """Accept a prefix of ``draft_tokens [B, k]`` against ``policy_logits [B, k+1, V]``.
+
+    ``draft_probs [B, k, V]`` are the distributions the proposals were sampled from (target vocab);
+    ``None`` means the proposals are deterministic (one-hot).
+    """
+    B, k1, V = policy_logits.shape
+    k = k1 - 1
+    if draft_tokens.shape != (B, k):
+        raise ValueError(f"draft_tokens must be [B={B}, k={k}], got {tuple(draft_tokens.shape)}")
+    if draft_probs is not None and draft_probs.shape != (B, k, V):
+        raise ValueError(f"draft_probs must be [B={B}, k={k}, V={V}], got {tuple(draft_probs.shape)}")
+    dev = policy_logits.device
+    rows = torch.arange(B, device=dev)
+    if greedy:
+        target = policy_logits.argmax(dim=-1)                      # [B, k+1]
+        ok = (draft_tokens == target[:, :k]).long()
+        accepted = ok.cumprod(dim=1).sum(dim=1)
+        return Verdict(accepted, target[rows, accepted])
+
+    p = probs_from_logits(policy_logits, temperature)              # [B, k+1, V]
+    if k == 0:
+        return Verdict(torch.zeros(B, dtype=torch.long, device=dev),
+                       torch.multinomial(p[:, 0], 1, generator=generator).squeeze(1))
+    p_d = p[:, :k].gather(2, draft_tokens.unsqueeze(2)).squeeze(2)            # [B, k]
+    if draft_probs is None:
+        q_d = torch.ones_like(p_d)
+    else:
+        q_d = draft_probs.float().gather(2, draft_tokens.unsqueeze(2)).squeeze(2)
+    u = torch.rand(B, k, device=dev, generator=generator)
+    ok = (u * q_d < p_d).long()                                      # u < p/q without dividing by q
+    accepted = ok.cumprod(dim=1).sum(dim=1)                           # [B]
+    # distribution of the extra token: residual at the first rejection, p_k after full acceptance
+    p_a = p[rows, accepted]                                           # [B, V]
+    rejected = accepted < k
+    a_clamped = accepted.clamp(max=k - 1)
+    if draft_probs is None:
+        q_a = torch.zeros_like(p_a)
+        q_a[rows, draft_tokens[rows, a_clamped]] = 1.0
+    else:
+        q_a = draft_probs[rows, a_clamped].float()
+    residual = (p_a - q_a).clamp_min(0.0)
+    mass = residual.sum(dim=1, keepdim=True)
+    # mass == 0 cannot follow a rejection in exact arithmetic; guard against rounding with p itself
+    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_a)
+    dist = torch.where(rejected.unsqueeze(1), residual, p_a)
+    nxt = torch.multinomial(dist, 1, generator=generator).squeeze(1)
+    return Verdict(accepted, nxt)
+
+
+def sample_or_argmax(probs_or_logits: torch.Tensor, *, greedy: bool, temperature: float,
+                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A draft's proposal from logits ``[B, V]``: (token [B], distribution [B, V] or None when greedy)."""
+    if greedy:
+        return probs_or_logits.argmax(dim=-1), None
+    q = probs_from_logits(probs_or_logits, temperature)
+    return torch.multinomial(q, 1, generator=generator).squeeze(1), q
