@@ -1,0 +1,144 @@
+"""Front ends for the three draft families (single rank or CP), built on trunk_branch_attention.
+
+See kernels/attention/__init__.py for shapes and examples. All inputs are checked before any
+communication starts; a bad value raises ValueError/TypeError naming it and what was expected.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from kernels.attention.backends import NAMES, Backend
+from kernels.attention.branch import BlockBranch, TTTBranch
+from kernels.attention.layout import Layout, group_rank_size, make_layout
+from kernels.attention.plan import causal_plan, prefix_plan
+from kernels.attention.ring import RingStats
+from kernels.attention.trunk_branch import trunk_branch_attention
+
+
+def _layout(cu_seqlens, group) -> Layout:
+    r, C = group_rank_size(group)
+    if isinstance(cu_seqlens, Layout):
+        lay = cu_seqlens
+        if lay.cp_size != C or lay.rank != r:
+            raise ValueError(f"layout was built for cp_size={lay.cp_size} rank={lay.rank}, but the group has "
+                             f"size {C} and this process is rank {r}")
+        return lay
+    return make_layout(cu_seqlens, group)
+
+
+def _check_backend(backend):
+    if not isinstance(backend, Backend) and backend not in NAMES:
+        raise ValueError(f"backend must be one of {NAMES} or a Backend, got {backend!r}")
+
+
+def _check_same(name: str, x: torch.Tensor, ref: torch.Tensor, shape) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
+    if x.dtype != ref.dtype:
+        raise TypeError(f"{name} has dtype {x.dtype}, expected {ref.dtype} (the dtype of q)")
+    if x.device != ref.device:
+        raise ValueError(f"{name} is on {x.device}, expected {ref.device} (the device of q)")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
+
+
+def _heads(q: torch.Tensor, G: int) -> None:
+    if q.shape[-2] % G != 0:
+        raise ValueError(f"query heads H={q.shape[-2]} must be a multiple of key/value heads G={G}")
+
+
+def causal_attention(q, k, v, cu_seqlens, group=None, *, scale=None, backend="auto", return_lse=False,
+                     stats: RingStats | None = None):
+    """Packed causal attention (the trunk alone; EAGLE-3 pass 0). Shapes as eagle3_ttt_attention."""
+    return eagle3_ttt_attention(q, [k], [v], cu_seqlens, group, scale=scale, backend=backend,
+                                return_lse=return_lse, stats=stats)
+
+
+def eagle3_ttt_attention(q: torch.Tensor, k_passes: Sequence[torch.Tensor], v_passes: Sequence[torch.Tensor],
+                         cu_seqlens, group=None, *, scale: float | None = None, backend="auto",
+                         return_lse: bool = False, stats: RingStats | None = None):
+    """EAGLE-3 TTT attention of pass k = len(k_passes) - 1; see the package docstring."""
+    lay = _layout(cu_seqlens, group)
+    _check_backend(backend)
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q must be a [T, H, D] tensor, got {getattr(q, 'shape', type(q))}")
+    if len(k_passes) < 1 or len(k_passes) != len(v_passes):
+        raise ValueError(f"k_passes and v_passes must be equally long and non-empty (pass 0 is the trunk), "
+                         f"got {len(k_passes)} and {len(v_passes)}")
+    T, H, D = q.shape
+    if T != lay.num_local:
+        raise ValueError(f"q has {T} rows but this rank holds {lay.num_local} rows of the packed batch "
+                         f"(cu_seqlens[-1]={lay.num_real}, cp_size={lay.cp_size}); shard with make_layout")
+    G = k_passes[0].shape[1] if k_passes[0].dim() == 3 else -1
+    for i, (k, v) in enumerate(zip(k_passes, v_passes)):
+        _check_same(f"k_passes[{i}]", k, q, (T, G, D))
+        _check_same(f"v_passes[{i}]", v, q, (T, G, D))
+    _heads(q, G)
+    scale = D ** -0.5 if scale is None else float(scale)
+    plan = causal_plan(lay, q.device)
+    P = len(k_passes) - 1
+    branch = TTTBranch(P) if P > 0 else None
+    out, lse = trunk_branch_attention(q, k_passes[0], v_passes[0], plan, group, branch,
+                                      (*k_passes[1:], *v_passes[1:]), scale=scale, backend=backend,
+                                      stats=stats)
+    return (out, lse) if return_lse else out
+
+
+def block_draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_k: torch.Tensor,
+                          ctx_v: torch.Tensor, anchors: torch.Tensor, cu_seqlens, group=None, *,
+                          slot_valid: torch.Tensor | None = None, block_valid: torch.Tensor | None = None,
+                          scale: float | None = None, backend="auto", return_lse: bool = False,
+                          stats: RingStats | None = None):
+    """DFlash / DSpark block attention; see the package docstring."""
+    lay = _layout(cu_seqlens, group)
+    _check_backend(backend)
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise ValueError(f"q must be a [Nb, B, H, D] tensor, got {getattr(q, 'shape', type(q))}")
+    Nb, B, H, D = q.shape
+    G = k.shape[2] if k.dim() == 4 else -1
+    _check_same("k", k, q, (Nb, B, G, D))
+    _check_same("v", v, q, (Nb, B, G, D))
+    _check_same("ctx_k", ctx_k, q, (lay.num_local, G, D))
+    _check_same("ctx_v", ctx_v, q, (lay.num_local, G, D))
+    _heads(q, G)
+    if not isinstance(anchors, torch.Tensor) or anchors.dim() != 1 or anchors.numel() != Nb:
+        raise ValueError(f"anchors must be a 1-D tensor of {Nb} global token indices, got "
+                         f"{getattr(anchors, 'shape', type(anchors))}")
+    if anchors.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"anchors must be int32/int64 token indices, got {anchors.dtype}")
+    slot_valid = (torch.ones(Nb, B, dtype=torch.bool, device=q.device) if slot_valid is None
+                  else slot_valid.to(q.device, torch.bool))
+    block_valid = (torch.ones(Nb, dtype=torch.bool, device=q.device) if block_valid is None
+                   else block_valid.to(q.device, torch.bool))
+    if tuple(slot_valid.shape) != (Nb, B):
+        raise ValueError(f"slot_valid has shape {tuple(slot_valid.shape)}, expected {(Nb, B)}")
+    if tuple(block_valid.shape) != (Nb,):
+        raise ValueError(f"block_valid has shape {tuple(block_valid.shape)}, expected {(Nb,)}")
+    doc, pos, owner, local, back = lay.locate(anchors)
+    if bool((owner != lay.rank).any()):
+        bad = anchors.cpu()[owner != lay.rank][:8].tolist()
+        raise ValueError(f"anchors {bad} are owned by other ranks (rank {lay.rank} of {lay.cp_size}); "
+                         "pass only blocks whose anchor this rank holds (layout.locate(anchors)[2])")
+    scale = D ** -0.5 if scale is None else float(scale)
+    order = torch.argsort(anchors.cpu(), stable=True)
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(Nb)
+    od = order.to(q.device)
+    rows = lambda x: x.repeat_interleave(B)  # noqa: E731
+    plan = prefix_plan(lay, rows(doc[order]), rows(local[order]), rows(back[order]),
+                       rows(block_valid.cpu()[order]), q.device)
+    branch = BlockBranch(B, (slot_valid & block_valid.unsqueeze(1)).index_select(0, od))
+    qs = q.index_select(0, od).reshape(Nb * B, H, D)
+    out, lse = trunk_branch_attention(qs, ctx_k, ctx_v, plan, group, branch,
+                                      (k.index_select(0, od), v.index_select(0, od)), scale=scale,
+                                      backend=backend, stats=stats)
+    out = out.view(Nb, B, H, D).index_select(0, inv.to(q.device))
+    if return_lse:
+        return out, lse.view(Nb, B, H).index_select(0, inv.to(q.device))
+    return out
+
+
+dflash_block_attention = block_draft_attention
+dspark_block_attention = block_draft_attention

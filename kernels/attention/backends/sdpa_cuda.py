@@ -1,0 +1,74 @@
+"""GPU flash backend: the flash-attention kernels bundled in torch (``aten._flash_attention_*``).
+
+Varlen (packed THD) forward returning the LSE, and a backward that accepts the joint (out, lse),
+for the "causal" and "full" mask kinds (fp16/bf16, CUDA). GQA is native (no K/V repeat). The
+bundled FA2 reports rows without keys as lse = +inf; we normalise that to the contract's -inf, and
+hand -inf back to the kernel as +inf so such rows get P = 0. Prefix masks go to another backend.
+
+    from kernels.attention.backends.sdpa_cuda import SdpaCudaBackend
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels.attention.backends.base import Backend, acc_dtype
+from kernels.attention.spec import MaskSpec
+
+
+def available() -> bool:
+    return torch.cuda.is_available() and hasattr(torch.ops.aten, "_flash_attention_forward")
+
+
+def _cu(spec: MaskSpec, device):
+    key = ("cuda_cu", str(device))
+    if key not in spec._cache:
+        lq, lk = spec.cu_q.diff(), spec.cu_k.diff()
+        spec._cache[key] = (spec.cu_q.to(device, torch.int32), spec.cu_k.to(device, torch.int32),
+                            int(lq.max()) if lq.numel() else 0, int(lk.max()) if lk.numel() else 0)
+    return spec._cache[key]
+
+
+class SdpaCudaBackend(Backend):
+    name = "sdpa_cuda"
+
+    def __init__(self, native_grad_dtype: bool = False):
+        # native_grad_dtype: return dq/dk/dv in the input dtype (single-step rings need no fp32 copy).
+        self.native_grad_dtype = native_grad_dtype
+
+    def supports(self, spec, device, dtype) -> bool:
+        return (device.type == "cuda" and spec.kind in ("causal", "full")
+                and dtype in (torch.float16, torch.bfloat16) and available())
+
+    def forward(self, q, k, v, spec, scale):
+        cu_q, cu_k, mq, mk = _cu(spec, q.device)
+        if mq == 0 or mk == 0:
+            return (torch.zeros_like(q),
+                    torch.full(q.shape[:2], float("-inf"), dtype=torch.float32, device=q.device))
+        res = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, mq, mk, 0.0, spec.kind == "causal", False, scale=scale)
+        out, lse = res[0], res[1]
+        if lse.dim() == 2 and lse.shape[0] == q.shape[1]:        # [H, Tq]
+            lse = lse.transpose(0, 1)
+        elif lse.dim() == 3:                                     # old layout [B, H, max_q]
+            raise RuntimeError(f"unsupported flash LSE layout {tuple(lse.shape)}; need [H, total_q]")
+        lse = torch.where(torch.isposinf(lse), torch.full_like(lse, float("-inf")), lse)
+        return out, lse.float()
+
+    def backward(self, dout, q, k, v, out, lse, spec, scale):
+        cu_q, cu_k, mq, mk = _cu(spec, q.device)
+        if mq == 0 or mk == 0:
+            z = (torch.zeros(q.shape, dtype=torch.float32, device=q.device),
+                 torch.zeros(k.shape, dtype=torch.float32, device=q.device),
+                 torch.zeros(v.shape, dtype=torch.float32, device=q.device))
+            return z
+        lse_k = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+        lse_k = lse_k.float().transpose(0, 1).contiguous()
+        seed = torch.zeros(2, dtype=torch.int64, device=q.device)
+        off = torch.zeros((), dtype=torch.int64, device=q.device)
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            dout.to(q.dtype).contiguous(), q, k, v, out.to(q.dtype).contiguous(), lse_k, cu_q, cu_k, mq, mk,
+            0.0, spec.kind == "causal", seed, off, scale=scale)
+        if self.native_grad_dtype:
+            return dq, dk, dv
+        acc = acc_dtype(q.dtype)
+        return dq.to(acc), dk.to(acc), dv.to(acc)

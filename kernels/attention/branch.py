@@ -1,0 +1,134 @@
+"""Rank-local branch attention fused with the LSE merge, and its closed-form backward.
+
+The branch keys of a query live on the rank that owns the query, so no communication is needed:
+
+    TTTBranch     EAGLE-3 training-time test: query row i at pass k sees its own keys from passes
+                  1..k (same position i). Scores are per-row dot products: elementwise work, chunked.
+    BlockBranch   DFlash/DSpark: each block [anchor, MASK x (B-1)] sees all valid slots of its own
+                  block (bidirectional). A batched [Nb, heads, B, B] attention.
+
+``merge_forward(q, o_t, l_t, *tensors, scale)`` merges the trunk partial (o_t, l_t) with the branch
+and returns the joint (out, lse). ``backward(dout, q, out, lse, *tensors, scale, dq)`` adds the
+branch's share of dq into ``dq`` (in place) and returns the gradients of the branch tensors, using
+the joint (out, lse): w = exp(s - lse), dV = w dO, dS = w (dO.V - rowsum(dO*O)).
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels.attention.backends.base import acc_dtype
+
+_NEG = float("-inf")
+
+
+def _safe(lse: torch.Tensor, fill: float) -> torch.Tensor:
+    return torch.where(torch.isneginf(lse), torch.full_like(lse, fill), lse)
+
+
+class TTTBranch:
+    """P = pass index k branch keys per row: tensors are ks (P tensors [T,G,D]) then vs (P tensors)."""
+
+    def __init__(self, num_keys: int, chunk_rows: int = 16384):
+        self.P = num_keys
+        self.chunk = chunk_rows
+
+    def merge_forward(self, q, o_t, l_t, *kvs, scale: float):
+        P = self.P
+        ks, vs = kvs[:P], kvs[P:]
+        T, H, D = q.shape
+        G = ks[0].shape[1]
+        hg = H // G
+        acc = acc_dtype(q.dtype)
+        out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
+        lse = torch.empty(T, H, dtype=acc, device=q.device)
+        for a in range(0, T, self.chunk):
+            b = min(T, a + self.chunk)
+            n = b - a
+            qc = q[a:b].to(acc).view(n, G, hg, D)
+            s = torch.stack([(qc * k[a:b].to(acc).unsqueeze(2)).sum(-1) for k in ks]) * scale  # [P,n,G,hg]
+            lt = l_t[a:b].to(acc).view(n, G, hg)
+            L = torch.logsumexp(torch.cat([lt.unsqueeze(0), s]), dim=0)
+            Ls = _safe(L, 0.0)
+            oc = torch.exp(lt - Ls).unsqueeze(-1) * o_t[a:b].to(acc).view(n, G, hg, D)
+            for p in range(P):
+                oc += torch.exp(s[p] - Ls).unsqueeze(-1) * vs[p][a:b].to(acc).unsqueeze(2)
+            out[a:b] = oc.view(n, H, D).to(q.dtype)
+            lse[a:b] = L.view(n, H)
+        return out, lse
+
+    def backward(self, dout, q, out, lse, *kvs, scale: float, dq: torch.Tensor):
+        P = self.P
+        ks, vs = kvs[:P], kvs[P:]
+        T, H, D = q.shape
+        G = ks[0].shape[1]
+        hg = H // G
+        acc = acc_dtype(q.dtype)
+        dks = [torch.empty_like(k) for k in ks]
+        dvs = [torch.empty_like(v) for v in vs]
+        for a in range(0, T, self.chunk):
+            b = min(T, a + self.chunk)
+            n = b - a
+            qc = q[a:b].to(acc).view(n, G, hg, D)
+            do = dout[a:b].to(acc).view(n, G, hg, D)
+            delta = (do * out[a:b].to(acc).view(n, G, hg, D)).sum(-1)
+            Ls = _safe(lse[a:b].to(acc), float("inf")).view(n, G, hg)
+            dqc = torch.zeros(n, G, hg, D, dtype=acc, device=q.device)
+            for p in range(P):
+                kp, vp = ks[p][a:b].to(acc).unsqueeze(2), vs[p][a:b].to(acc).unsqueeze(2)
+                w = torch.exp((qc * kp).sum(-1) * scale - Ls)                       # [n,G,hg]
+                dvs[p][a:b] = (w.unsqueeze(-1) * do).sum(2).to(dvs[p].dtype)
+                ds = w * ((do * vp).sum(-1) - delta) * scale
+                dqc += ds.unsqueeze(-1) * kp
+                dks[p][a:b] = (ds.unsqueeze(-1) * qc).sum(2).to(dks[p].dtype)
+            dq[a:b] += dqc.view(n, H, D).to(dq.dtype)
+        return (*dks, *dvs)
+
+
+class BlockBranch:
+    """Block-local bidirectional attention; tensors are bk, bv [Nb, B, G, D]; q rows are [Nb*B, H, D]."""
+
+    def __init__(self, block_size: int, key_valid: torch.Tensor):
+        self.B = block_size
+        self.key_valid = key_valid          # [Nb, B] bool: slot is a visible key (False for invalid blocks)
+
+    def _scores(self, q, bk, scale):
+        Nb, B, G, D = bk.shape
+        H = q.shape[1]
+        acc = acc_dtype(q.dtype)
+        qb = q.to(acc).view(Nb, B, G, H // G, D)
+        s = torch.einsum("nsghd,ntgd->nghst", qb, bk.to(acc)) * scale
+        s = s.masked_fill(~self.key_valid.view(Nb, 1, 1, 1, B), _NEG)
+        return qb, s
+
+    def merge_forward(self, q, o_t, l_t, bk, bv, *, scale: float):
+        Nb, B, G, D = bk.shape
+        H = q.shape[1]
+        hg = H // G
+        acc = acc_dtype(q.dtype)
+        _, s = self._scores(q, bk, scale)                                       # [Nb,G,hg,B,B]
+        lt = l_t.to(acc).view(Nb, B, G, hg).permute(0, 2, 3, 1)                # [Nb,G,hg,B]
+        L = torch.logsumexp(torch.cat([lt.unsqueeze(-1), s], dim=-1), dim=-1)
+        Ls = _safe(L, 0.0)
+        p = torch.exp(s - Ls.unsqueeze(-1))
+        ot = o_t.to(acc).view(Nb, B, G, hg, D).permute(0, 2, 3, 1, 4)
+        o = torch.exp(lt - Ls).unsqueeze(-1) * ot + torch.einsum("nghst,ntgd->nghsd", p, bv.to(acc))
+        out = o.permute(0, 3, 1, 2, 4).reshape(Nb * B, H, D).to(q.dtype)
+        return out, L.permute(0, 3, 1, 2).reshape(Nb * B, H)
+
+    def backward(self, dout, q, out, lse, bk, bv, *, scale: float, dq: torch.Tensor):
+        Nb, B, G, D = bk.shape
+        H = q.shape[1]
+        hg = H // G
+        acc = acc_dtype(q.dtype)
+        qb, s = self._scores(q, bk, scale)
+        Ls = _safe(lse.to(acc), float("inf")).view(Nb, B, G, hg).permute(0, 2, 3, 1)
+        p = torch.exp(s - Ls.unsqueeze(-1))                                     # [Nb,G,hg,Bq,Bk]
+        do = dout.to(acc).view(Nb, B, G, hg, D).permute(0, 2, 3, 1, 4)          # [Nb,G,hg,B,D]
+        o = out.to(acc).view(Nb, B, G, hg, D).permute(0, 2, 3, 1, 4)
+        delta = (do * o).sum(-1)
+        dbv = torch.einsum("nghst,nghsd->ntgd", p, do)
+        dp = torch.einsum("nghsd,ntgd->nghst", do, bv.to(acc))
+        ds = p * (dp - delta.unsqueeze(-1)) * scale
+        dq += torch.einsum("nghst,ntgd->nsghd", ds, bk.to(acc)).reshape(Nb * B, H, D).to(dq.dtype)
+        dbk = torch.einsum("nghst,nsghd->ntgd", ds, qb)
+        return dbk.to(bk.dtype), dbv.to(bv.dtype)

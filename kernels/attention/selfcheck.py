@@ -1,0 +1,148 @@
+"""Distributed self-check: every rank compares its CP result with the fp64 dense reference.
+
+Each rank builds the same global tensors from a shared seed, computes the dense reference on the
+whole packed batch (values and autograd gradients with one global ``dout``), shards everything with
+the layout, runs the CP front end and returns the largest absolute differences (and its RingStats)
+for the caller to assert on. Used by tests/attention (gloo, CPU) and repro/bench/gpu_attention.py.
+
+    from kernels.launch import spawn
+    from kernels.attention.selfcheck import Case, run_case
+    errs = spawn(run_case, 2, args=(Case("ttt", lengths=(5, 37, 22), passes=3),))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from kernels.attention.api import block_draft_attention, eagle3_ttt_attention
+from kernels.attention.layout import make_layout
+from kernels.attention.reference import block_mask, dense_attention, eagle3_ttt_mask
+from kernels.attention.ring import RingStats
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str                         # "ttt" or "block"
+    lengths: tuple = (5, 37, 22)
+    heads: int = 4
+    kv_heads: int = 2
+    dim: int = 8
+    passes: int = 3                     # ttt: pass index k is passes - 1
+    block: int = 4                      # block: B
+    anchors: tuple = ()                 # block: global anchor tokens (default: spread + doc start/end)
+    invalid_blocks: tuple = ()          # block: indices of fully invalid blocks
+    slot_drop: float = 0.25             # block: fraction of invalid slots
+    dtype: str = "float64"
+    backend: str = "auto"
+    seed: int = 0
+    device: str = "cpu"
+    extra: dict = field(default_factory=dict)
+
+
+def _tensors(case: Case, cu: torch.Tensor):
+    g = torch.Generator().manual_seed(case.seed)
+    T, H, G, D = int(cu[-1]), case.heads, case.kv_heads, case.dim
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    if case.family == "ttt":
+        K = case.passes
+        return {"q": r(T, H, D), "ks": [r(T, G, D) for _ in range(K)], "vs": [r(T, G, D) for _ in range(K)],
+                "dout": r(T, H, D)}
+    anchors = torch.tensor(case.anchors, dtype=torch.int64) if case.anchors else _default_anchors(cu)
+    Nb, B = anchors.numel(), case.block
+    sv = torch.rand(Nb, B, generator=g) >= case.slot_drop
+    bv = torch.ones(Nb, dtype=torch.bool)
+    for i in case.invalid_blocks:
+        bv[i] = False
+    return {"q": r(Nb, B, H, D), "bk": r(Nb, B, G, D), "bv": r(Nb, B, G, D), "ck": r(T, G, D),
+            "cv": r(T, G, D), "anchors": anchors, "slot_valid": sv, "block_valid": bv,
+            "dout": r(Nb, B, H, D)}
+
+
+def _default_anchors(cu: torch.Tensor) -> torch.Tensor:
+    a = []
+    for d in range(cu.numel() - 1):
+        s, e = int(cu[d]), int(cu[d + 1])
+        if e > s:
+            a += sorted({s, (s + e) // 2, e - 1})
+    return torch.tensor(a, dtype=torch.int64)
+
+
+def reference(case: Case, cu: torch.Tensor, t: dict):
+    """Global fp64 reference: (out, lse, grads dict)."""
+    scale = case.dim ** -0.5
+    if case.family == "ttt":
+        q = t["q"].clone().requires_grad_()
+        ks = [k.clone().requires_grad_() for k in t["ks"]]
+        vs = [v.clone().requires_grad_() for v in t["vs"]]
+        out, lse = dense_attention(q, torch.cat(ks), torch.cat(vs), eagle3_ttt_mask(cu, case.passes - 1), scale)
+        g = torch.autograd.grad(out, [q, *ks, *vs], t["dout"])
+        K = case.passes
+        return out.detach(), lse, {"q": g[0], "ks": list(g[1:1 + K]), "vs": list(g[1 + K:])}
+    Nb, B, H, D = t["q"].shape
+    G = case.kv_heads
+    leaves = {n: t[n].clone().requires_grad_() for n in ("q", "bk", "bv", "ck", "cv")}
+    m = block_mask(cu, t["anchors"], B, t["slot_valid"], t["block_valid"])
+    out, lse = dense_attention(leaves["q"].reshape(-1, H, D),
+                               torch.cat([leaves["ck"], leaves["bk"].reshape(-1, G, D)]),
+                               torch.cat([leaves["cv"], leaves["bv"].reshape(-1, G, D)]), m, scale)
+    out = out.view(Nb, B, H, D)
+    g = torch.autograd.grad(out, list(leaves.values()), t["dout"])
+    return out.detach(), lse.view(Nb, B, H), dict(zip(leaves, g))
+
+
+def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    if a.shape != b.shape:
+        raise AssertionError(f"shape {tuple(a.shape)} vs {tuple(b.shape)}")
+    inf_a, inf_b = torch.isinf(a), torch.isinf(b)
+    if not torch.equal(inf_a, inf_b) or not torch.equal(a[inf_a], b[inf_b]):
+        return float("inf")
+    d = (a[~inf_a] - b[~inf_b]).abs()
+    return float(d.max()) if d.numel() else 0.0
+
+
+def run_case(rank: int, world: int, case: Case) -> dict:
+    """Worker: returns {"err": {name: max abs diff}, "stats": RingStats dict, "num_local": ...}."""
+    group = dist.group.WORLD if dist.is_initialized() else None
+    cu = torch.tensor([0, *torch.tensor(case.lengths).cumsum(0).tolist()], dtype=torch.int64)
+    t = _tensors(case, cu)
+    ref_out, ref_lse, ref_g = reference(case, cu, t)
+    lay = make_layout(cu, group)
+    dt = getattr(torch, case.dtype)
+    dev = torch.device(case.device)
+    mv = lambda x: x.to(dev, dt).requires_grad_()  # noqa: E731
+    stats = RingStats()
+    err = {}
+    if case.family == "ttt":
+        q = mv(lay.shard(t["q"]))
+        ks = [mv(lay.shard(k)) for k in t["ks"]]
+        vs = [mv(lay.shard(v)) for v in t["vs"]]
+        out, lse = eagle3_ttt_attention(q, ks, vs, cu, group, backend=case.backend, return_lse=True,
+                                        stats=stats)
+        g = torch.autograd.grad(out, [q, *ks, *vs], lay.shard(t["dout"]).to(dev, dt))
+        real = lay.real
+        err["out"] = _maxdiff(out[real], lay.shard(ref_out)[real])
+        err["lse"] = _maxdiff(lse[real], lay.shard(ref_lse)[real])
+        err["dq"] = _maxdiff(g[0][real], lay.shard(ref_g["q"])[real])
+        K = case.passes
+        err["dk"] = max(_maxdiff(a[real], lay.shard(b)[real]) for a, b in zip(g[1:1 + K], ref_g["ks"]))
+        err["dv"] = max(_maxdiff(a[real], lay.shard(b)[real]) for a, b in zip(g[1 + K:], ref_g["vs"]))
+    else:
+        _, _, owner, _, _ = lay.locate(t["anchors"])
+        mine = torch.nonzero(owner == lay.rank).flatten()
+        sel = lambda x: x.index_select(0, mine)  # noqa: E731
+        q, bk, bv = mv(sel(t["q"])), mv(sel(t["bk"])), mv(sel(t["bv"]))
+        ck, cv = mv(lay.shard(t["ck"])), mv(lay.shard(t["cv"]))
+        out, lse = block_draft_attention(q, bk, bv, ck, cv, sel(t["anchors"]), cu, group,
+                                         slot_valid=sel(t["slot_valid"]), block_valid=sel(t["block_valid"]),
+                                         backend=case.backend, return_lse=True, stats=stats)
+        g = torch.autograd.grad(out, [q, bk, bv, ck, cv], sel(t["dout"]).to(dev, dt))
+        err["out"] = _maxdiff(out, sel(ref_out))
+        err["lse"] = _maxdiff(lse, sel(ref_lse))
+        err["dq"] = _maxdiff(g[0], sel(ref_g["q"]))
+        err["dk"] = max(_maxdiff(g[1], sel(ref_g["bk"])), _maxdiff(g[3][lay.real], lay.shard(ref_g["ck"])[lay.real]))
+        err["dv"] = max(_maxdiff(g[2], sel(ref_g["bv"])), _maxdiff(g[4][lay.real], lay.shard(ref_g["cv"])[lay.real]))
+        err["blocks_here"] = int(mine.numel())
+    return {"err": err, "stats": stats.as_dict(), "num_local": lay.num_local, "rank": rank}
