@@ -1,0 +1,118 @@
+"""Building blocks the three draft families share: RMSNorm, SwiGLU, RoPE, a draft KV cache, cache attention.
+
+Training-time attention of the drafts goes through ``kernels.attention`` (the TTT and block masks
+live there). Inference-time attention over a draft's ragged KV cache uses the masks of
+``repro.rollout.kv.SlotTable`` (the same rule as the policy's cache) and torch SDPA.
+
+    rope = Rotary(head_dim=64, theta=1e4)
+    q = rope(q, positions)                 # q [..., T, H, D], positions [..., T]
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from repro.rollout.kv import SlotTable
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * y.to(x.dtype)) if x.dtype != torch.float32 else self.weight * y
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Rotary(nn.Module):
+    """Rotate-half RoPE (Llama/Qwen3 layout); the inverse frequencies are kept in fp32 (as vLLM does)."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        self.register_buffer("inv_freq", inv.float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``x [..., T, H, D]`` rotated at ``positions [..., T]`` (broadcast over heads)."""
+        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        ang = positions.to(cdt).unsqueeze(-1) * self.inv_freq.to(cdt)       # [..., T, D/2]
+        emb = torch.cat([ang, ang], dim=-1).unsqueeze(-2)                      # [..., T, 1, D]
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class DraftKV:
+    """One draft layer's inference cache: keys/values ``[B, G, S, D]`` plus the shared ``SlotTable``."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k/v [B, q, G, D]``; returns the whole cache ``[B, G, S, D]``."""
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def trim(self, length: int) -> None:
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+
+    def select(self, rows: torch.Tensor) -> None:
+        if self.k is not None:
+            self.k, self.v = self.k[rows], self.v[rows]
+
+
+def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """SDPA of ``q [B, q, H, D]`` over ``k/v [B, G, S, D]`` with a bool ``visible [B, q, S]``; out ``[B, q, H, D]``.
+
+    Rows that see no key return 0 (never NaN).
+    """
+    B, Q, H, D = q.shape
+    G = k.shape[1]
+    if H % G:
+        raise ValueError(f"query heads {H} must be a multiple of key/value heads {G}")
+    rep = H // G
+    kk = k.repeat_interleave(rep, dim=1) if rep > 1 else k
+    vv = v.repeat_interleave(rep, dim=1) if rep > 1 else v
+    any_key = visible.any(-1, keepdim=True)                                  # [B, q, 1]
+    vis = visible | ~any_key                                                  # keep SDPA NaN-free
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, attn_mask=vis.unsqueeze(1))
+    return out.transpose(1, 2) * any_key.unsqueeze(-1).to(out.dtype)
+
+
+def shared_parts(policy) -> tuple[nn.Embedding, nn.Linear]:
+    """The policy's input embedding and output head (the block drafts ride on them, unowned)."""
+    return policy.embed_tokens, policy.lm_head
+
+
+def batch_to_packed(x: torch.Tensor) -> torch.Tensor:
+    """``[B, S, ...]`` -> ``[B*S, ...]``: each row becomes one packed document of length S."""
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def row_cu_seqlens(B: int, S: int, device) -> torch.Tensor:
+    return torch.arange(B + 1, dtype=torch.long, device=device) * S
+
+
+def new_table(batch: int, device) -> SlotTable:
+    return SlotTable(batch, device)

@@ -1,0 +1,129 @@
+"""DSpark: the block backbone in the anchor-predicts layout, a low-rank Markov head, a confidence head.
+
+Slot s (0..B-1) of the block ``[x_a, MASK x (B-1)]`` predicts ``x_{a+s+1}`` (shared/reference/
+draft_families.md section 3). The Markov head adds ``W2(W1[x_prev])`` to the base logits, where the
+previous token of slot s is ``x_{a+s}`` (ground truth in training, the sampled draft token at
+inference; the anchor for slot 0). The confidence head ``sigmoid(w^T [h_s ; W1[x_prev]] + b)``
+predicts the acceptance probability of slot s.
+
+Loss: weights ``w_s = exp(-s/gamma)`` on a contiguous supervised prefix (``cumprod`` of
+``a+s+1 < S``, ``loss_mask[a+s]``, block kept); ``0.1 CE + 0.9 TV + 1.0 BCE`` with
+``TV = ||p_draft - p_policy||_1`` against the policy's logits at ``a+s`` and the soft confidence
+target ``c* = clamp(1 - TV/2, 0, 1)`` (detached); each term normalised by its weight sum.
+Inference: one backbone pass, then sequential Markov sampling over the B slots: B proposals.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from repro.models.block_draft import BlockDraftBackbone, BlockDraftConfig, sample_anchors
+from repro.models.dflash import gather_rows
+from repro.models.taps import TapSpec
+from repro.rollout.sampling import probs_from_logits
+
+
+@dataclass
+class DSparkLossWeights:
+    ce: float = 0.1
+    tv: float = 0.9
+    conf: float = 1.0
+
+
+class DSparkDraft(nn.Module):
+    """DSpark draft model; satisfies ``repro.parallel.draft_interface.TapDraft`` (after ``attach``)."""
+
+    def __init__(self, cfg: BlockDraftConfig, policy=None, markov_rank: int = 32,
+                 loss_weights: DSparkLossWeights | None = None):
+        super().__init__()
+        if markov_rank < 1:
+            raise ValueError(f"markov_rank must be >= 1, got {markov_rank}")
+        self.cfg = cfg
+        self.loss_weights = loss_weights or DSparkLossWeights()
+        self.backbone = BlockDraftBackbone(cfg)
+        self.markov_in = nn.Embedding(cfg.vocab_size, markov_rank)              # W1
+        self.markov_out = nn.Linear(markov_rank, cfg.vocab_size, bias=False)    # W2
+        nn.init.zeros_(self.markov_out.weight)          # starts as the plain backbone
+        self.confidence = nn.Linear(cfg.target_hidden + markov_rank, 1)
+        if policy is not None:
+            self.attach(policy)
+
+    def attach(self, policy) -> None:
+        self.backbone.attach(policy)
+
+    @property
+    def num_proposals(self) -> int:
+        return self.cfg.block_size
+
+    @property
+    def tap_spec(self) -> TapSpec:
+        return self.cfg.tap_spec
+
+    @property
+    def tap_layers(self) -> tuple[int, ...]:
+        return tuple(sorted(self.cfg.tap_spec.as_output_layers()))
+
+    def draft_loss(self, features, batch) -> torch.Tensor:
+        if batch.policy_logits is None:
+            raise ValueError("DSpark's loss needs the policy's logits (DraftBatch.policy_logits)")
+        gen = batch.extras.get("anchor_generator") if hasattr(batch.extras, "get") else None
+        return self.loss(batch.input_ids, features.concat(self.tap_layers), batch.policy_logits,
+                         batch.loss_mask, generator=gen)[0]
+
+    def markov_logits(self, base: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        return base + self.markov_out(self.markov_in(prev)).to(base.dtype)
+
+    def conf(self, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        z = torch.cat([hidden, self.markov_in(prev).to(hidden.dtype)], dim=-1)
+        return torch.sigmoid(self.confidence(z).squeeze(-1))
+
+    def loss(self, input_ids, taps, policy_logits, loss_mask, *, anchors=None, anchor_valid=None,
+             generator=None, attn_impl: str = "kernels", backend: str = "auto"):
+        """Total loss and its parts ``{"ce", "tv", "conf", "tau"}`` (tau: expected acceptance length)."""
+        Bt, S = input_ids.shape
+        if policy_logits.shape != (Bt, S, self.cfg.vocab_size):
+            raise ValueError(f"policy_logits are {tuple(policy_logits.shape)}, expected {(Bt, S, self.cfg.vocab_size)}")
+        if anchors is None:
+            anchors, anchor_valid = sample_anchors(loss_mask, self.cfg.num_anchors, generator)
+        hidden = self.backbone.forward_blocks(input_ids, taps, anchors, anchor_valid, attn_impl, backend)
+        Bs = self.cfg.block_size
+        s = torch.arange(Bs, device=input_ids.device)
+        pos = anchors[..., None] + s                                           # [B, N, Bs] slot positions
+        prev = gather_rows(input_ids, pos)                                     # x_{a+s}
+        labels = gather_rows(input_ids, pos + 1)                               # x_{a+s+1}
+        acc = torch.promote_types(hidden.dtype, torch.float32)
+        logits = self.markov_logits(self.backbone.head(hidden).to(acc), prev)
+        teacher = gather_rows(policy_logits.detach().to(acc), pos)             # policy at a+s
+        ok = (pos + 1 < S) & gather_rows(loss_mask.bool(), pos, fill=False) & anchor_valid[..., None]
+        mask = ok.long().cumprod(-1).to(acc)                                    # contiguous prefix
+        w = torch.exp(-s.to(acc) / self.cfg.decay_gamma) * mask
+        denom = w.sum().clamp_min(torch.finfo(acc).tiny)
+        logp = torch.log_softmax(logits, -1)
+        ce = -logp.gather(-1, labels[..., None]).squeeze(-1)
+        l1 = (logp.exp() - torch.softmax(teacher, -1)).abs().sum(-1)
+        target_c = (1 - 0.5 * l1).clamp(0, 1).detach()
+        c = self.conf(hidden, prev).to(acc)
+        bce = F.binary_cross_entropy(c, target_c, reduction="none")
+        parts = {"ce": (w * ce).sum() / denom, "tv": (w * l1).sum() / denom, "conf": (w * bce).sum() / denom}
+        lw = self.loss_weights
+        total = lw.ce * parts["ce"] + lw.tv * parts["tv"] + lw.conf * parts["conf"]
+        parts["tau"] = ((target_c * mask).cumprod(-1).sum(-1) + 1).masked_select(anchor_valid).mean().detach()
+        return total, parts
+
+    def sample_block(self, hidden, last_token, *, greedy, temperature, generator):
+        base = self.backbone.head(hidden).float()                              # [B, Bs, V]
+        prev, toks, qs = last_token, [], []
+        for s in range(base.shape[1]):
+            logits = self.markov_logits(base[:, s], prev)
+            if greedy:
+                t, q = logits.argmax(-1), None
+            else:
+                q = probs_from_logits(logits, temperature)
+                t = torch.multinomial(q, 1, generator=generator)[:, 0]
+            toks.append(t)
+            qs.append(q)
+            prev = t
+        return torch.stack(toks, 1), (None if greedy else torch.stack(qs, 1))

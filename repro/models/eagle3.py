@@ -1,0 +1,300 @@
+"""EAGLE-3: fused low/mid/high taps, one decoder layer on [embedding ; feature], reduced vocabulary, TTT.
+
+Architecture (shared/reference/draft_families.md section 1): ``g = fc(cat(taps))``; one Llama-style
+layer whose q/k/v read ``[input_layernorm(e) ; hidden_norm(g)]`` (2H wide) with the un-normalised
+``g`` as residual; ``lm_head(norm(.))`` over a reduced draft vocabulary (``d2t``/``t2d``).
+
+Training (training-time test, K passes): pass k embeds the tokens shifted left by k+1, feeds back the
+draft's own hidden state of pass k-1 at the same index, applies RoPE at position + k, and attends
+through ``kernels.attention.eagle3_ttt_attention`` (query i sees pass-0 keys j <= i and its own keys
+of passes 1..k). Pass k at index i is trained with soft cross-entropy against the policy's
+distribution at i+k+1 (renormalised over the draft vocabulary), masked by ``loss_mask[i+k+1]`` and by
+whether the policy's argmax is in the draft vocabulary; pass weights are ``pass_weights`` or
+``decay**k``.
+
+Inference (``Eagle3Proposer``): the pairs (h_j, x_{j+1}) of committed tokens are ingested as pass-0
+keys; k chain proposals take one draft forward each (the ingest forward yields the first).
+
+    draft = Eagle3Draft(Eagle3Config.from_policy(policy, ttt_steps=3))
+    loss, per_pass = draft.ttt_loss(input_ids, taps, policy_logits, loss_mask)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.attention import dense_attention, eagle3_ttt_attention, eagle3_ttt_mask
+from repro.models.draft_layers import (DraftKV, RMSNorm, Rotary, SwiGLU, batch_to_packed, cache_attention,
+                                       row_cu_seqlens)
+from repro.models.taps import TapSpec
+from repro.models.vocab import check_vocab_maps, draft_to_target_ids, full_draft_vocab
+from repro.rollout.kv import SlotTable
+from repro.rollout.sampling import probs_from_logits
+
+ATTN_IMPLS = ("kernels", "dense")
+
+
+@dataclass
+class Eagle3Config:
+    target_hidden: int
+    vocab_size: int
+    tap_spec: TapSpec
+    hidden_size: int = 0
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    intermediate_size: int = 0
+    draft_vocab_size: int = 0          # 0: the full target vocabulary
+    ttt_steps: int = 3
+    pass_weights: tuple[float, ...] | None = None
+    decay: float = 0.8
+    rope_theta: float = 1e4
+    rms_eps: float = 1e-6
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.hidden_size = self.hidden_size or self.target_hidden
+        self.intermediate_size = self.intermediate_size or 2 * self.hidden_size
+        self.draft_vocab_size = self.draft_vocab_size or self.vocab_size
+        if self.ttt_steps < 1:
+            raise ValueError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
+        if self.pass_weights is not None and len(self.pass_weights) != self.ttt_steps:
+            raise ValueError(f"pass_weights has {len(self.pass_weights)} entries, expected ttt_steps="
+                             f"{self.ttt_steps}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
+
+    @classmethod
+    def from_policy(cls, policy, tap_spec: TapSpec | None = None, **kw) -> "Eagle3Config":
+        c = policy.config
+        kw.setdefault("num_heads", c.num_attention_heads)
+        kw.setdefault("num_kv_heads", c.num_key_value_heads)
+        kw.setdefault("head_dim", getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+        kw.setdefault("intermediate_size", c.intermediate_size)
+        kw.setdefault("rope_theta", float(getattr(c, "rope_theta", None) or 1e4))
+        return cls(target_hidden=policy.hidden_size, vocab_size=policy.vocab_size,
+                   tap_spec=tap_spec or TapSpec.eagle3_default(policy.num_layers), **kw)
+
+    def weights(self) -> list[float]:
+        return list(self.pass_weights) if self.pass_weights is not None else [self.decay ** k for k in
+                                                                               range(self.ttt_steps)]
+
+
+class Eagle3Draft(nn.Module):
+    """The EAGLE-3 draft model; satisfies ``repro.parallel.draft_interface.TapDraft``."""
+
+    def __init__(self, cfg: Eagle3Config, d2t: torch.Tensor | None = None, t2d: torch.Tensor | None = None):
+        super().__init__()
+        self.cfg = cfg
+        H, nh, g, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        n_taps = len(cfg.tap_spec.layers)
+        if d2t is None and t2d is None:
+            if cfg.draft_vocab_size != cfg.vocab_size:
+                raise ValueError(f"draft_vocab_size={cfg.draft_vocab_size} < vocab_size={cfg.vocab_size} needs "
+                                 "d2t/t2d maps (repro.models.vocab.build_draft_vocab)")
+            d2t, t2d = full_draft_vocab(cfg.vocab_size)
+        elif d2t is None or t2d is None:
+            raise ValueError("give both d2t and t2d, or neither")
+        check_vocab_maps(d2t, t2d, cfg.vocab_size)
+        if d2t.numel() != cfg.draft_vocab_size:
+            raise ValueError(f"vocabulary maps disagree with the config: d2t has {d2t.numel()} entries, "
+                             f"draft_vocab_size={cfg.draft_vocab_size}")
+        self.register_buffer("d2t", d2t.long().clone())
+        self.register_buffer("t2d", t2d.bool().clone())
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
+        self.embed_tokens.weight.requires_grad_(False)       # loaded from the policy, frozen
+        self.fc = nn.Linear(n_taps * cfg.target_hidden, H, bias=False)
+        self.input_layernorm = RMSNorm(H, cfg.rms_eps)
+        self.hidden_norm = RMSNorm(H, cfg.rms_eps)
+        self.q_proj = nn.Linear(2 * H, nh * hd, bias=False)
+        self.k_proj = nn.Linear(2 * H, g * hd, bias=False)
+        self.v_proj = nn.Linear(2 * H, g * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, H, bias=False)
+        self.post_attention_layernorm = RMSNorm(H, cfg.rms_eps)
+        self.mlp = SwiGLU(H, cfg.intermediate_size)
+        self.norm = RMSNorm(H, cfg.rms_eps)
+        self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        self.rope = Rotary(hd, cfg.rope_theta)
+
+    # -- TapDraft contract -------------------------------------------------------------------------------
+    @property
+    def tap_spec(self) -> TapSpec:
+        return self.cfg.tap_spec
+
+    @property
+    def tap_layers(self) -> tuple[int, ...]:
+        return tuple(sorted(self.cfg.tap_spec.as_output_layers()))
+
+    def draft_loss(self, features, batch) -> torch.Tensor:
+        if batch.policy_logits is None:
+            raise ValueError("EAGLE-3's loss needs the policy's logits (DraftBatch.policy_logits)")
+        return self.ttt_loss(batch.input_ids, features.concat(self.tap_layers), batch.policy_logits,
+                             batch.loss_mask)[0]
+
+    @torch.no_grad()
+    def init_from_policy(self, policy) -> None:
+        """Copy the policy's embedding, and its head rows of the draft vocabulary (NeMo-RL's init)."""
+        self.embed_tokens.weight.copy_(policy.embed_tokens.weight)
+        if self.cfg.hidden_size == policy.hidden_size:
+            self.lm_head.weight.copy_(policy.lm_head.weight[draft_to_target_ids(self.d2t)])
+
+    # -- pieces ------------------------------------------------------------------------------------------
+    def fuse(self, taps: torch.Tensor) -> torch.Tensor:
+        want = len(self.cfg.tap_spec.layers) * self.cfg.target_hidden
+        if taps.shape[-1] != want:
+            raise ValueError(f"fused taps have {taps.shape[-1]} features, expected {want} "
+                             f"({len(self.cfg.tap_spec.layers)} taps x hidden {self.cfg.target_hidden})")
+        return self.fc(taps.to(self.fc.weight.dtype))
+
+    def qkv(self, e: torch.Tensor, g: torch.Tensor, positions: torch.Tensor):
+        """q/k/v ``[..., T, heads, D]`` of embeddings ``e`` and hidden ``g`` at RoPE ``positions``."""
+        c = self.cfg
+        x = torch.cat([self.input_layernorm(e), self.hidden_norm(g)], dim=-1)
+        lead = x.shape[:-1]
+        q = self.q_proj(x).view(*lead, c.num_heads, c.head_dim)
+        k = self.k_proj(x).view(*lead, c.num_kv_heads, c.head_dim)
+        v = self.v_proj(x).view(*lead, c.num_kv_heads, c.head_dim)
+        return self.rope(q, positions), self.rope(k, positions), v
+
+    def finish(self, g: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        g = g + self.o_proj(attn.flatten(-2))
+        return g + self.mlp(self.post_attention_layernorm(g))
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(g))
+
+    # -- training ----------------------------------------------------------------------------------------
+    def ttt_forward(self, input_ids: torch.Tensor, taps: torch.Tensor, attn_impl: str = "kernels",
+                    backend: str = "auto") -> list[torch.Tensor]:
+        """Logits ``[B, S, V_draft]`` of each TTT pass over a right-padded batch ``input_ids [B, S]``."""
+        if attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl {attn_impl!r} is not one of {ATTN_IMPLS}")
+        B, S = input_ids.shape
+        if taps.shape[:2] != (B, S):
+            raise ValueError(f"taps are {tuple(taps.shape[:2])}, expected [batch, seq] = {(B, S)}")
+        dev = input_ids.device
+        cu = row_cu_seqlens(B, S, dev)
+        pos = torch.arange(S, device=dev).repeat(B)                     # [T]
+        g = batch_to_packed(self.fuse(taps))                             # [T, H]
+        ks, vs, out = [], [], []
+        scale = self.cfg.head_dim ** -0.5
+        for k in range(self.cfg.ttt_steps):
+            ids = F.pad(input_ids[:, k + 1:], (0, k + 1))               # x_{i+k+1}, zero past the end
+            e = batch_to_packed(self.embed_tokens(ids)).to(g.dtype)
+            q, kk, v = self.qkv(e, g, pos + k)
+            ks.append(kk)
+            vs.append(v)
+            if attn_impl == "kernels":
+                a = eagle3_ttt_attention(q, ks, vs, cu, backend=backend)
+            else:
+                mask = eagle3_ttt_mask(cu.cpu(), k).to(dev)
+                a, _ = dense_attention(q, torch.cat(ks), torch.cat(vs), mask, scale)
+            g = self.finish(g, a)
+            out.append(self.logits(g).view(B, S, -1))
+        return out
+
+    def ttt_loss(self, input_ids, taps, policy_logits, loss_mask, attn_impl: str = "kernels",
+                 backend: str = "auto") -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Weighted sum over passes of the masked soft cross-entropy; also returns the per-pass losses."""
+        B, S = input_ids.shape
+        if policy_logits.shape[:2] != (B, S) or policy_logits.shape[-1] != self.cfg.vocab_size:
+            raise ValueError(f"policy_logits are {tuple(policy_logits.shape)}, expected "
+                             f"{(B, S, self.cfg.vocab_size)}")
+        acc = torch.promote_types(policy_logits.dtype, torch.float32)     # fp32, or fp64 in the oracle
+        teacher = policy_logits.detach().to(acc)
+        target_p = torch.softmax(teacher[..., self.t2d], dim=-1)                       # [B, S, Vd]
+        in_vocab = self.t2d[teacher.argmax(-1)].float()
+        mask = loss_mask.float() * in_vocab
+        per_pass = []
+        total = torch.zeros((), dtype=acc, device=input_ids.device)
+        for k, (logits, w) in enumerate(zip(self.ttt_forward(input_ids, taps, attn_impl, backend),
+                                            self.cfg.weights())):
+            sh = k + 1
+            tp = F.pad(target_p[:, sh:], (0, 0, 0, sh), value=1.0 / target_p.shape[-1])
+            m = F.pad(mask[:, sh:], (0, sh))
+            ce = -(tp * torch.log_softmax(logits.to(acc), -1)).sum(-1)
+            lk = (ce * m).sum() / m.sum().clamp_min(1.0)
+            per_pass.append(lk)
+            total = total + w * lk
+        return total, per_pass
+
+
+class Eagle3Proposer:
+    """Chain proposals of k tokens from an ``Eagle3Draft`` for ``repro.rollout.engine.RolloutEngine``."""
+
+    needs_taps = True
+
+    def __init__(self, draft: Eagle3Draft, num_proposals: int):
+        if num_proposals < 1:
+            raise ValueError(f"num_proposals must be >= 1, got {num_proposals}")
+        self.draft, self.num_proposals = draft, num_proposals
+        self.target_ids = draft_to_target_ids(draft.d2t)
+
+    @property
+    def tap_spec(self) -> TapSpec:
+        return self.draft.tap_spec
+
+    def reset(self, batch: int) -> None:
+        dev = self.draft.fc.weight.device
+        self.table = SlotTable(batch, dev)
+        self.kv = DraftKV()
+        self.trunk_len = 0
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.table.select(rows)
+        self.kv.select(rows)
+        self.g_last, self.pos_last = self.g_last[rows], self.pos_last[rows]
+
+    def _step(self, e, g, positions, live=None) -> torch.Tensor:
+        d = self.draft
+        self.table.append(positions, live)
+        q, k, v = d.qkv(e, g, positions)
+        K, V = self.kv.append(k, v)
+        return d.finish(g, cache_attention(q, K, V, self.table.visible(positions)))
+
+    @torch.no_grad()
+    def observe(self, next_tokens, taps, positions, valid) -> None:
+        d = self.draft
+        self.table.trim(self.trunk_len)                       # drop last round's chain keys
+        self.kv.trim(self.trunk_len)
+        g = d.fuse(torch.cat(taps, dim=-1))
+        e = d.embed_tokens(next_tokens).to(g.dtype)
+        out = self._step(e, g, positions, valid)
+        tail = self.table.dead_tail()
+        if tail:
+            self.table.trim(self.table.length - tail)
+            self.kv.trim(self.table.length)
+        self.trunk_len = self.table.length
+        cols = torch.arange(valid.shape[1], device=valid.device)
+        last = (valid.long() * (cols + 1)).max(1).values - 1          # last live column per row
+        rows = torch.arange(valid.shape[0], device=valid.device)
+        self.g_last, self.pos_last = out[rows, last], positions[rows, last]
+
+    def _sample(self, g, greedy, temperature, generator):
+        logits = self.draft.logits(g).float()
+        if greedy:
+            return self.target_ids[logits.argmax(-1)], None
+        qd = probs_from_logits(logits, temperature)
+        idx = torch.multinomial(qd, 1, generator=generator)[:, 0]
+        q = qd.new_zeros(qd.shape[0], self.draft.cfg.vocab_size)
+        q[:, self.target_ids] = qd
+        return self.target_ids[idx], q
+
+    @torch.no_grad()
+    def propose(self, last_token, last_pos, *, greedy, temperature, generator):
+        if not torch.equal(self.pos_last + 1, last_pos):
+            raise RuntimeError("EAGLE-3 proposer out of step with the engine: last ingested positions "
+                               f"{self.pos_last.tolist()} vs newest token positions {last_pos.tolist()}")
+        toks, probs = [], []
+        g = self.g_last
+        for m in range(self.num_proposals):
+            t, q = self._sample(g, greedy, temperature, generator)
+            toks.append(t)
+            probs.append(q)
+            if m + 1 < self.num_proposals:                   # pass m+1 at the same root, RoPE + m + 1
+                e = self.draft.embed_tokens(t).to(g.dtype)[:, None]
+                g = self._step(e, g[:, None], (self.pos_last + m + 1)[:, None])[:, 0]
+        return torch.stack(toks, 1), (None if greedy else torch.stack(probs, 1))
