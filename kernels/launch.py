@@ -38,6 +38,8 @@ def _worker(rank: int, world_size: int, fn: Callable, args: Sequence[Any], init_
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
                                 world_size=world_size)
+        # Finish gloo's full-mesh connect on every rank before user code can fail and tear it down.
+        dist.barrier()
         try:
             value = fn(rank, world_size, *args)
         finally:

@@ -12,6 +12,9 @@ artifact, profile, hardware and git sha so the collector can find runs online to
 
     with MetricsLogger("results/x/run0", artifact="fig5", profile="cpu-tiny", config=cfg) as log:
         log.log({"latency_s": 0.12, "peak_mem_gb": 1.5}, row="zigzag cp=2")
+
+``resume=True`` continues a crashed run in the same folder: earlier rows are kept, W&B continues the
+same run id in a new log file, and collect lets later rows win on (row, step).
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ class MetricsLogger:
 
     def __init__(self, run_dir: str | os.PathLike, *, artifact: str, profile: str,
                  config: Mapping[str, Any] | None = None, name: str | None = None,
-                 project: str | None = None, extra_tags: list[str] | None = None):
+                 project: str | None = None, extra_tags: list[str] | None = None, resume: bool = False):
         self.run_dir = Path(run_dir)
         self.artifact, self.profile = artifact, profile
         self.config = dict(config or {})
@@ -56,18 +59,31 @@ class MetricsLogger:
         self._step = 0
         self._sidecar = None
         self._wandb_run = None
+        self.resume = resume
+        self._wandb_id = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def __enter__(self) -> "MetricsLogger":
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.run_dir / "env.json", {
-            "artifact": self.artifact, "profile": self.profile, "run": self.name,
-            "wandb_mode": self.mode, "tags": self.tags, **self.provenance})
-        # The sidecar is appended row by row (a crash keeps every logged row); it is replaced
-        # wholesale on a fresh start so a rerun never mixes two runs.
-        self._sidecar = open(self.run_dir / "metrics.jsonl", "w")
+        env_path, sidecar = self.run_dir / "env.json", self.run_dir / "metrics.jsonl"
+        if self.resume and env_path.is_file():
+            # Resuming a crashed run: keep its rows (W&B continues the same run id in a new log file;
+            # collect reads every log of the folder, later rows winning on (row, step)).
+            self._wandb_id = json.loads(env_path.read_text()).get("wandb_run_id")
+            mode = "a"
+        else:
+            # A fresh start replaces the previous run wholesale, so a rerun never mixes two runs.
+            import shutil
+            shutil.rmtree(self.run_dir / "wandb", ignore_errors=True)
+            mode = "w"
+        # The sidecar is appended row by row: a crash keeps every logged row.
+        self._sidecar = open(sidecar, mode)
         if self.mode != "disabled":
             self._wandb_run = self._start_wandb()
+            self._wandb_id = self._wandb_run.id
+        write_json_atomic(env_path, {
+            "artifact": self.artifact, "profile": self.profile, "run": self.name,
+            "wandb_mode": self.mode, "wandb_run_id": self._wandb_id, "tags": self.tags, **self.provenance})
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -82,6 +98,7 @@ class MetricsLogger:
         return wandb.init(
             project=self.project, group=self.artifact, job_type=self.artifact, name=self.name,
             tags=self.tags, dir=str(self.run_dir), mode=self.mode, reinit="create_new",
+            id=self._wandb_id, resume="allow" if self._wandb_id else None,
             config={"artifact": self.artifact, "profile": self.profile,
                     "hardware": self.provenance["hardware"]["tag"],
                     "git_sha": self.provenance["git"]["sha"], "run_config": self.config},

@@ -81,3 +81,21 @@ def test_online_collection_uses_scan_history():
     assert df.to_dict("records") == [{"artifact": "fig5", "profile": "h200", "hardware": "1xh200",
                                        "hardware_label": "", "run": "wandb:me/proj/abc", "engine": "suite",
                                        "row": "cp=2", "step": 0, "metric": "speedup_vs_best_usp", "value": 3.5}]
+
+
+def test_resumed_run_keeps_every_logged_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run = tmp_path / "results" / "hw" / "cpu-tiny" / "table1"
+    with pytest.raises(RuntimeError, match="crash"):
+        with MetricsLogger(run, artifact="table1", profile="cpu-tiny", config={}) as log:
+            for step in range(3):
+                log.log({"reward": step / 10}, row="Qwen3-8B/DFlash", step=step)
+            raise RuntimeError("crash")
+    # Resume from the checkpoint of step 1: step 2 is redone with a new value.
+    with MetricsLogger(run, artifact="table1", profile="cpu-tiny", config={}, resume=True) as log:
+        for step in range(2, 5):
+            log.log({"reward": 1 + step / 10}, row="Qwen3-8B/DFlash", step=step)
+    tidy, runs = collect(tmp_path / "results")
+    got = dict(zip(tidy["step"], tidy["value"]))
+    assert got == {0: 0.0, 1: 0.1, 2: 1.2, 3: 1.3, 4: 1.4}
+    assert bool(runs.iloc[0]["finished"])
