@@ -18,9 +18,11 @@ same run id in a new log file, and collect lets later rows win on (row, step).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -36,6 +38,10 @@ def wandb_mode() -> str:
     mode = aliases.get(mode, mode)
     if mode not in ("offline", "online", "disabled"):
         raise ValueError(f"WANDB_MODE={mode!r} is not one of offline, online, disabled")
+    if mode != "disabled" and importlib.util.find_spec("wandb") is None:
+        # e.g. a lent GPU machine without the package: keep the sidecar, which collect then reads.
+        warnings.warn("wandb is not installed: logging to metrics.jsonl only (W&B disabled)")
+        return "disabled"
     return mode
 
 
