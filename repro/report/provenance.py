@@ -125,7 +125,12 @@ def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
         sha = git("rev-parse", "--verify", "HEAD")
         dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
-        # Not a git checkout (an unpacked release, a copied tree on a cluster node).
+        # Not a git checkout (a copied tree on a lent GPU or a cluster node): the launcher that copied
+        # the tree passes the state it copied as REPRO_GIT_SHA / REPRO_GIT_DIRTY.
+        if os.environ.get("REPRO_GIT_SHA"):
+            return {"sha": os.environ["REPRO_GIT_SHA"],
+                    "dirty": os.environ.get("REPRO_GIT_DIRTY", "").lower() in ("1", "true", "yes"),
+                    "source": "REPRO_GIT_SHA (tree copied without .git)"}
         return {"sha": "unknown", "dirty": None}
     return {"sha": sha, "dirty": dirty}
 
