@@ -1,0 +1,236 @@
+"""The PP harness: a Qwen3 policy split into pipeline stages, run by torch.distributed.pipelining
+schedules, with the draft on the last stage fed by TapChannel beside the schedule.
+
+Per rank: build the same random policy (same seed), cut it into ``pp * stages_per_rank`` stages,
+keep this rank's stages, hook the draft's tap layers, and run ``steps`` training steps of
+``n_microbatches`` microbatches. The last stage's loss per microbatch is
+``L_policy + lambda * L_draft`` where the draft reads its features from the channel just before its
+forward of that microbatch and releases them after that microbatch's backward (weight backward under
+zero-bubble schedules). With ``draft=False`` the channel and hooks are off and the loss is L_policy.
+
+Schedules (placement): ``1f1b`` (one stage per rank), ``interleaved1f1b`` (loop: stage s on rank
+s % pp), ``zbv`` (V: rank r holds stages r and 2pp-1-r). CPU runs use gloo and static shapes.
+
+    from kernels.launch import spawn
+    from repro.parallel.harness import PPConfig, run_pp_worker
+    out = spawn(run_pp_worker, 4, args=(PPConfig(pp=4, schedule="1f1b"),))
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleZBVZeroBubble
+
+from kernels.transport import ChannelLayout, TapChannel, TapSpec, sequence_stamp
+from repro.parallel.draft_interface import DraftBatch, TargetFeatures, TapDraft
+from repro.parallel.eagle_draft import TinyEagleDraft
+from repro.parallel.model import build_policy, build_stages, split_layers, stage_of_tap, tiny_qwen3_config
+from repro.parallel.taps import TapRouter, tap_name
+
+SCHEDULES = {"1f1b": (Schedule1F1B, 1, "loop"), "interleaved1f1b": (ScheduleInterleaved1F1B, 2, "loop"),
+             "zbv": (ScheduleZBVZeroBubble, 2, "v")}
+
+
+@dataclass(frozen=True)
+class PPConfig:
+    pp: int = 2
+    schedule: str = "1f1b"
+    n_microbatches: int = 4
+    mb_size: int = 1
+    seq_len: int = 16
+    steps: int = 2
+    draft: bool = True
+    lam: float = 0.1
+    transport: str = "shm"
+    ring_depth: int | None = None  # default: n_microbatches
+    seed: int = 0
+    model: dict = field(default_factory=dict)  # tiny_qwen3_config overrides
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule {self.schedule!r}: expected one of {sorted(SCHEDULES)}")
+        if self.pp < 2:
+            raise ValueError(f"pp={self.pp}: the harness needs at least 2 pipeline ranks")
+        if self.n_microbatches < 1 or self.mb_size < 1 or self.seq_len < 3:
+            raise ValueError(f"n_microbatches={self.n_microbatches}, mb_size={self.mb_size}, seq_len={self.seq_len}: "
+                             "expected >= 1, >= 1, >= 3")
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * SCHEDULES[self.schedule][1]
+
+    def stage_to_rank(self) -> dict[int, int]:
+        placement, n, p = SCHEDULES[self.schedule][2], self.num_stages, self.pp
+        if placement == "loop":
+            return {s: s % p for s in range(n)}
+        return {s: (s if s < p else 2 * p - 1 - s) for s in range(n)}
+
+
+def step_batch(cfg: PPConfig, vocab: int, step: int) -> torch.Tensor:
+    """The token batch of ``step``: [n_microbatches * mb_size, seq_len], the same on every rank."""
+    g = torch.Generator().manual_seed(1000 * cfg.seed + step)
+    return torch.randint(0, vocab, (cfg.n_microbatches * cfg.mb_size, cfg.seq_len), generator=g)
+
+
+def policy_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy of the policy on its own microbatch (the stand-in for L_RL)."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+
+
+class LastStage(nn.Module):
+    """The last policy stage with the draft as a sub-module (so every schedule's weight backward
+    reaches the draft's parameters); the draft runs in the loss, not in ``forward``."""
+
+    def __init__(self, stage: nn.Module, draft: nn.Module | None):
+        super().__init__()
+        self.stage, self.draft = stage, draft
+
+    def forward(self, x):
+        return self.stage(x)
+
+
+def build(cfg: PPConfig):
+    """Policy config, all stage modules, the draft (or None), layer ranges and tap->stage map."""
+    mcfg = tiny_qwen3_config(**cfg.model)
+    policy = build_policy(mcfg, cfg.seed)
+    ranges = split_layers(mcfg.num_hidden_layers, cfg.num_stages)
+    stages = build_stages(policy, cfg.num_stages)
+    draft = TinyEagleDraft(mcfg, seed=cfg.seed + 1) if cfg.draft else None
+    if draft is not None and not isinstance(draft, TapDraft):
+        raise TypeError(f"{type(draft).__name__} does not satisfy the TapDraft protocol")
+    taps = {t: stage_of_tap(t, ranges) for t in (draft.tap_layers if draft else ())}
+    return mcfg, stages, draft, ranges, taps
+
+
+def channel_layout(cfg: PPConfig, taps: dict[int, int], hidden: int) -> ChannelLayout | None:
+    last = cfg.num_stages - 1
+    sources: dict[int, list[TapSpec]] = {}
+    for tap, stage in sorted(taps.items()):
+        if stage != last:
+            sources.setdefault(stage, []).append(TapSpec(tap_name(tap), (cfg.mb_size * cfg.seq_len, hidden)))
+    if not sources:
+        return None
+    s2r = cfg.stage_to_rank()
+    return ChannelLayout(sources=sources, stage_to_rank=s2r, consumer_rank=s2r[last],
+                         ring_depth=cfg.ring_depth or cfg.n_microbatches)
+
+
+def run_pp_worker(rank: int, world: int, cfg: PPConfig) -> dict:
+    """One rank of a PP run (call under kernels.launch.spawn with world == cfg.pp)."""
+    if world != cfg.pp:
+        raise ValueError(f"world size {world} != cfg.pp {cfg.pp}")
+    torch.manual_seed(cfg.seed)
+    mcfg, stages, draft, ranges, taps = build(cfg)
+    last = cfg.num_stages - 1
+    s2r = cfg.stage_to_rank()
+    mine = [s for s in range(cfg.num_stages) if s2r[s] == rank]
+    layout = channel_layout(cfg, taps, mcfg.hidden_size) if cfg.draft else None
+    channel = TapChannel.setup(layout, cfg.transport, get_timeout_s=60, put_timeout_s=60) if layout else None
+    router = TapRouter(channel, cfg.n_microbatches, draft_stage=last)
+    modules, pipe_stages = {}, []
+    mb_shape = (cfg.mb_size, cfg.seq_len)
+    # Static stage metadata; requires_grad on the examples tells the stage that activations carry
+    # gradients (metadata taken from tensors without it silently cut the backward between stages).
+    h_ex = torch.zeros(*mb_shape, mcfg.hidden_size, requires_grad=True)
+    for s in mine:
+        mod = LastStage(stages[s], draft) if s == last else stages[s]
+        modules[s] = mod
+        inp = torch.zeros(*mb_shape, dtype=torch.long) if s == 0 else h_ex
+        out = torch.zeros(*mb_shape, mcfg.vocab_size, requires_grad=True) if s == last else h_ex
+        ps = PipelineStage(mod, s, cfg.num_stages, torch.device("cpu"), input_args=(inp,), output_args=(out,))
+        pipe_stages.append(ps)
+        router.track(s, ps)
+        pol = stages[s]
+        for tap, owner in taps.items():
+            if owner != s:
+                continue
+            router.hook(s, pol.embed_tokens if tap == -1 else pol.layers[str(tap)], tap)
+
+    per_mb: list[dict] = []
+
+    def loss_fn(logits, ids):
+        seq = router.seq(last)
+        lp = policy_loss(logits, ids)
+        row = {"step": router.step, "mb": router.current[last], "seq": seq, "policy_loss": lp.item()}
+        if draft is None:
+            per_mb.append(row)
+            return lp
+        feats = dict(router.local.pop(seq, {}))
+        if channel is not None:
+            for stage in layout.sources:
+                for name, t in channel.get_stage(stage, seq).items():
+                    tap = -1 if name == "embed" else int(name[1:])
+                    feats[tap] = t.view(*ids.shape, -1)
+        dl = draft.draft_loss(TargetFeatures(feats), DraftBatch(ids, torch.ones_like(ids, dtype=torch.float32),
+                                                                logits.detach()))
+        row["draft_loss"] = dl.item()
+        row["taps"] = {t: v.clone() for t, v in feats.items()}
+        per_mb.append(row)
+        return lp + cfg.lam * dl
+
+    if channel is not None and last in mine:
+        _release_after_backward(next(p for p in pipe_stages if p.stage_index == last), channel, layout, router)
+
+    sched_cls, per_rank, _ = SCHEDULES[cfg.schedule]
+    stage_arg = pipe_stages[0] if per_rank == 1 else pipe_stages
+    schedule = sched_cls(stage_arg, cfg.n_microbatches, loss_fn=loss_fn, scale_grads=False)
+    for step in range(cfg.steps):
+        router.step = step
+        batch = step_batch(cfg, mcfg.vocab_size, step)
+        args = (batch,) if 0 in mine else ()
+        kwargs = {"target": batch, "losses": []} if last in mine else {}
+        schedule.step(*args, **kwargs)
+    if channel is not None:
+        channel.flush()
+    grads = {f"stage{s}.{n}": p.grad.clone() for s in mine for n, p in stages[s].named_parameters()
+             if p.grad is not None}
+    if draft is not None and last in mine:
+        grads.update({f"draft.{n}": p.grad.clone() for n, p in draft.named_parameters() if p.grad is not None})
+    report = channel_report(channel, cfg) if channel is not None and rank == layout.consumer_rank else []
+    if channel is not None:
+        channel.close()
+    router.remove()
+    return {"rank": rank, "per_mb": per_mb, "grads": grads, "tap_report": report, "config": asdict(cfg)}
+
+
+def _release_after_backward(pipe_stage, channel: TapChannel, layout: ChannelLayout, router: TapRouter) -> None:
+    """Release a microbatch's slots once nothing can read them: after its full backward, or after
+    its weight backward when the schedule splits backward (zero bubble)."""
+    full, weight = pipe_stage.backward_one_chunk, pipe_stage.backward_weight_one_chunk
+
+    def release(mb: int) -> None:
+        seq = sequence_stamp(router.step, mb, router.n_mb)
+        for stage in layout.sources:
+            channel.release(stage, seq)
+
+    def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
+        out = full(bwd_chunk_id, *args, **kwargs)
+        if kwargs.get("full_backward", args[1] if len(args) > 1 else True):
+            release(bwd_chunk_id)
+        return out
+
+    def backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs):
+        out = weight(bwd_chunk_id, *args, **kwargs)
+        release(bwd_chunk_id)
+        return out
+
+    pipe_stage.backward_one_chunk = backward_one_chunk
+    pipe_stage.backward_weight_one_chunk = backward_weight_one_chunk
+
+
+def channel_report(channel: TapChannel, cfg: PPConfig) -> list[dict]:
+    """Per microbatch on the draft's rank: tap wait, transfer time, bytes, slack per source stage."""
+    rows: dict[int, dict] = {}
+    for g in channel.stats.gets:
+        r = rows.setdefault(g["seq"], {"seq": g["seq"], "step": g["seq"] // cfg.n_microbatches,
+                                       "mb": g["seq"] % cfg.n_microbatches, "bytes": 0, "tap_wait_s": 0.0,
+                                       "transfer_s_max": 0.0, "slack_s": {}})
+        r["bytes"] += g["bytes"]
+        r["tap_wait_s"] += g["wait_s"]
+        r["transfer_s_max"] = max(r["transfer_s_max"], g["transfer_s"])
+        r["slack_s"][g["stage"]] = min(r["slack_s"].get(g["stage"], float("inf")), g["slack_s"])
+    return [rows[k] for k in sorted(rows)]
