@@ -1,0 +1,12 @@
+"""The suite drives NeMo-RL (Ray, Megatron policy workers, vLLM rollout) at paper scale.
+
+NeMo-RL is never imported: the suite meets it at its config and metric boundaries.
+    rows.py      the paper rows of a profile's ``nemo_rl:`` section, validated (RowSpec)
+    config.py    RowSpec -> NeMo-RL GRPO config (overrides over one of NeMo-RL's example configs)
+    skeleton.py  key/type skeleton of NeMo-RL's example configs; generated configs are checked against it
+    checks.py    everything a run needs (checkout and its draft stack, checkpoints, datasets, GPUs), checked
+                 before anything is launched or submitted
+    launch.py    the launch command: local ``uv run`` in the user's checkout, or SLURM through NeMo-RL's ray.sub
+    metrics.py   NeMo-RL's W&B metric names -> the suite's tidy names (registered with repro.report.collect)
+    run.py       the CLI: ``python -m repro.nemo_rl.run --artifact table1 --row Qwen3-8B/DFlash ...``
+"""
