@@ -38,6 +38,8 @@ class Case:
     backend: str = "auto"
     seed: int = 0
     device: str = "cpu"
+    scheme: str = "zigzag"              # "sequential": the basic ring (must agree with zigzag)
+    usp: tuple = ()                     # (U, R): run the USP baseline instead (family "ttt" only)
     extra: dict = field(default_factory=dict)
 
 
@@ -109,7 +111,9 @@ def run_case(rank: int, world: int, case: Case) -> dict:
     cu = torch.tensor([0, *torch.tensor(case.lengths).cumsum(0).tolist()], dtype=torch.int64)
     t = _tensors(case, cu)
     ref_out, ref_lse, ref_g = reference(case, cu, t)
-    lay = make_layout(cu, group)
+    if case.usp:
+        return _run_usp(rank, case, cu, t, ref_out, ref_g)
+    lay = make_layout(cu, group, scheme=case.scheme)
     dt = getattr(torch, case.dtype)
     dev = torch.device(case.device)
     mv = lambda x: x.to(dev, dt).requires_grad_()  # noqa: E731
@@ -119,7 +123,7 @@ def run_case(rank: int, world: int, case: Case) -> dict:
         q = mv(lay.shard(t["q"]))
         ks = [mv(lay.shard(k)) for k in t["ks"]]
         vs = [mv(lay.shard(v)) for v in t["vs"]]
-        out, lse = eagle3_ttt_attention(q, ks, vs, cu, group, backend=case.backend, return_lse=True,
+        out, lse = eagle3_ttt_attention(q, ks, vs, lay, group, backend=case.backend, return_lse=True,
                                         stats=stats)
         g = torch.autograd.grad(out, [q, *ks, *vs], lay.shard(t["dout"]).to(dev, dt))
         real = lay.real
@@ -135,7 +139,7 @@ def run_case(rank: int, world: int, case: Case) -> dict:
         sel = lambda x: x.index_select(0, mine)  # noqa: E731
         q, bk, bv = mv(sel(t["q"])), mv(sel(t["bk"])), mv(sel(t["bv"]))
         ck, cv = mv(lay.shard(t["ck"])), mv(lay.shard(t["cv"]))
-        out, lse = block_draft_attention(q, bk, bv, ck, cv, sel(t["anchors"]), cu, group,
+        out, lse = block_draft_attention(q, bk, bv, ck, cv, sel(t["anchors"]), lay, group,
                                          slot_valid=sel(t["slot_valid"]), block_valid=sel(t["block_valid"]),
                                          backend=case.backend, return_lse=True, stats=stats)
         g = torch.autograd.grad(out, [q, bk, bv, ck, cv], sel(t["dout"]).to(dev, dt))
@@ -144,5 +148,103 @@ def run_case(rank: int, world: int, case: Case) -> dict:
         err["dq"] = _maxdiff(g[0], sel(ref_g["q"]))
         err["dk"] = max(_maxdiff(g[1], sel(ref_g["bk"])), _maxdiff(g[3][lay.real], lay.shard(ref_g["ck"])[lay.real]))
         err["dv"] = max(_maxdiff(g[2], sel(ref_g["bv"])), _maxdiff(g[4][lay.real], lay.shard(ref_g["cv"])[lay.real]))
-        err["blocks_here"] = int(mine.numel())
+        return {"err": err, "stats": stats.as_dict(), "num_local": lay.num_local, "rank": rank,
+                "blocks_here": int(mine.numel())}
     return {"err": err, "stats": stats.as_dict(), "num_local": lay.num_local, "rank": rank}
+
+
+def _run_usp(rank: int, case: Case, cu: torch.Tensor, t: dict, ref_out, ref_g) -> dict:
+    """USP baseline for a TTT case: run passes 0..K-1, check the last pass against the reference."""
+    from kernels.attention.usp import UspBatch, make_usp_groups, usp_eagle3_ttt_attention
+    U, R = case.usp
+    groups = make_usp_groups(U, R)
+    batch = UspBatch(case.lengths, U * R, ttt_length=case.passes)
+    g = groups.rank
+    dt = getattr(torch, case.dtype)
+    loc = lambda x: batch.local(batch.pad(x), g).to(case.device, dt).requires_grad_()  # noqa: E731
+    K = case.passes
+    gen = torch.Generator().manual_seed(case.seed + 1)
+    ks, vs = [loc(k) for k in t["ks"]], [loc(v) for v in t["vs"]]
+    stats = RingStats()
+    cache: list = []
+    out = None
+    for p in range(K):
+        qp = t["q"] if p == K - 1 else torch.randn(t["q"].shape, generator=gen, dtype=torch.float64)
+        qp = loc(qp)
+        out = usp_eagle3_ttt_attention(qp, ks[p], vs[p], cache, groups, backend=case.backend, stats=stats)
+    grads = torch.autograd.grad(out, [qp, *ks, *vs], loc(t["dout"]).detach())
+    real = batch.local(batch.pad(torch.ones(int(cu[-1]), dtype=torch.bool)), g)
+    ref = lambda x: batch.local(batch.pad(x), g)  # noqa: E731
+    err = {"out": _maxdiff(out[real], ref(ref_out)[real]), "dq": _maxdiff(grads[0][real], ref(ref_g["q"])[real]),
+           "dk": max(_maxdiff(a[real], ref(b)[real]) for a, b in zip(grads[1:1 + K], ref_g["ks"])),
+           "dv": max(_maxdiff(a[real], ref(b)[real]) for a, b in zip(grads[1 + K:], ref_g["vs"]))}
+    return {"err": err, "stats": stats.as_dict(), "rank": rank, "pad_factor": batch.pad_factor}
+
+
+def run_cases(rank: int, world: int, cases: list) -> list:
+    """Worker running several cases in one process group (saves process start-up in tests)."""
+    return [run_case(rank, world, c) for c in cases]
+
+
+def check_bad_inputs(rank: int, world: int) -> list:
+    """Worker: every bad call must raise before any communication. Returns (name, error, message, comm_calls)."""
+    from kernels.attention import ring as ring_mod
+    from kernels.attention import usp as usp_mod
+    from kernels.attention.usp import UspGroups, usp_eagle3_ttt_attention
+    calls = {"n": 0}
+    orig_b, orig_a = dist.batch_isend_irecv, dist.all_to_all_single
+
+    def count_b(*a, **k):
+        calls["n"] += 1
+        return orig_b(*a, **k)
+
+    def count_a(*a, **k):
+        calls["n"] += 1
+        return orig_a(*a, **k)
+
+    ring_mod.dist.batch_isend_irecv = count_b
+    usp_mod.dist.all_to_all_single = count_a
+    group = dist.group.WORLD
+    cu = torch.tensor([0, 10, 26], dtype=torch.int64)
+    lay = make_layout(cu, group)
+    T, H, G, D = lay.num_local, 4, 2, 8
+    f = torch.float64
+    q, k, v = torch.randn(T, H, D, dtype=f), torch.randn(T, G, D, dtype=f), torch.randn(T, G, D, dtype=f)
+    bq, bk = torch.randn(2, 3, H, D, dtype=f), torch.randn(2, 3, G, D, dtype=f)
+    mine = torch.nonzero(lay.locate(torch.arange(26))[2] == lay.rank).flatten()[:2]
+    other = torch.nonzero(lay.locate(torch.arange(26))[2] != lay.rank).flatten()[:2]
+    bad = {
+        "rows_vs_cu": lambda: eagle3_ttt_attention(q[:-1], [k[:-1]], [v[:-1]], cu, group),
+        "cu_total_mismatch": lambda: eagle3_ttt_attention(q, [k], [v], torch.tensor([0, 10, 30]), group),
+        "cu_decreasing": lambda: eagle3_ttt_attention(q, [k], [v], torch.tensor([0, 12, 10, 26]), group),
+        "heads_not_divisible": lambda: eagle3_ttt_attention(q[:, :3], [k], [v], cu, group),
+        "dtype_mismatch": lambda: eagle3_ttt_attention(q, [k.float()], [v], cu, group),
+        "pass_count_mismatch": lambda: eagle3_ttt_attention(q, [k, k], [v], cu, group),
+        "wrong_group_size": lambda: eagle3_ttt_attention(q, [k], [v], make_layout(cu, None, cp_size=world + 1,
+                                                                                 rank=rank), group),
+        "block_anchor_not_owned": lambda: block_draft_attention(bq, bk, bk, k, v, other, cu, group),
+        "block_slot_valid_shape": lambda: block_draft_attention(bq, bk, bk, k, v, mine, cu, group,
+                                                                slot_valid=torch.ones(2, 4, dtype=torch.bool)),
+        "block_ctx_rows": lambda: block_draft_attention(bq, bk, bk, k[:-1], v[:-1], mine, cu, group),
+        "usp_heads": lambda: usp_eagle3_ttt_attention(torch.randn(1, 4, 4, D, dtype=f),
+                                                      torch.randn(1, 4, 3, D, dtype=f),
+                                                      torch.randn(1, 4, 3, D, dtype=f), [],
+                                                      UspGroups(2, max(1, world // 2), group, None, rank % 2,
+                                                                rank // 2)),
+    }
+    if world == 1:
+        bad.pop("block_anchor_not_owned")
+    out = []
+    try:
+        for name, fn in bad.items():
+            before = calls["n"]
+            try:
+                fn()
+                out.append((name, None, "no error", calls["n"] - before))
+            except (ValueError, TypeError) as e:
+                out.append((name, type(e).__name__, str(e), calls["n"] - before))
+        dist.barrier()
+    finally:
+        ring_mod.dist.batch_isend_irecv = orig_b
+        usp_mod.dist.all_to_all_single = orig_a
+    return out

@@ -1,0 +1,85 @@
+"""Single-rank (group=None) front ends against the fp64 dense reference: EAGLE-3 TTT with 1..4 and
+8 passes, DFlash/DSpark blocks (anchors at document start/end, partly invalid and fully masked
+blocks), both CPU backends, fp32 tolerance, and bad-input errors.
+
+Run: .venv/bin/python -m pytest -q tests/attention/test_single_rank.py
+"""
+import pytest
+import torch
+
+from kernels.attention import (block_draft_attention, causal_attention, dflash_block_attention,
+                               dspark_block_attention, eagle3_ttt_attention)
+from kernels.attention.selfcheck import Case, run_case
+
+pytestmark = pytest.mark.timeout(120)
+LENGTHS = (5, 37, 1, 22, 3)
+TOL = {"float64": 1e-10, "float32": 2e-5}
+
+
+def _assert(res, tol):
+    bad = {k: v for k, v in res["err"].items() if not v <= tol}
+    assert not bad, f"errors above {tol}: {bad}"
+
+
+@pytest.mark.parametrize("backend", ["torch", "sdpa_cpu"])
+@pytest.mark.parametrize("passes", [1, 2, 3, 4, 8])
+def test_ttt_matches_reference(backend, passes):
+    _assert(run_case(0, 1, Case("ttt", lengths=LENGTHS, passes=passes, backend=backend)), 1e-10)
+
+
+@pytest.mark.parametrize("backend", ["torch", "sdpa_cpu"])
+@pytest.mark.parametrize("case", [
+    dict(),                                                        # anchors at start, middle, end of each doc
+    dict(invalid_blocks=(0, 3), slot_drop=0.5),                    # fully masked blocks, partly invalid slots
+    dict(anchors=(0, 5, 42, 64, 67), slot_drop=1.0),               # no block keys: doc-start anchors see nothing
+    dict(heads=4, kv_heads=1, block=1),                            # MQA, B = 1
+])
+def test_blocks_match_reference(backend, case):
+    _assert(run_case(0, 1, Case("block", lengths=LENGTHS, backend=backend, **case)), 1e-10)
+
+
+@pytest.mark.parametrize("family", ["ttt", "block"])
+def test_fp32_tolerance(family):
+    _assert(run_case(0, 1, Case(family, lengths=LENGTHS, dtype="float32")), TOL["float32"])
+
+
+def test_fully_masked_rows_are_zero_with_neg_inf_lse_and_zero_grad():
+    cu = torch.tensor([0, 8])
+    q = torch.randn(2, 2, 2, 4, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, 1, 4, dtype=torch.float64, requires_grad=True)
+    ctx = torch.randn(8, 1, 4, dtype=torch.float64, requires_grad=True)
+    out, lse = block_draft_attention(q, k, k, ctx, ctx, torch.tensor([0, 5]), cu,
+                                     slot_valid=torch.tensor([[False, False], [True, True]]), return_lse=True)
+    assert torch.isneginf(lse[0]).all() and (out[0] == 0).all() and torch.isfinite(lse[1]).all()
+    out.sum().backward()
+    assert (q.grad[0] == 0).all() and torch.isfinite(q.grad).all() and torch.isfinite(ctx.grad).all()
+
+
+def test_aliases_and_causal_front_end():
+    assert dflash_block_attention is block_draft_attention is dspark_block_attention
+    cu = torch.tensor([0, 6, 16])
+    q, k = torch.randn(16, 2, 4, dtype=torch.float64), torch.randn(16, 1, 4, dtype=torch.float64)
+    assert torch.equal(causal_attention(q, k, k, cu), eagle3_ttt_attention(q, [k], [k], cu))
+
+
+def test_bad_inputs_single_rank():
+    from kernels.attention.selfcheck import check_bad_inputs
+    import torch.distributed as dist
+    assert not dist.is_initialized()
+    cu = torch.tensor([0, 10, 26])
+    q, k = torch.randn(26, 4, 8), torch.randn(26, 2, 8)
+    with pytest.raises(ValueError, match="q has 25 rows but this rank holds 26"):
+        eagle3_ttt_attention(q[:-1], [k[:-1]], [k[:-1]], cu)
+    with pytest.raises(ValueError, match="H=3 must be a multiple of key/value heads G=2"):
+        eagle3_ttt_attention(q[:, :3], [k], [k], cu)
+    with pytest.raises(TypeError, match="dtype torch.float64, expected torch.float32"):
+        eagle3_ttt_attention(q, [k.double()], [k], cu)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        eagle3_ttt_attention(q, [k], [k], cu, backend="flash3")
+    with pytest.raises(ValueError, match="anchors must be a 1-D tensor of 2"):
+        block_draft_attention(torch.randn(2, 3, 4, 8), torch.randn(2, 3, 2, 8), torch.randn(2, 3, 2, 8), k, k,
+                              torch.tensor([1]), cu)
+    with pytest.raises(ValueError, match=r"token indices must lie in \[0, 26\)"):
+        block_draft_attention(torch.randn(1, 3, 4, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8), k, k,
+                              torch.tensor([26]), cu)
+    assert callable(check_bad_inputs)
