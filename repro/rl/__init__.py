@@ -1,0 +1,14 @@
+"""repro.rl: GRPO with online draft co-training, the two workloads, and the runs behind Tables 1-2, Figs 3-4.
+
+Modules (each has its own docstring with how to run it):
+    config      run configuration, built from a profile section, validated before anything starts
+    tokenizer   a byte-level BPE tokenizer trained locally on the workloads' text
+    tasks/      single-turn math (DAPO-Math format) and the multi-turn workplace tool environment
+    grpo        group-relative advantages, clipped policy loss, KL estimators
+    joint       L = L_RL + lambda * L_draft(sg(taps)): optimizer groups, per-group clipping
+    episodes    rollouts of both workloads through the speculative engine, as training batches
+    sft         the supervised warm start of the policy (and the drafts' warm start), cached
+    trainer     the co-training loop: rollout, reward, update, weight push, metrics, checkpoints
+    run         command line entry of one training run (one table/figure row)
+    summary     per-artifact summary rows (speedups, means of the first updates) from finished runs
+"""

@@ -1,0 +1,260 @@
+"""Configuration of one training run (one row of Table 1/2 or one curve of Figure 3/4), validated up front.
+
+A run is described by plain dataclasses built from a hardware profile's ``rl:`` section (shared
+model sizes, SFT and GRPO settings) plus one artifact row (which policy, which draft, how many
+steps). ``RunConfig.validate()`` checks every value before a model is built or a process group is
+formed and raises ``ConfigError`` naming the key, the bad value and what was expected.
+
+    cfg = run_config_from_profile(load_profile("cpu-tiny"), "table1", "Qwen3-8B/DFlash", out="/tmp/run")
+    cfg.validate()
+    python -m repro.rl.config --profile cpu-tiny --artifact table1      # print every row's config
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+POLICY_FAMILIES = ("qwen3", "qwen3_moe", "llama", "gpt_oss")
+POLICY_SCALES = ("tiny", "gpu")
+DRAFT_FAMILIES = ("eagle3", "dflash", "dspark")
+WORKLOADS = ("math", "workplace")
+DTYPES = ("float32", "bfloat16", "float16")
+ARTIFACTS = ("table1", "table2", "fig3", "fig4")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key, the value and what was expected."""
+
+
+def _check(cond: bool, key: str, value: Any, expected: str) -> None:
+    if not cond:
+        raise ConfigError(f"config {key}={value!r} is invalid: expected {expected}")
+
+
+@dataclass
+class PolicySpec:
+    family: str = "qwen3"
+    scale: str = "tiny"
+    overrides: dict = field(default_factory=dict)      # HF config keys (hidden_size, num_hidden_layers, ...)
+
+    def validate(self, key: str = "policy") -> None:
+        _check(self.family in POLICY_FAMILIES, f"{key}.family", self.family, f"one of {POLICY_FAMILIES}")
+        _check(self.scale in POLICY_SCALES, f"{key}.scale", self.scale, f"one of {POLICY_SCALES}")
+        _check(isinstance(self.overrides, dict), f"{key}.overrides", self.overrides, "a mapping")
+        for k, v in self.overrides.items():
+            if k.startswith("num_") or k in ("hidden_size", "intermediate_size", "head_dim"):
+                _check(isinstance(v, int) and v >= 1, f"{key}.overrides.{k}", v, "a positive integer")
+
+
+@dataclass
+class DraftSpec:
+    family: str = "eagle3"
+    loss_weight: float = 1.0           # lambda in L = L_RL + lambda * L_draft
+    lr: float = 1e-3
+    max_grad_norm: float = 1.0
+    num_proposals: int = 3             # k proposals per verify step
+    options: dict = field(default_factory=dict)   # family options (ttt_steps, block_size, num_layers, ...)
+
+    def validate(self, key: str = "draft") -> None:
+        _check(self.family in DRAFT_FAMILIES, f"{key}.family", self.family, f"one of {DRAFT_FAMILIES}")
+        _check(self.loss_weight >= 0, f"{key}.loss_weight", self.loss_weight, "a number >= 0")
+        _check(self.lr > 0, f"{key}.lr", self.lr, "a positive learning rate")
+        _check(self.max_grad_norm > 0, f"{key}.max_grad_norm", self.max_grad_norm, "a positive number")
+        _check(isinstance(self.num_proposals, int) and 1 <= self.num_proposals <= 32, f"{key}.num_proposals",
+               self.num_proposals, "an integer in [1, 32]")
+
+
+@dataclass
+class GRPOSpec:
+    prompts_per_step: int = 4
+    generations_per_prompt: int = 4
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    lr: float = 1e-4
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0               # KL(policy || reference) weight; 0 disables the reference model
+    max_grad_norm: float = 1.0
+    microbatch: int = 8                # sequences per forward/backward in the update
+    normalize_std: bool = True         # divide group-centred rewards by the group's std
+
+    def validate(self, key: str = "grpo") -> None:
+        for name in ("prompts_per_step", "generations_per_prompt", "max_new_tokens", "microbatch"):
+            v = getattr(self, name)
+            _check(isinstance(v, int) and v >= 1, f"{key}.{name}", v, "a positive integer")
+        _check(self.generations_per_prompt >= 2, f"{key}.generations_per_prompt", self.generations_per_prompt,
+               ">= 2 (group-relative advantages need a group)")
+        _check(self.temperature > 0, f"{key}.temperature", self.temperature, "> 0 (GRPO samples)")
+        _check(self.lr > 0, f"{key}.lr", self.lr, "a positive learning rate")
+        _check(0 < self.clip_eps < 1, f"{key}.clip_eps", self.clip_eps, "a number in (0, 1)")
+        _check(self.kl_coef >= 0, f"{key}.kl_coef", self.kl_coef, ">= 0")
+        _check(self.max_grad_norm > 0, f"{key}.max_grad_norm", self.max_grad_norm, "a positive number")
+
+
+@dataclass
+class WorkloadSpec:
+    name: str = "math"
+    tool_latency_s: float = 0.0        # workplace: seconds per tool call (a tool server's round trip)
+    max_tool_calls: int = 4
+    val_every: int = 5                 # validation accuracy every N steps (and at the last step)
+    val_size: int = 30
+
+    def validate(self, key: str = "workload") -> None:
+        _check(self.name in WORKLOADS, f"{key}.name", self.name, f"one of {WORKLOADS}")
+        _check(self.tool_latency_s >= 0, f"{key}.tool_latency_s", self.tool_latency_s, ">= 0")
+        _check(isinstance(self.max_tool_calls, int) and self.max_tool_calls >= 1, f"{key}.max_tool_calls",
+               self.max_tool_calls, "a positive integer")
+        _check(isinstance(self.val_every, int) and self.val_every >= 1, f"{key}.val_every", self.val_every,
+               "a positive integer")
+        _check(isinstance(self.val_size, int) and 1 <= self.val_size <= 30, f"{key}.val_size", self.val_size,
+               "an integer in [1, 30] (the held-out split has 30 problems, like AIME 2024)")
+
+
+@dataclass
+class SFTSpec:
+    steps: int = 300
+    batch: int = 32
+    lr: float = 3e-3
+    draft_steps: int = 200             # warm start of each draft family on the SFT policy's features
+
+    def validate(self, key: str = "sft") -> None:
+        for name in ("steps", "batch"):
+            v = getattr(self, name)
+            _check(isinstance(v, int) and v >= 1, f"{key}.{name}", v, "a positive integer")
+        _check(isinstance(self.draft_steps, int) and self.draft_steps >= 0, f"{key}.draft_steps",
+               self.draft_steps, "an integer >= 0")
+        _check(self.lr > 0, f"{key}.lr", self.lr, "a positive learning rate")
+
+
+@dataclass
+class RunConfig:
+    artifact: str
+    row: str
+    profile: str
+    out: str
+    steps: int = 10
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"             # rollout (inference) dtype; the trainer keeps fp32 master weights
+    policy: PolicySpec = field(default_factory=PolicySpec)
+    draft: DraftSpec | None = None     # None: the no-draft baseline
+    grpo: GRPOSpec = field(default_factory=GRPOSpec)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    sft: SFTSpec = field(default_factory=SFTSpec)
+    vocab_size: int = 512
+    warm_start: str = ""               # folder of the cached SFT warm start ("" = random init)
+    ckpt_every: int = 0                # 0: checkpoint only at the end
+    tap_transport: str = "local"       # local (one process) or a TapChannel transport under PP
+
+    def validate(self) -> "RunConfig":
+        _check(self.artifact in ARTIFACTS, "artifact", self.artifact, f"one of {ARTIFACTS}")
+        _check(bool(self.row), "row", self.row, "a non-empty row label")
+        _check(bool(self.out), "out", self.out, "an output folder")
+        _check(isinstance(self.steps, int) and self.steps >= 1, "steps", self.steps, "a positive integer")
+        _check(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        _check(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
+        _check(self.device == "cpu" or self.device.startswith("cuda"), "device", self.device, "cpu or cuda[:i]")
+        _check(isinstance(self.vocab_size, int) and self.vocab_size >= 265, "vocab_size", self.vocab_size,
+               "an integer >= 265 (byte alphabet + special tokens)")
+        _check(isinstance(self.ckpt_every, int) and self.ckpt_every >= 0, "ckpt_every", self.ckpt_every,
+               "an integer >= 0")
+        self.policy.validate()
+        self.grpo.validate()
+        self.workload.validate()
+        self.sft.validate()
+        if self.draft is not None:
+            self.draft.validate()
+        if self.device == "cpu" and self.dtype != "float32":
+            raise ConfigError(f"config dtype={self.dtype!r} on device 'cpu' is invalid: expected float32 "
+                              "(CPU runs are fp32; bf16 is for GPUs)")
+        return self
+
+    @property
+    def has_draft(self) -> bool:
+        return self.draft is not None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
+        d = dict(d)
+        try:
+            d["policy"] = PolicySpec(**d.get("policy", {}))
+            d["draft"] = DraftSpec(**d["draft"]) if d.get("draft") else None
+            d["grpo"] = GRPOSpec(**d.get("grpo", {}))
+            d["workload"] = WorkloadSpec(**d.get("workload", {}))
+            d["sft"] = SFTSpec(**d.get("sft", {}))
+            return cls(**d)
+        except TypeError as exc:    # an unknown key
+            raise ConfigError(f"config has an unknown or missing key: {exc}") from exc
+
+
+# -- from a profile ------------------------------------------------------------------------------------
+def artifact_rows(profile: Mapping[str, Any], artifact: str) -> dict[str, dict]:
+    """The rows an artifact runs on this profile: label -> row spec (policy, draft, baseline, ...)."""
+    section = profile.get(artifact)
+    if not isinstance(section, Mapping) or not isinstance(section.get("rows"), Mapping):
+        raise ConfigError(f"profile {profile.get('name')!r} has no {artifact}.rows section "
+                          f"(experiments/profiles/{profile.get('name')}.yaml)")
+    return dict(section["rows"])
+
+
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any] | None) -> dict:
+    out = dict(base)
+    for k, v in (over or {}).items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def run_config_from_profile(profile: Mapping[str, Any], artifact: str, row: str, *, out: str,
+                            seed: int = 0, warm_start: str = "") -> RunConfig:
+    """The config of one ``row`` of ``artifact`` on ``profile`` (rows name a policy and a draft or none)."""
+    rl = profile.get("rl")
+    if not isinstance(rl, Mapping):
+        raise ConfigError(f"profile {profile.get('name')!r} has no rl: section")
+    rows = artifact_rows(profile, artifact)
+    if row not in rows:
+        raise ConfigError(f"config row={row!r} is invalid: expected one of {sorted(rows)} "
+                          f"({artifact} rows of profile {profile.get('name')!r})")
+    spec = rows[row] or {}
+    section = profile[artifact]
+    policy_name = spec.get("policy", "dense")
+    policies = rl.get("policies", {})
+    if policy_name not in policies:
+        raise ConfigError(f"config {artifact}.rows[{row!r}].policy={policy_name!r} is invalid: expected one "
+                          f"of {sorted(policies)} (rl.policies)")
+    draft = None
+    if spec.get("draft"):
+        drafts = rl.get("drafts", {})
+        if spec["draft"] not in drafts:
+            raise ConfigError(f"config {artifact}.rows[{row!r}].draft={spec['draft']!r} is invalid: expected "
+                              f"one of {sorted(drafts)} (rl.drafts)")
+        draft = DraftSpec(**_merge(drafts[spec["draft"]], spec.get("draft_overrides")))
+    workload = _merge(rl.get("workload", {}), section.get("workload"))
+    grpo = _merge(rl.get("grpo", {}), section.get("grpo"))
+    dtype = profile.get("dtype", "float32")
+    device = "cuda" if profile.get("hardware", {}).get("device") == "cuda" else "cpu"
+    cfg = RunConfig(artifact=artifact, row=row, profile=profile["name"], out=out,
+                    steps=int(spec.get("steps", section.get("steps", 10))), seed=seed, device=device,
+                    dtype=dtype, policy=PolicySpec(**policies[policy_name]), draft=draft,
+                    grpo=GRPOSpec(**grpo), workload=WorkloadSpec(**workload), sft=SFTSpec(**rl.get("sft", {})),
+                    vocab_size=int(rl.get("vocab_size", 512)), warm_start=warm_start,
+                    ckpt_every=int(section.get("ckpt_every", rl.get("ckpt_every", 0))))
+    return cfg.validate()
+
+
+def main(argv: list[str] | None = None) -> None:
+    from repro.report.profiles import load_profile
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="cpu-tiny")
+    ap.add_argument("--artifact", default="table1", choices=ARTIFACTS)
+    args = ap.parse_args(argv)
+    prof = load_profile(args.profile)
+    for row in artifact_rows(prof, args.artifact):
+        print(json.dumps(run_config_from_profile(prof, args.artifact, row, out="-").to_dict()))
+
+
+if __name__ == "__main__":
+    main()

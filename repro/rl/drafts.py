@@ -1,0 +1,118 @@
+"""The three draft families as the co-training loop uses them: build, attach, propose, stop the gradient.
+
+``build_draft(spec, policy, mask_token_id)`` returns the family's ``nn.Module`` (``repro.models``)
+configured from ``DraftSpec.options``, its taps set on ``policy``. Block drafts (DFlash, DSpark) ride
+on the policy's embedding and output head; in the trainer they are attached to
+``StopGradParts(policy)``, live views of those weights with the gradient stopped, so the draft loss
+is a function of the draft's own parameters only (the paper's ``L_draft(phi; x, sg(H_theta(x)))``)
+while always seeing the current head. ``make_proposer`` wraps a draft for the rollout engine.
+
+    draft = build_draft(DraftSpec(family="dflash", options={"block_size": 4}), policy, mask_token_id=2)
+    proposer = make_proposer(draft, num_proposals=3)
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from repro.models.block_draft import BlockDraftConfig, BlockProposer
+from repro.models.dflash import DFlashDraft
+from repro.models.dspark import DSparkDraft
+from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
+from repro.rl.config import ConfigError, DraftSpec
+
+EAGLE3_OPTIONS = ("ttt_steps", "decay", "pass_weights")
+BLOCK_OPTIONS = ("num_layers", "block_size", "num_anchors", "decay_gamma")
+DSPARK_OPTIONS = BLOCK_OPTIONS + ("markov_rank",)
+
+
+class _StopGradEmbedding(nn.Module):
+    def __init__(self, src: nn.Embedding):
+        super().__init__()
+        self._src = [src]                       # a view, not a registered submodule
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._src[0].weight.detach()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class _StopGradLinear(nn.Module):
+    def __init__(self, src: nn.Linear):
+        super().__init__()
+        self._src = [src]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._src[0].weight.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = self._src[0].bias
+        return F.linear(x, self.weight, None if b is None else b.detach())
+
+
+class StopGradParts:
+    """The policy's embedding and head as seen by a block draft in the trainer: live, gradient stopped."""
+
+    def __init__(self, policy):
+        self.embed_tokens = _StopGradEmbedding(policy.embed_tokens)
+        self.lm_head = _StopGradLinear(policy.lm_head)
+
+
+def _options(spec: DraftSpec, allowed: tuple[str, ...]) -> dict:
+    bad = sorted(set(spec.options) - set(allowed))
+    if bad:
+        raise ConfigError(f"config draft.options {bad} are invalid for family {spec.family!r}: expected keys "
+                          f"among {list(allowed)}")
+    return dict(spec.options)
+
+
+def check_draft_spec(spec: DraftSpec) -> None:
+    """Options and proposal count consistent with the family (raises ConfigError before any model exists)."""
+    if spec.family == "eagle3":
+        _options(spec, EAGLE3_OPTIONS)
+        return
+    opts = _options(spec, DSPARK_OPTIONS if spec.family == "dspark" else BLOCK_OPTIONS)
+    bs = int(opts.get("block_size", 8))
+    k = bs if spec.family == "dspark" else bs - 1
+    if spec.num_proposals != k:
+        raise ConfigError(f"config draft.num_proposals={spec.num_proposals} is invalid for {spec.family} with "
+                          f"block_size={bs}: expected {k} (one block per verify step)")
+
+
+def build_draft(spec: DraftSpec, policy, *, mask_token_id: int, train: bool = False) -> nn.Module:
+    """The draft of ``spec`` for ``policy`` (taps set on the policy); ``train`` attaches stop-gradient parts."""
+    check_draft_spec(spec)
+    if spec.family == "eagle3":
+        opts = _options(spec, EAGLE3_OPTIONS)
+        if "pass_weights" in opts and opts["pass_weights"] is not None:
+            opts["pass_weights"] = tuple(opts["pass_weights"])
+        draft = Eagle3Draft(Eagle3Config.from_policy(policy, **opts))
+        draft.init_from_policy(policy)
+    else:
+        opts = _options(spec, DSPARK_OPTIONS if spec.family == "dspark" else BLOCK_OPTIONS)
+        markov_rank = opts.pop("markov_rank", 32)
+        num_layers = opts.pop("num_layers", 2)
+        cfg = BlockDraftConfig.from_policy(policy, num_layers=num_layers, mask_token_id=mask_token_id, **opts)
+        draft = DSparkDraft(cfg, markov_rank=markov_rank) if spec.family == "dspark" else DFlashDraft(cfg)
+        draft.attach(StopGradParts(policy) if train else policy)
+    draft = draft.to(device=policy.device)
+    policy.set_taps(draft.tap_spec)
+    return draft
+
+
+def trainable_parameters(draft: nn.Module) -> list[nn.Parameter]:
+    return [p for p in draft.parameters() if p.requires_grad]
+
+
+def make_proposer(draft: nn.Module, num_proposals: int):
+    """The rollout engine's proposer for ``draft`` (EAGLE-3: k chained passes; block drafts: one block)."""
+    if isinstance(draft, Eagle3Draft):
+        return Eagle3Proposer(draft, num_proposals)
+    if num_proposals != draft.num_proposals:
+        raise ConfigError(f"num_proposals={num_proposals} is invalid for a block draft whose block gives "
+                          f"{draft.num_proposals} proposals")
+    return BlockProposer(draft)

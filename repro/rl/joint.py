@@ -1,0 +1,137 @@
+"""The joint update: L = L_RL(theta) + lambda * L_draft(phi; x, sg(H_theta(x))), one backward, two groups.
+
+``JointUpdate.step(batch)`` runs the policy over the rollout batch in microbatches: one forward gives
+the logits (GRPO's clipped loss against the rollout log-probabilities) and the detached taps; the
+draft's loss on those taps (and on the detached policy logits, its teacher) is added with weight
+``lambda`` and the sum is backpropagated once. The policy and the draft are two parameter groups of
+one AdamW, each with its own learning rate and its own gradient-norm clipping (NeMo-RL's separate
+``draft`` grad-norm group). Because the taps, the teacher and the block drafts' view of the
+embedding/head are all stop-gradient, the draft loss never reaches the policy: with lambda = 0 the
+policy's update is bit-identical to the no-draft baseline's (tests/rl/test_joint.py).
+
+    upd = JointUpdate(policy, draft, grpo_spec, draft_spec)
+    stats = upd.step(rollout_batch, advantages)
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from repro.parallel.draft_interface import DraftBatch, TargetFeatures
+from repro.rl.config import DraftSpec, GRPOSpec
+from repro.rl.drafts import trainable_parameters
+from repro.rl.episodes import RolloutBatch
+from repro.rl.grpo import clipped_policy_loss, token_logprobs, train_inference_kl
+
+
+@dataclass
+class UpdateStats:
+    policy_loss: float
+    draft_loss: float
+    policy_grad_norm: float
+    draft_grad_norm: float
+    train_inference_kl: float
+    clip_frac: float
+    update_time_s: float
+    draft_time_s: float            # forward+loss of the draft inside the update (its share of update time)
+    kl_ref: float = 0.0
+
+
+def draft_loss_mask(token_mask: torch.Tensor) -> torch.Tensor:
+    """Prediction mask of the drafts: position t counts when token t+1 was written by the policy."""
+    out = torch.zeros_like(token_mask)
+    out[:, :-1] = token_mask[:, 1:]
+    return out
+
+
+class JointUpdate:
+    """One optimizer (policy group + draft group), per-group clipping, GRPO + lambda * draft loss."""
+
+    def __init__(self, policy, draft: nn.Module | None, grpo: GRPOSpec, draft_spec: DraftSpec | None,
+                 reference=None):
+        if (draft is None) != (draft_spec is None):
+            raise ValueError("give both the draft and its DraftSpec, or neither")
+        if grpo.kl_coef and reference is None:
+            raise ValueError(f"grpo.kl_coef={grpo.kl_coef} needs a frozen reference policy")
+        self.policy, self.draft, self.grpo, self.draft_spec = policy, draft, grpo, draft_spec
+        self.reference = reference
+        self.policy_params = [p for p in policy.parameters() if p.requires_grad]
+        groups = [{"params": self.policy_params, "lr": grpo.lr, "name": "policy"}]
+        self.draft_params: list[nn.Parameter] = []
+        if draft is not None:
+            self.draft_params = trainable_parameters(draft)
+            groups.append({"params": self.draft_params, "lr": draft_spec.lr, "name": "draft"})
+        self.optimizer = torch.optim.AdamW(groups, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+
+    def _features(self, taps) -> TargetFeatures:
+        spec = self.policy.tap_spec
+        return TargetFeatures(dict(zip(spec.as_output_layers(), taps)))
+
+    def step(self, batch: RolloutBatch, advantages: torch.Tensor, *, anchor_seed: int = 0,
+             temperature: float = 1.0) -> UpdateStats:
+        t0 = time.perf_counter()
+        dev = self.policy.device
+        ids = batch.input_ids.to(dev)
+        att = batch.attention_mask.to(dev)
+        mask = batch.loss_mask.to(dev)
+        old = batch.rollout_logp.to(dev)
+        adv = advantages.to(dev)
+        n_tok = float(mask.sum())
+        if n_tok == 0:
+            raise ValueError("rollout batch has no policy-written tokens to train on")
+        B, mb = ids.shape[0], self.grpo.microbatch
+        lam = self.draft_spec.loss_weight if self.draft_spec is not None else 0.0
+        gen = torch.Generator().manual_seed(anchor_seed)
+        self.optimizer.zero_grad(set_to_none=True)
+        p_loss = d_loss = clip = kl_ref = 0.0
+        kl_num = 0.0
+        draft_time = 0.0
+        for s in range(0, B, mb):
+            sl = slice(s, min(B, s + mb))
+            out = self.policy.forward_train(ids[sl], want_taps=self.draft is not None, attention_mask=att[sl])
+            logp = token_logprobs(out.logits, ids[sl], temperature)
+            ref_lp = None
+            if self.grpo.kl_coef:
+                with torch.no_grad():
+                    ref_lp = token_logprobs(self.reference.forward_train(ids[sl], want_taps=False,
+                                                                         attention_mask=att[sl]).logits,
+                                            ids[sl], temperature)
+            loss, st = clipped_policy_loss(logp, old[sl], adv[sl], mask[sl], n_tok, self.grpo.clip_eps,
+                                           ref_lp, self.grpo.kl_coef)
+            total = loss
+            if self.draft is not None:
+                td = time.perf_counter()
+                dbatch = DraftBatch(input_ids=ids[sl], loss_mask=draft_loss_mask(mask[sl]),
+                                    policy_logits=out.logits.detach(), extras={"anchor_generator": gen})
+                dl = self.draft.draft_loss(self._features(out.taps), dbatch)
+                draft_time += time.perf_counter() - td
+                frac = (sl.stop - sl.start) / B
+                total = total + lam * frac * dl
+                d_loss += float(dl.detach()) * frac
+            total.backward()
+            p_loss += float(loss.detach())
+            clip += float(st["clip_frac"])
+            kl_ref += float(st.get("kl_ref_sum", 0.0))
+            kl_num += train_inference_kl(logp.detach(), old[sl], mask[sl]) * float(mask[sl].sum()) \
+                if float(mask[sl].sum()) else 0.0
+        p_norm = float(torch.nn.utils.clip_grad_norm_(self.policy_params, self.grpo.max_grad_norm))
+        d_norm = 0.0
+        if self.draft_params:
+            d_norm = float(torch.nn.utils.clip_grad_norm_(self.draft_params, self.draft_spec.max_grad_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return UpdateStats(policy_loss=p_loss, draft_loss=d_loss, policy_grad_norm=p_norm, draft_grad_norm=d_norm,
+                           train_inference_kl=kl_num / n_tok, clip_frac=clip / n_tok,
+                           update_time_s=time.perf_counter() - t0, draft_time_s=draft_time,
+                           kl_ref=kl_ref / n_tok)
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)

@@ -1,0 +1,203 @@
+"""The co-training loop: rollout (speculative when a draft is present), reward, GRPO + draft update, weight push.
+
+``CoTrainer(cfg, tok)`` holds two copies of every model, as an RL system does: the trainer's fp32
+policy and draft (updated by ``JointUpdate``) and the rollout engine's copies in the profile's dtype,
+refreshed by ``push_weights`` after every update (NeMo-RL's refit; the draft's weights travel with the
+policy's). One step:
+
+    rollout(step)  -> RolloutBatch (tokens, engine log-probs, rewards, acceptance counters, times)
+    advantages     -> group-relative
+    update         -> L_RL + lambda * L_draft(sg(taps)) in one backward, per-group clipping
+    push_weights   -> the engine decodes the next step with the new policy and draft
+
+``run(logger)`` repeats it for ``cfg.steps`` steps, logs one metrics row per step (row = the run's
+table/figure row label, step = the training step; names in ``STEP_METRICS``), validates on the
+held-out split every ``val_every`` steps, checkpoints every ``ckpt_every`` steps and resumes from the
+last checkpoint of its run folder.
+
+    python -m repro.rl.run --artifact table1 --row "Qwen3-8B/DFlash" --profile cpu-tiny --out /tmp/r
+"""
+from __future__ import annotations
+
+import copy
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import torch
+
+from repro.rl.checkpoint import load_checkpoint, save_checkpoint
+from repro.rl.config import RunConfig
+from repro.rl.drafts import build_draft, make_proposer
+from repro.rl.episodes import RolloutBatch, math_rollout, workplace_rollout
+from repro.rl.grpo import group_advantages
+from repro.rl.joint import JointUpdate, UpdateStats
+from repro.rl.tasks.math import MathTaskSet
+from repro.rl.tasks.workplace import WorkplaceTaskSet
+from repro.rl.tokenizer import WorkloadTokenizer
+from repro.rl.warmstart import DTYPES, load_draft_weights, make_policy
+from repro.rollout.engine import RolloutEngine
+
+# metric names of the per-step rows (prefix "train/" or "val/": the tables' summary names stay free)
+STEP_METRICS = ("train/reward", "train/response_len", "train/train_inference_kl", "train/acceptance_length",
+                "train/rollout_time_s", "train/update_time_s", "train/step_time_s", "train/throughput_tok_s",
+                "train/rollout_tok_s", "train/draft_loss", "train/policy_loss", "train/weight_push_s",
+                "train/tool_time_s", "train/draft_time_s", "train/gen_tokens", "val/accuracy")
+
+
+@torch.no_grad()
+def push_weights(src: torch.nn.Module, dst: torch.nn.Module) -> int:
+    """Copy every parameter and buffer of ``src`` into ``dst`` (casting to its dtype); returns bytes moved."""
+    s, d = src.state_dict(), dst.state_dict()
+    if s.keys() != d.keys():
+        missing = sorted(set(s) ^ set(d))
+        raise ValueError(f"weight push: trainer and rollout modules differ in keys, e.g. {missing[:3]}")
+    moved = 0
+    for k, v in s.items():
+        d[k].copy_(v)
+        moved += d[k].numel() * d[k].element_size()
+    return moved
+
+
+class CoTrainer:
+    def __init__(self, cfg: RunConfig, tok: WorkloadTokenizer):
+        cfg.validate()
+        if tok.vocab_size != cfg.vocab_size:
+            raise ValueError(f"tokenizer has {tok.vocab_size} tokens, config vocab_size={cfg.vocab_size}")
+        self.cfg, self.tok = cfg, tok
+        torch.manual_seed(cfg.seed)
+        dev = cfg.device
+        self.policy = make_policy(cfg.policy, cfg.vocab_size, seed=cfg.seed, dtype=torch.float32, device=dev,
+                                  warm_start=cfg.warm_start)
+        self.rollout_policy = make_policy(cfg.policy, cfg.vocab_size, seed=cfg.seed, dtype=DTYPES[cfg.dtype],
+                                          device=dev)
+        self.reference = None
+        if cfg.grpo.kl_coef:
+            self.reference = copy.deepcopy(self.policy).requires_grad_(False)
+        self.draft = self.rollout_draft = None
+        proposer = None
+        self.draft_warm = False
+        if cfg.draft is not None:
+            self.draft = build_draft(cfg.draft, self.policy, mask_token_id=tok.mask_id, train=True)
+            self.draft_warm = load_draft_weights(self.draft, cfg.draft, cfg.warm_start)
+            self.rollout_draft = build_draft(cfg.draft, self.rollout_policy, mask_token_id=tok.mask_id)
+            self.rollout_draft.to(dtype=DTYPES[cfg.dtype])
+            proposer = make_proposer(self.rollout_draft, cfg.draft.num_proposals)
+        self.update = JointUpdate(self.policy, self.draft, cfg.grpo, cfg.draft, self.reference)
+        max_prompt = 256
+        self.engine = RolloutEngine(self.rollout_policy, proposer,
+                                    max_model_len=max_prompt + cfg.grpo.max_new_tokens + 64
+                                    + (cfg.workload.max_tool_calls * 24 if cfg.workload.name == "workplace" else 0))
+        self.math = MathTaskSet(cfg.seed) if cfg.workload.name == "math" else None
+        self.workplace = WorkplaceTaskSet(cfg.seed) if cfg.workload.name == "workplace" else None
+        self._pool = ThreadPoolExecutor(max_workers=32) if self.workplace else None
+        self.start_step = 0
+        self.push()
+
+    # -- pieces of a step --------------------------------------------------------------------------------
+    def push(self) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        moved = push_weights(self.policy.model, self.rollout_policy.model)
+        if self.draft is not None:
+            moved += push_weights(self.draft, self.rollout_draft)
+        if self.cfg.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0, moved
+
+    def rollout(self, step: int, *, split: str = "train", greedy: bool = False) -> RolloutBatch:
+        g, c = self.cfg.grpo, self.cfg
+        seed = c.seed * 100003 + step * 7 + (1 if split != "train" else 0)
+        if self.math is not None:
+            if split == "train":
+                items, group = self.math.problems("train", g.prompts_per_step, draw=step), g.generations_per_prompt
+            else:
+                items, group = self.math.problems("heldout", c.workload.val_size), 1
+            return math_rollout(self.engine, self.tok, items, group_size=group, max_new_tokens=g.max_new_tokens,
+                                temperature=g.temperature, seed=seed, greedy=greedy)
+        if split == "train":
+            items, group = self.workplace.tasks("train", g.prompts_per_step, draw=step), g.generations_per_prompt
+        else:
+            items, group = self.workplace.tasks("heldout", c.workload.val_size), 1
+        return workplace_rollout(self.engine, self.tok, items, group_size=group, max_new_tokens=g.max_new_tokens,
+                                 temperature=g.temperature, seed=seed, tool_latency_s=c.workload.tool_latency_s,
+                                 max_tool_calls=c.workload.max_tool_calls, greedy=greedy, pool=self._pool)
+
+    def validate(self, step: int) -> float:
+        """Greedy accuracy on the held-out split (AIME 2024's role)."""
+        return float(self.rollout(step, split="heldout", greedy=True).rewards.mean())
+
+    def train_step(self, step: int) -> tuple[dict[str, float], RolloutBatch, UpdateStats]:
+        t0 = time.perf_counter()
+        batch = self.rollout(step)
+        adv = group_advantages(batch.rewards, self.cfg.grpo.generations_per_prompt, self.cfg.grpo.normalize_std)
+        stats = self.update.step(batch, adv, anchor_seed=self.cfg.seed * 7919 + step,
+                                 temperature=self.cfg.grpo.temperature)
+        push_s, _ = self.push()
+        step_time = time.perf_counter() - t0
+        m = {"train/reward": float(batch.rewards.mean()),
+             "train/response_len": batch.gen_tokens / batch.size,
+             "train/gen_tokens": batch.gen_tokens,
+             "train/train_inference_kl": stats.train_inference_kl,
+             "train/rollout_time_s": batch.rollout_time_s,
+             "train/tool_time_s": batch.tool_time_s,
+             "train/update_time_s": stats.update_time_s,
+             "train/weight_push_s": push_s,
+             "train/step_time_s": step_time,
+             "train/throughput_tok_s": batch.gen_tokens / step_time,
+             "train/rollout_tok_s": batch.gen_tokens / batch.rollout_time_s,
+             "train/policy_loss": stats.policy_loss,
+             "train/policy_grad_norm": stats.policy_grad_norm,
+             "train/clip_frac": stats.clip_frac}
+        if self.cfg.grpo.kl_coef:
+            m["train/kl_ref"] = stats.kl_ref
+        if self.draft is not None:
+            m.update({"train/acceptance_length": batch.counters.acceptance_length,
+                      "train/draft_loss": stats.draft_loss, "train/draft_grad_norm": stats.draft_grad_norm,
+                      "train/draft_time_s": stats.draft_time_s})
+            for i, a in enumerate(batch.counters.accepted_per_pos):
+                m[f"train/acceptance_rate_pos{i}"] = a / max(1, batch.counters.verify_steps)
+        return m, batch, stats
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+    def save(self, step: int) -> None:
+        state = {"policy": self.policy.model.state_dict(), "optimizer": self.update.state_dict()}
+        if self.draft is not None:
+            state["draft"] = self.draft.state_dict()
+        save_checkpoint(self.cfg.out, step, state, self.cfg.to_dict())
+
+    def try_resume(self) -> int:
+        """Load the run folder's last checkpoint; returns the first step still to run (0 if none)."""
+        state = load_checkpoint(self.cfg.out, self.cfg.to_dict())
+        if state is None:
+            return 0
+        self.policy.model.load_state_dict(state["policy"])
+        if self.draft is not None:
+            self.draft.load_state_dict(state["draft"])
+        self.update.load_state_dict(state["optimizer"])
+        self.push()
+        self.start_step = state["step"] + 1
+        return self.start_step
+
+    # -- the loop ----------------------------------------------------------------------------------------
+    def run(self, logger, *, on_step: Callable[[int, dict], None] | None = None) -> list[dict[str, float]]:
+        cfg, rows = self.cfg, []
+        for step in range(self.start_step, cfg.steps):
+            m, _, _ = self.train_step(step)
+            last = step == cfg.steps - 1
+            if step % cfg.workload.val_every == 0 or last:
+                tv = time.perf_counter()
+                m["val/accuracy"] = self.validate(step)
+                m["val/time_s"] = time.perf_counter() - tv
+            logger.log(m, row=cfg.row, step=step)
+            rows.append(m)
+            if (cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or last:
+                self.save(step)
+            if on_step is not None:
+                on_step(step, m)
+            print(f"[{cfg.artifact} {cfg.row}] step {step}: reward {m['train/reward']:.3f} "
+                  + (f"AL {m['train/acceptance_length']:.2f} " if "train/acceptance_length" in m else "")
+                  + f"rollout {m['train/rollout_time_s']:.2f}s update {m['train/update_time_s']:.2f}s "
+                  f"kl {m['train/train_inference_kl']:.2e}", flush=True)
+        if self._pool is not None:
+            self._pool.shutdown()
+        return rows

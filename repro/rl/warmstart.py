@@ -1,0 +1,57 @@
+"""Building the policy and drafts of a run, from scratch or from the cached SFT warm start.
+
+A warm-start folder (written by ``repro.rl.sft``) holds ``policy.pt`` (architecture + weights),
+``drafts/<family>.pt`` (each draft's spec + weights, trained offline on the SFT policy: our stand-in
+for the families' official checkpoints) and ``tokenizer/``. Shapes and specs are checked on load,
+and a mismatch names what differs.
+
+    policy = make_policy(cfg.policy, vocab_size, seed=0, dtype=torch.float32, device="cpu", warm_start=dir)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from repro.models.policy import build_policy
+from repro.rl.config import DraftSpec, PolicySpec
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def make_policy(spec: PolicySpec, vocab_size: int, *, seed: int, dtype: torch.dtype, device: str,
+                warm_start: str | Path = ""):
+    policy = build_policy(spec.family, spec.scale, seed=seed, dtype=torch.float32, device="cpu",
+                          vocab_size=vocab_size, **spec.overrides)
+    if warm_start:
+        path = Path(warm_start) / "policy.pt"
+        if not path.is_file():
+            raise FileNotFoundError(f"warm start {path} not found; build it with `python -m repro.rl.sft` "
+                                    "(the workflow's rl_sft rule)")
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+        want = {"family": spec.family, "scale": spec.scale, "overrides": dict(spec.overrides),
+                "vocab_size": vocab_size}
+        got = {k: saved.get(k) for k in want}
+        if got != want:
+            raise ValueError(f"warm start {path} is for policy {got}, this run needs {want}")
+        policy.model.load_state_dict(saved["state_dict"])
+    return policy.to(device=device, dtype=dtype)
+
+
+def draft_file(warm_start: str | Path, family: str) -> Path:
+    return Path(warm_start) / "drafts" / f"{family}.pt"
+
+
+def load_draft_weights(draft, spec: DraftSpec, warm_start: str | Path) -> bool:
+    """Load the warm-started draft of ``spec.family`` if the warm start has one; False otherwise."""
+    if not warm_start:
+        return False
+    path = draft_file(warm_start, spec.family)
+    if not path.is_file():
+        return False
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    if saved.get("options") != dict(spec.options):
+        raise ValueError(f"warm-start draft {path} has options {saved.get('options')}, this run needs "
+                         f"{dict(spec.options)} (rebuild the warm start or align rl.drafts in the profile)")
+    draft.load_state_dict(saved["state_dict"])
+    return True
