@@ -136,9 +136,10 @@ def typed_dict_keys(source: str, class_name: str) -> dict[str, list[str]]:
     raise SkeletonError(f"class {class_name} not found")
 
 
-def record(nemo_rl_dir: Path, commit: str, note: str = "") -> dict[str, Any]:
+def record(nemo_rl_dir: Path, commit: str, note: str = "", examples: tuple[str, ...] = EXAMPLES) -> dict[str, Any]:
+    """The skeleton of ``examples`` and of DraftConfig in a NeMo-RL checkout."""
     nemo_rl_dir = Path(nemo_rl_dir)
-    missing = [p for p in (*EXAMPLES, POLICY_INIT) if not (nemo_rl_dir / p).is_file()]
+    missing = [p for p in (*examples, POLICY_INIT) if not (nemo_rl_dir / p).is_file()]
     if missing:
         raise SkeletonError(f"{nemo_rl_dir} is not a NeMo-RL checkout with the files recorded here: "
                             f"missing {', '.join(missing)}")
@@ -146,7 +147,7 @@ def record(nemo_rl_dir: Path, commit: str, note: str = "") -> dict[str, Any]:
         "nemo_rl_commit": commit,
         "note": note,
         "recorded_with": "python -m repro.nemo_rl.skeleton record",
-        "examples": {ex: skeleton_of(load_with_defaults(nemo_rl_dir / ex)) for ex in EXAMPLES},
+        "examples": {ex: skeleton_of(load_with_defaults(nemo_rl_dir / ex)) for ex in examples},
         "typed_dicts": {DRAFT_PATH: typed_dict_keys((nemo_rl_dir / POLICY_INIT).read_text(), "DraftConfig")},
     }
 
@@ -200,18 +201,19 @@ def check(generated: dict[str, Any], skeleton: dict[str, Any], examples: list[st
                 errors.append(f"{path}: not a wandb.init argument (NeMo-RL passes {WANDB_PATH} to wandb.init)")
             continue
         if path in known:
-            # An example's null means "unset": any type may fill it; otherwise types must agree.
+            # null switches a key off (NeMo-RL's own examples null out whole sections); an example's
+            # null means "unset", so any type may fill it; otherwise the types must agree.
             allowed = known[path]
-            ok = (allowed == {"null"} or (have == "null" and allowed & {"null", "interp"})
-                  or (have != "null" and _compatible(have, allowed - {"null"})))
+            ok = have == "null" or allowed == {"null"} or _compatible(have, allowed - {"null"})
             if not ok:
                 errors.append(f"{path}: {value!r} is {have}; NeMo-RL's examples have {'/'.join(sorted(allowed))}")
             continue
-        # Under an open mapping (an empty dict in the example, e.g. vllm_kwargs: {}) any key is allowed.
+        # Under an open mapping (an empty dict or a null in the example, e.g. vllm_kwargs: {} or
+        # data.validation: null) any key is allowed.
         parents = [path.rsplit(".", n)[0] for n in range(1, path.count(".") + 1)]
-        if any(known.get(p) == {"dict"} for p in parents):
+        if any(known.get(p, set()) and known[p] <= {"dict", "null"} for p in parents):
             continue
-        if any(p in known and known[p] != {"dict"} for p in parents):
+        if any(p in known for p in parents):
             errors.append(f"{path}: its parent holds a {known[next(p for p in parents if p in known)]} value "
                           "in NeMo-RL's examples, not a mapping")
             continue

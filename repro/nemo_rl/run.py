@@ -1,0 +1,164 @@
+"""Run one paper row at paper scale through NeMo-RL, or list every row and its launch command.
+
+    python -m repro.nemo_rl.run --artifact table1 --row Qwen3-8B/DFlash --profile paper-h100 \
+        --out results/8xh100/paper-h100/table1/Qwen3-8B_DFlash \
+        --nemo-rl-dir /path/to/RL --checkpoint-root /path/to/checkpoints --hf-home /path/to/hf [--dry-run]
+    python -m repro.nemo_rl.run --list [--profile paper-gb200]
+
+Into the run folder (--out) it writes the NeMo-RL config (nemo_rl_config.yaml) and env.json (engine
+nemo-rl, artifact, profile, row, provenance), then launches NeMo-RL with W&B writing into the run
+folder (WANDB_DIR, project/group/tags as the suite's logger), where ``snakemake collect`` reads it.
+Before writing anything it checks what the row needs on disk (checkout and its co-training stack,
+checkpoints, datasets) and checks the generated config against the keys and types of the checkout's
+own example configs; before launching, what this machine needs (GPUs for a local run, uv, sbatch).
+  --config-only   write the config and env.json, launch nothing (launch NeMo-RL yourself)
+  --dry-run       write the config, print the launch command, launch nothing (no env.json, so
+                  collect does not see a run that never ran); machine problems are printed, not fatal
+  --launcher      local (default for one-node rows: ``uv run`` in the checkout) or ray-sub (default
+                  for multi-node rows: NeMo-RL's ray.sub through ``sbatch --wait``)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from repro.nemo_rl import checks, config, launch, skeleton
+from repro.nemo_rl.rows import ARTIFACTS, RowError, RowSpec, load_rows, resolve
+from repro.report.metrics import wandb_mode
+from repro.report.profiles import ProfileError, load_profile
+from repro.report.provenance import git_state, provenance, write_json_atomic
+
+ENGINE = "nemo-rl"
+PAPER_PROFILES = ("paper-h100", "paper-gb200")
+EAGLE3_RECIPE = skeleton.EXAMPLES[2]
+
+
+def run_slug(row: str) -> str:
+    """A row as a folder name: ``Qwen3-8B/no draft`` -> ``Qwen3-8B_no_draft``."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", row).strip("_")
+
+
+def check_against_checkout(cfg: dict[str, Any], spec: RowSpec, nemo: Path) -> None:
+    """The generated config against the skeleton of the user's own checkout (its example configs and
+    DraftConfig): a key NeMo-RL would silently ignore is an error here."""
+    examples = (spec.workload.example,) + ((EAGLE3_RECIPE,) if spec.family else ())
+    sha = git_state(nemo)["sha"]
+    skel = skeleton.record(nemo, sha, examples=examples)
+    skeleton.check(cfg, skel, list(examples))
+
+
+def write_env(run_dir: Path, spec: RowSpec, paths: config.Paths, launcher: str, cmd: str) -> Path:
+    """env.json as the suite's MetricsLogger writes it, plus engine and row, which collect reads."""
+    run_cfg = {"row": spec.row, "launcher": launcher, "command": cmd,
+               "nemo_rl_config": str(run_dir / config.CONFIG_NAME),
+               "nemo_rl_commit": git_state(paths.nemo_rl_dir)["sha"] if paths.nemo_rl_dir else None}
+    prov = provenance(run_cfg)
+    tags = config.wandb_names(spec, run_dir)["tags"]
+    return write_json_atomic(run_dir / "env.json", {
+        "artifact": spec.artifact, "profile": spec.profile, "run": run_dir.name, "row": spec.row,
+        "engine": ENGINE, "wandb_mode": wandb_mode(), "tags": tags, **prov})
+
+
+def list_rows(profiles: list[str], paths: config.Paths, out_root: Path) -> int:
+    for name in profiles:
+        for artifact, rows in load_rows(load_profile(name)).items():
+            for row, spec in rows.items():
+                lay, launcher = spec.layout, launch.default_launcher(spec)
+                run_dir = out_root / name / artifact / run_slug(row)
+                what = spec.family.name if spec.family else f"no draft (baseline of {artifact})"
+                base = f", baseline {spec.baseline_row!r}" if spec.baseline_row else ""
+                print(f"[{name}] {artifact} {row!r}: {spec.model}, {what}{base}; "
+                      f"TP/PP/CP/EP {lay.tp}/{lay.pp}/{lay.cp}/{lay.ep} on {lay.nodes}x{lay.gpus_per_node} GPUs; "
+                      f"{spec.workload.name}, {spec.max_num_steps} steps")
+                print(f"  {launch.command(spec, paths, run_dir, launcher)}")
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--list", action="store_true", help="print every row and its launch command")
+    ap.add_argument("--artifact", choices=ARTIFACTS)
+    ap.add_argument("--row", help="the paper row, e.g. 'Qwen3-8B/DFlash' (table1) or 'DSpark' (table2)")
+    ap.add_argument("--profile", choices=PAPER_PROFILES)
+    ap.add_argument("--out", type=Path, help="the run folder")
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--config-only", action="store_true")
+    ap.add_argument("--nemo-rl-dir", type=Path, help="your NeMo-RL checkout (with the co-training stack)")
+    ap.add_argument("--checkpoint-root", type=Path, help="folder holding the profile's checkpoints")
+    ap.add_argument("--hf-home", type=Path, default=Path(os.environ["HF_HOME"]) if os.environ.get("HF_HOME") else None,
+                    help="Hugging Face cache holding DAPO-Math-17K and AIME 2024 (default: $HF_HOME)")
+    ap.add_argument("--dataset-root", type=Path, help="folder holding workplace_assistant/{train,validation}.jsonl")
+    ap.add_argument("--launcher", choices=launch.LAUNCHERS, help="default: local for 1 node, ray-sub for more")
+    ap.add_argument("--container", help="ray-sub: the NeMo-RL container image")
+    ap.add_argument("--slurm-account")
+    ap.add_argument("--slurm-partition")
+    ap.add_argument("--slurm-time", default=launch.Slurm.time, help=f"ray-sub: sbatch --time (default {launch.Slurm.time})")
+    args = ap.parse_args(argv)
+    if not args.list:
+        missing = [f"--{k.replace('_', '-')}" for k in ("artifact", "row", "profile", "out") if not getattr(args, k)]
+        if missing:
+            ap.error(f"missing {', '.join(missing)} (or use --list)")
+    if args.dry_run and args.config_only:
+        ap.error("--dry-run and --config-only exclude each other")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    absolute = lambda p: p.resolve() if p is not None else None  # noqa: E731
+    paths = config.Paths(nemo_rl_dir=absolute(args.nemo_rl_dir), checkpoint_root=absolute(args.checkpoint_root),
+                         hf_home=absolute(args.hf_home), dataset_root=absolute(args.dataset_root))
+    slurm = launch.Slurm(container=args.container, account=args.slurm_account, partition=args.slurm_partition,
+                         time=args.slurm_time)
+    try:
+        if args.list:
+            return list_rows([args.profile] if args.profile else list(PAPER_PROFILES), paths,
+                             args.out or Path("results") / "<hw>")
+        spec = resolve(args.profile, args.artifact, args.row)
+        profile = load_profile(args.profile)
+        if wandb_mode() == "disabled":
+            raise checks.CheckError("WANDB_MODE=disabled: NeMo-RL runs are collected from their W&B logs; "
+                                    "use offline (the default) or online")
+        launcher = args.launcher or launch.default_launcher(spec)
+        if launcher == "ray-sub" and not (args.dry_run or args.config_only):
+            missing = [f"--slurm-{k}" for k in ("account", "partition") if not getattr(slurm, k)]
+            if missing:
+                raise checks.CheckError(f"ray-sub launch needs {', '.join(missing)} (ray.sub's own #SBATCH "
+                                        "account and partition lines are placeholders)")
+        on_disk, here = checks.problems(spec, profile, paths, launcher, container=slurm.container)
+        if on_disk:
+            raise checks.CheckError(checks.describe(spec, launcher, on_disk))
+        run_dir = args.out.resolve()
+        cfg = config.build_config(spec, paths, run_dir)
+        check_against_checkout(cfg, spec, paths.nemo_rl_dir)
+        cmd = launch.command(spec, paths, run_dir, launcher, slurm)
+        sha = git_state(paths.nemo_rl_dir)["sha"]
+        written = config.write_config(cfg, spec, run_dir, f"the example configs of the NeMo-RL checkout "
+                                      f"{paths.nemo_rl_dir} (commit {sha})")
+        if args.dry_run:
+            print(f"# {written}")
+            print(cmd)
+            if here:
+                print(f"note: launching here would fail: {checks.describe(spec, launcher, here)}", file=sys.stderr)
+            return 0
+        if here and not args.config_only:
+            raise checks.CheckError(checks.describe(spec, launcher, here))
+        write_env(run_dir, spec, paths, launcher, cmd)
+        if args.config_only:
+            print(f"wrote {written} and {run_dir / 'env.json'}; launch with:\n{cmd}")
+            return 0
+        print(cmd, flush=True)
+        return subprocess.run(["bash", "-c", cmd], env={**os.environ, "WANDB_DIR": str(run_dir)}).returncode
+    except (RowError, ProfileError, checks.CheckError, skeleton.SkeletonError, ValueError) as exc:
+        print(f"repro.nemo_rl.run: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
