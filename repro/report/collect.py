@@ -121,6 +121,8 @@ def collect_run(run_dir: Path, root: Path) -> tuple[list[dict[str, Any]], dict[s
             "hardware": hw.get("tag", ""), "hardware_label": hw.get("label", ""),
             "run": str(run_dir.relative_to(root)), "engine": engine}
     history, finished, source = _history_of(run_dir, env)
+    if env.get("row"):   # engines that cannot log the paper row (NeMo-RL) name it in env.json
+        history = [{"row": env["row"], **entry} for entry in history]
     info = {**meta, "git_sha": env.get("git", {}).get("sha", ""), "git_dirty": env.get("git", {}).get("dirty"),
             "date": env.get("date", ""), "finished": finished, "source": source}
     return tidy_rows(history, meta, _mapper(engine)), info
@@ -154,7 +156,10 @@ def collect_online(project: str, filters: dict[str, Any] | None = None, api=None
         meta = {"artifact": cfg.get("artifact", run.group), "profile": cfg.get("profile", tags.get("profile", "")),
                 "hardware": cfg.get("hardware", tags.get("hw", "")), "hardware_label": "",
                 "run": f"wandb:{project}/{run.id}", "engine": engine}
-        rows.extend(tidy_rows(run.scan_history(), meta, _mapper(engine)))
+        history = run.scan_history()
+        if cfg.get("row"):   # engines that cannot log the paper row (NeMo-RL) name it in the run config
+            history = ({"row": cfg["row"], **entry} for entry in history)
+        rows.extend(tidy_rows(history, meta, _mapper(engine)))
     return pd.DataFrame(rows, columns=TIDY_COLUMNS)
 
 
