@@ -105,14 +105,22 @@ def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(d.max()) if d.numel() else 0.0
 
 
+def _scale_of(ref_out, ref_g) -> dict:
+    m = lambda x: float(x.detach().abs().max()) if x.numel() else 0.0  # noqa: E731
+    flat = lambda v: v if isinstance(v, list) else [v]  # noqa: E731
+    return {"out": m(ref_out), **{f"d{k}": max(m(t) for t in flat(v)) for k, v in ref_g.items()}}
+
+
 def run_case(rank: int, world: int, case: Case) -> dict:
-    """Worker: returns {"err": {name: max abs diff}, "stats": RingStats dict, "num_local": ...}."""
+    """Worker: returns {"err": {name: max abs diff}, "stats": RingStats dict, "num_local": ...,
+    "ref_max": max |reference| per output/gradient} (divide for relative errors)."""
     group = dist.group.WORLD if dist.is_initialized() else None
     cu = torch.tensor([0, *torch.tensor(case.lengths).cumsum(0).tolist()], dtype=torch.int64)
     t = _tensors(case, cu)
     ref_out, ref_lse, ref_g = reference(case, cu, t)
     if case.usp:
         return _run_usp(rank, case, cu, t, ref_out, ref_g)
+    ref_max = _scale_of(ref_out, ref_g)
     lay = make_layout(cu, group, scheme=case.scheme)
     dt = getattr(torch, case.dtype)
     dev = torch.device(case.device)
@@ -149,8 +157,8 @@ def run_case(rank: int, world: int, case: Case) -> dict:
         err["dk"] = max(_maxdiff(g[1], sel(ref_g["bk"])), _maxdiff(g[3][lay.real], lay.shard(ref_g["ck"])[lay.real]))
         err["dv"] = max(_maxdiff(g[2], sel(ref_g["bv"])), _maxdiff(g[4][lay.real], lay.shard(ref_g["cv"])[lay.real]))
         return {"err": err, "stats": stats.as_dict(), "num_local": lay.num_local, "rank": rank,
-                "blocks_here": int(mine.numel())}
-    return {"err": err, "stats": stats.as_dict(), "num_local": lay.num_local, "rank": rank}
+                "blocks_here": int(mine.numel()), "ref_max": ref_max}
+    return {"err": err, "stats": stats.as_dict(), "num_local": lay.num_local, "rank": rank, "ref_max": ref_max}
 
 
 def _run_usp(rank: int, case: Case, cu: torch.Tensor, t: dict, ref_out, ref_g) -> dict:

@@ -32,8 +32,11 @@ def _qkv(spec, H=4, G=2, D=8, seed=1):
     return r(spec.num_q, H, D), r(spec.num_k, G, D), r(spec.num_k, G, D), r(spec.num_q, H, D)
 
 
-@pytest.mark.parametrize("kind", ["causal", "full", "prefix"])
-@pytest.mark.parametrize("name", ["torch", "sdpa_cpu"])
+CASES = [(kind, name) for kind in ("causal", "full", "prefix") for name in ("torch", "sdpa_cpu")]
+CASES += [("prefix", "prefix_full[torch]"), ("prefix", "prefix_full[sdpa_cpu]")]
+
+
+@pytest.mark.parametrize("kind,name", CASES)
 def test_backend_matches_dense_reference(kind, name):
     spec = _specs()[kind]
     q, k, v, do = _qkv(spec)
@@ -104,3 +107,15 @@ def test_maskspec_validation():
 def test_pairs_counts_visible_entries():
     for spec in _specs().values():
         assert spec.pairs() == int(spec.dense().sum())
+
+
+def test_prefix_full_replicas_cover_each_visible_pair_once():
+    from kernels.attention.backends.prefix_full import _expand
+    spec = _specs()["prefix"]
+    idx, full = _expand(spec)
+    got = torch.zeros(spec.num_q, spec.num_k, dtype=torch.int64)
+    m = full.dense()
+    for r in range(idx.numel()):
+        got[idx[r]] += m[r].long()
+    assert torch.equal(got, spec.dense().long())
+    assert full.num_k == spec.num_k and full.pairs() == spec.pairs()

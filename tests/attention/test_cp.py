@@ -27,6 +27,7 @@ def _cases(C: int) -> list:
         "block_torch": Case("block", lengths=LENGTHS, backend="torch", block=3, seed=4),
         "block_nokeys": Case("block", lengths=LENGTHS, anchors=(0, 5, 42, 43, 65, 67), slot_drop=1.0),
         "block_seq": Case("block", lengths=LENGTHS, scheme="sequential", seed=6),
+        "block_prefix_full": Case("block", lengths=LENGTHS, backend="prefix_full[sdpa_cpu]", seed=7),
     }
     if C == 2:
         cases["usp_2_1"] = Case("ttt", lengths=LENGTHS, passes=3, usp=(2, 1))

@@ -27,7 +27,7 @@ def test_ttt_matches_reference(backend, passes):
     _assert(run_case(0, 1, Case("ttt", lengths=LENGTHS, passes=passes, backend=backend)), 1e-10)
 
 
-@pytest.mark.parametrize("backend", ["torch", "sdpa_cpu"])
+@pytest.mark.parametrize("backend", ["torch", "sdpa_cpu", "prefix_full[sdpa_cpu]"])
 @pytest.mark.parametrize("case", [
     dict(),                                                        # anchors at start, middle, end of each doc
     dict(invalid_blocks=(0, 3), slot_drop=0.5),                    # fully masked blocks, partly invalid slots

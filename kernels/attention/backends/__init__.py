@@ -3,8 +3,9 @@
     backend = select("auto", spec, device, dtype)      # or a name: "torch", "sdpa_cpu", "sdpa_cuda"
     out, lse = backend.forward(q, k, v, spec, scale)
 
-``auto`` picks, per mask kind: CUDA -> sdpa_cuda (flash, causal/full) else torch (prefix, any
-dtype); CPU -> sdpa_cpu (fp32/fp64) else torch. ``"torch"`` is the pure-torch oracle kernel.
+``auto`` picks, per mask kind: CUDA -> sdpa_cuda (flash: causal/full; prefix through
+prefix_full[sdpa_cuda], replicated query rows) else torch; CPU -> sdpa_cpu (fp32/fp64) else torch.
+``"torch"`` is the pure-torch oracle kernel.
 flash-attn (the external package) and flex_attention are probed, never imported unconditionally;
 they are not wired as backends in this version (see the issue report).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from kernels.attention.backends.base import Backend, acc_dtype, check_qkv
+from kernels.attention.backends.prefix_full import PrefixAsFull
 from kernels.attention.backends.sdpa_cpu import SdpaCpuBackend
 from kernels.attention.backends.sdpa_cuda import SdpaCudaBackend
 from kernels.attention.backends.torch_ref import TorchBackend
@@ -24,6 +26,7 @@ _REGISTRY: dict[str, Backend] = {
     "sdpa_cpu": SdpaCpuBackend(),
     "sdpa_cuda": SdpaCudaBackend(),
 }
+_REGISTRY.update({f"prefix_full[{n}]": PrefixAsFull(_REGISTRY[n]) for n in ("torch", "sdpa_cpu", "sdpa_cuda")})
 NAMES = ("auto", *_REGISTRY)
 
 
@@ -43,7 +46,8 @@ def select(name: str | Backend, spec: MaskSpec, device: torch.device, dtype: tor
             raise ValueError(f"backend {name!r} cannot run mask kind {spec.kind!r} on {device.type} "
                              f"with {dtype}")
         return b
-    order = (["sdpa_cuda", "torch_bf16" if dtype in (torch.bfloat16, torch.float16) else "torch"]
+    order = (["sdpa_cuda", "prefix_full[sdpa_cuda]",
+              "torch_bf16" if dtype in (torch.bfloat16, torch.float16) else "torch"]
              if device.type == "cuda" else ["sdpa_cpu", "torch"])
     for n in order:
         if _REGISTRY[n].supports(spec, device, dtype):

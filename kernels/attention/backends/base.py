@@ -7,7 +7,8 @@
     dq, dk, dv = backend.backward(dout, q, k, v, out, lse, spec, scale)
         ``out``/``lse`` are the *joint* values (after merging every key block), so the result is this
         block's exact share of the gradient of the joint softmax. Gradients come back in acc_dtype(q)
-        so ring steps can accumulate them. Rows whose joint lse is -inf get zero gradient.
+        or in q's dtype (flash kernels); ring steps accumulate them in acc_dtype(q) buffers. Rows whose
+        joint lse is -inf get zero gradient.
 
 ``supports(spec, device, dtype)`` says whether a backend can run a case; ``select`` in
 ``backends/__init__.py`` picks one.

@@ -31,9 +31,20 @@ def _cu(spec: MaskSpec, device):
 class SdpaCudaBackend(Backend):
     name = "sdpa_cuda"
 
-    def __init__(self, native_grad_dtype: bool = False):
-        # native_grad_dtype: return dq/dk/dv in the input dtype (single-step rings need no fp32 copy).
+    def __init__(self, native_grad_dtype: bool = True):
+        # native_grad_dtype: return dq/dk/dv in the input dtype (callers accumulate into fp32 buffers
+        # where several ring steps add up; a single-step ring then needs no fp32 copy at all).
         self.native_grad_dtype = native_grad_dtype
+        self.gqa_native: bool | None = None      # probed on first GQA call; False -> repeat K/V
+        self._rng = None                         # (rng_state, unused) of a forward call, for backward
+
+    def _expand(self, k: torch.Tensor, H: int) -> torch.Tensor:
+        return k if (self.gqa_native or k.shape[1] == H) else k.repeat_interleave(H // k.shape[1], dim=1)
+
+    def _fwd(self, q, k, v, cu_q, cu_k, mq, mk, causal, scale):
+        return torch.ops.aten._flash_attention_forward(
+            q, self._expand(k, q.shape[1]), self._expand(v, q.shape[1]), cu_q, cu_k, mq, mk, 0.0, causal, False,
+            scale=scale)
 
     def supports(self, spec, device, dtype) -> bool:
         return (device.type == "cuda" and spec.kind in ("causal", "full")
@@ -44,9 +55,18 @@ class SdpaCudaBackend(Backend):
         if mq == 0 or mk == 0:
             return (torch.zeros_like(q),
                     torch.full(q.shape[:2], float("-inf"), dtype=torch.float32, device=q.device))
-        res = torch.ops.aten._flash_attention_forward(
-            q, k, v, cu_q, cu_k, mq, mk, 0.0, spec.kind == "causal", False, scale=scale)
+        causal = spec.kind == "causal"
+        if self.gqa_native is None and k.shape[1] != q.shape[1]:
+            try:
+                self.gqa_native = True
+                res = self._fwd(q, k, v, cu_q, cu_k, mq, mk, causal, scale)
+            except RuntimeError:
+                self.gqa_native = False
+                res = self._fwd(q, k, v, cu_q, cu_k, mq, mk, causal, scale)
+        else:
+            res = self._fwd(q, k, v, cu_q, cu_k, mq, mk, causal, scale)
         out, lse = res[0], res[1]
+        self._rng = (res[2], res[3])
         if lse.dim() == 2 and lse.shape[0] == q.shape[1]:        # [H, Tq]
             lse = lse.transpose(0, 1)
         elif lse.dim() == 3:                                     # old layout [B, H, max_q]
@@ -63,11 +83,16 @@ class SdpaCudaBackend(Backend):
             return z
         lse_k = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
         lse_k = lse_k.float().transpose(0, 1).contiguous()
-        seed = torch.zeros(2, dtype=torch.int64, device=q.device)
-        off = torch.zeros((), dtype=torch.int64, device=q.device)
+        if self._rng is None:      # no dropout: the generator state is never read
+            self._rng = (torch.zeros(2, dtype=torch.int64, device=q.device),
+                         torch.zeros((), dtype=torch.int64, device=q.device))
+        H, G = q.shape[1], k.shape[1]
         dq, dk, dv = torch.ops.aten._flash_attention_backward(
-            dout.to(q.dtype).contiguous(), q, k, v, out.to(q.dtype).contiguous(), lse_k, cu_q, cu_k, mq, mk,
-            0.0, spec.kind == "causal", seed, off, scale=scale)
+            dout.to(q.dtype).contiguous(), q, self._expand(k, H), self._expand(v, H), out.to(q.dtype).contiguous(),
+            lse_k, cu_q, cu_k, mq, mk, 0.0, spec.kind == "causal", self._rng[0], self._rng[1], scale=scale)
+        if dk.shape[1] != G:
+            dk = dk.view(dk.shape[0], G, H // G, -1).sum(2)
+            dv = dv.view(dv.shape[0], G, H // G, -1).sum(2)
         if self.native_grad_dtype:
             return dq, dk, dv
         acc = acc_dtype(q.dtype)

@@ -1,0 +1,104 @@
+"""Per-query prefix masks run by any backend that can do "full" segments (e.g. flash varlen).
+
+DFlash/DSpark block rows see the keys [segment start, key_end) with key_end shared by the B rows of a
+block. Within a segment, sort the distinct key ends e_1 < ... < e_m: the keys split into intervals
+I_j = [e_{j-1}, e_j), and row t sees exactly the intervals with e_j <= key_end[t]. Each interval
+becomes one "full" segment whose queries are the rows that see it (replicated query rows), so one
+varlen call covers every block: with n blocks of B rows in a document the replicated rows number
+B n (n+1) / 2 while the FLOPs equal the prefix mask's. Keys are never copied: unseen key ranges become
+segments without queries. The replicas are merged back with the LSE rule; backward runs the inner
+backward on the replicas with the joint (out, lse) and sums dq over replicas.
+
+    b = PrefixAsFull(inner=SdpaCudaBackend())     # or any backend supporting "full"
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels.attention.backends.base import Backend, acc_dtype
+from kernels.attention.spec import MaskSpec
+
+
+def _expand(spec: MaskSpec):
+    """(replica -> query row index, full MaskSpec over (replicas x all keys)); cached on the spec."""
+    if "prefix_full" in spec._cache:
+        return spec._cache["prefix_full"]
+    ke_all = spec.key_end.cpu()
+    rep, cq, ck = [], [0], [0]
+    cu_q, cu_k = spec.cu_q.tolist(), spec.cu_k.tolist()
+    nq = 0
+
+    def seg(rows: torch.Tensor | None, k_end: int):
+        nonlocal nq
+        if rows is not None and rows.numel():
+            rep.append(rows)
+            nq += rows.numel()
+        cq.append(nq)
+        ck.append(k_end)
+
+    for s in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
+        if k1 > ck[-1] and k0 > ck[-1]:
+            seg(None, k0)                         # keys between segments that nobody sees
+        ke = ke_all[q0:q1].clamp(k0, k1)
+        rows = torch.arange(q0, q1)
+        ends = torch.unique(ke[ke > k0]).tolist()
+        for e in ends:
+            seg(rows[ke >= e], e)
+        if k1 > ck[-1]:
+            seg(None, k1)
+    if ck[-1] < spec.num_k:
+        seg(None, spec.num_k)
+    idx = torch.cat(rep) if rep else torch.zeros(0, dtype=torch.int64)
+    full = MaskSpec.full(torch.tensor(cq), torch.tensor(ck))
+    spec._cache["prefix_full"] = (idx, full)
+    return idx, full
+
+
+class PrefixAsFull(Backend):
+    def __init__(self, inner: Backend):
+        self.inner = inner
+        self.name = f"prefix_full[{inner.name}]"
+
+    def supports(self, spec, device, dtype) -> bool:
+        if spec.kind != "prefix":
+            return self.inner.supports(spec, device, dtype)          # other kinds: delegated
+        return self.inner.supports(MaskSpec.full(spec.cu_q, spec.cu_k), device, dtype)
+
+    def forward(self, q, k, v, spec, scale):
+        if spec.kind != "prefix":
+            return self.inner.forward(q, k, v, spec, scale)
+        idx, full = _expand(spec)
+        T, H, D = q.shape
+        acc = acc_dtype(q.dtype)
+        out = torch.zeros(T, H, D, dtype=acc, device=q.device)
+        lse = torch.full((T, H), float("-inf"), dtype=acc, device=q.device)
+        if idx.numel() == 0:
+            return out.to(q.dtype), lse
+        idx_d = idx.to(q.device)
+        o_r, l_r = self.inner.forward(q.index_select(0, idx_d), k, v, full, scale)
+        l_r = l_r.to(acc)
+        m = lse.scatter_reduce(0, idx_d.unsqueeze(1).expand_as(l_r), l_r, "amax", include_self=True)
+        m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+        w = torch.exp(l_r - m_safe.index_select(0, idx_d))                         # -inf -> 0
+        s = torch.zeros_like(lse).index_add_(0, idx_d, w)
+        out.index_add_(0, idx_d, w.unsqueeze(-1) * o_r.to(acc))
+        pos = s > 0
+        out = out / torch.where(pos, s, torch.ones_like(s)).unsqueeze(-1)
+        lse = torch.where(pos, m_safe + torch.log(torch.where(pos, s, torch.ones_like(s))), lse)
+        return out.to(q.dtype), lse
+
+    def backward(self, dout, q, k, v, out, lse, spec, scale):
+        if spec.kind != "prefix":
+            return self.inner.backward(dout, q, k, v, out, lse, spec, scale)
+        idx, full = _expand(spec)
+        acc = acc_dtype(q.dtype)
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        if idx.numel() == 0:
+            return dq, torch.zeros(k.shape, dtype=acc, device=q.device), torch.zeros(v.shape, dtype=acc,
+                                                                                      device=q.device)
+        idx_d = idx.to(q.device)
+        sel = lambda x: x.index_select(0, idx_d)  # noqa: E731
+        gq, gk, gv = self.inner.backward(sel(dout), sel(q), k, v, sel(out), sel(lse), full, scale)
+        dq.index_add_(0, idx_d, gq.to(acc))
+        return dq, gk, gv
