@@ -1,0 +1,90 @@
+"""Test helpers: a stand-in NeMo-RL checkout rebuilt from the recorded skeleton, and the local files
+(checkpoints, HF cache, Workplace Assistant JSONL) a paper profile names.
+
+The stand-in holds what repro.nemo_rl reads from a checkout, never code that runs: the example
+configs (every key of the recorded skeleton, with a value of its recorded type), DraftConfig as a
+TypedDict with the recorded keys and types, the entry scripts and ray.sub as empty files, and the
+draft modules, optionally carrying the refusals NeMo-RL's co-training stack raises without PRs
+4059/4060 (the texts checks.py looks for).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from repro.nemo_rl import checks
+from repro.nemo_rl.skeleton import DRAFT_PATH, POLICY_INIT
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SKELETON = FIXTURES / "nemo_rl_skeleton.json"
+_VALUES = {"int": 1, "float": 0.5, "str": "x", "bool": False, "null": None, "list": [], "dict": {},
+           "interp": "${policy.max_total_sequence_length}"}
+_ANNOTATIONS = {"int": "int", "float": "float", "str": "str", "bool": "bool", "null": "None", "list": "list",
+                "dict": "dict", "any": "Any"}
+
+
+def skeleton() -> dict:
+    return json.loads(SKELETON.read_text())
+
+
+def unflatten(flat: dict[str, object]) -> dict:
+    out: dict = {}
+    for path, value in flat.items():
+        node = out
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return out
+
+
+def make_checkout(root: Path, *, refusals: tuple[str, ...] = (), missing: tuple[str, ...] = ()) -> Path:
+    """A stand-in checkout at ``root``. ``refusals``: keys of checks.REFUSALS whose refusal text the
+    draft code carries (a checkout without that PR); ``missing``: relative files to leave out."""
+    skel = skeleton()
+    files: dict[str, str] = {}
+    for example, keys in skel["examples"].items():
+        files[example] = yaml.safe_dump(unflatten({k: _VALUES[t] for k, t in keys.items()}))
+    fields = "\n".join(f"    {k}: NotRequired[{' | '.join(_ANNOTATIONS[t] for t in tags)}]"
+                       for k, tags in skel["typed_dicts"][DRAFT_PATH].items())
+    files[POLICY_INIT] = f"class DraftConfig(TypedDict):\n{fields}\n"
+    for rel in ("examples/run_grpo.py", "examples/nemo_gym/run_grpo_nemo_gym.py", "ray.sub",
+                "nemo_rl/__init__.py", f"{checks.DRAFT_DIR}/dflash.py", f"{checks.DRAFT_DIR}/dspark.py",
+                f"{checks.DRAFT_DIR}/utils.py", checks.TRAIN_PY):
+        files.setdefault(rel, "")
+    for key in refusals:
+        rel, text, _ = checks.REFUSALS[key]
+        rel = rel if rel.endswith(".py") else f"{rel}/utils.py"
+        files[rel] += f'raise ValueError("... {text} ...")\n'
+    for rel, text in files.items():
+        if rel in missing:
+            continue
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def make_data(root: Path, profile: dict, *, skip_checkpoints: tuple[str, ...] = (),
+              block_sizes: dict[str, int] | None = None) -> dict[str, Path]:
+    """Checkpoint folders (config.json with the profile's block sizes), an HF cache with the math
+    datasets, and the Workplace Assistant JSONL. Returns the paths to pass to the CLI."""
+    ckpt_root, hf, ds = root / "checkpoints", root / "hf", root / "datasets"
+    sizes = {d["checkpoint"]: d.get("block_size") for d in profile["nemo_rl"].get("drafts", {}).values()}
+    sizes.update(block_sizes or {})
+    for key, rel in profile["checkpoints"].items():
+        if key in skip_checkpoints:
+            continue
+        (ckpt_root / rel).mkdir(parents=True, exist_ok=True)
+        cfg = {"block_size": sizes[key]} if sizes.get(key) else {}
+        (ckpt_root / rel / "config.json").write_text(json.dumps(cfg))
+    for w in profile["nemo_rl"]["workloads"].values():
+        for ds_id in w.get("hf_datasets", []):
+            (hf / "hub" / ("datasets--" + ds_id.replace("/", "--"))).mkdir(parents=True, exist_ok=True)
+        for key in ("train_file", "validation_file"):
+            if key in w:
+                (ds / w[key]).parent.mkdir(parents=True, exist_ok=True)
+                (ds / w[key]).write_text('{"responses_create_params": {}}\n')
+    return {"checkpoint_root": ckpt_root, "hf_home": hf, "dataset_root": ds}
