@@ -1,0 +1,136 @@
+"""W&B logs that use NeMo-RL's metric names become the same tidy table as the suite's own runs.
+
+A NeMo-RL run is imitated with the real wandb package (offline) the way NeMo-RL's WandbLogger
+writes it: wandb.init(**logger.wandb of the generated config, dir=<log_dir>/exp_001/wandb), the full
+config through run.config.update, several log calls per step with NeMo-RL's prefixed keys, the last
+one committing the step. Its run folder and env.json come from ``repro.nemo_rl.run --config-only``.
+The same numbers logged through the suite's MetricsLogger under the suite's names must collect into
+identical tidy rows.
+
+    .venv/bin/python -m pytest -q tests/nemo_rl/test_nemo_rl_collect.py
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from fake_checkout import make_checkout, make_data
+from repro.nemo_rl.metrics import nemo_rl_mapper
+from repro.nemo_rl.runtime_env import runtime_env
+from repro.nemo_rl.run import main, run_slug
+from repro.report.collect import collect
+from repro.report.metrics import MetricsLogger
+from repro.report.profiles import load_profile
+
+pytestmark = pytest.mark.timeout(120)
+
+ROW = "Qwen3-8B/DFlash"
+BASE = "Qwen3-8B/no draft"
+STEPS = {  # step -> the suite's names and values of that step
+    1: {"reward": 0.25, "train_inference_kl": 6.5e-4, "reference_kl": 0.002, "draft_loss": 2.5,
+        "acceptance_length": 2.75, "acceptance_rate": 0.125, "acceptance_rate_pos_0": 0.5,
+        "acceptance_rate_pos_1": 0.25, "rollout_time_s": 230.0, "update_time_s": 36.0, "step_time_s": 270.0,
+        "throughput_tokens_per_s": 51234.5},
+    2: {"reward": 0.375, "train_inference_kl": 6.25e-4, "reference_kl": 0.003, "draft_loss": 2.0,
+        "acceptance_length": 3.0, "acceptance_rate": 0.1875, "acceptance_rate_pos_0": 0.625,
+        "acceptance_rate_pos_1": 0.375, "rollout_time_s": 225.5, "update_time_s": 35.5, "step_time_s": 265.0,
+        "throughput_tokens_per_s": 52000.0, "validation_accuracy": 0.2},
+}
+
+
+def nemo_rl_logs(step: int, m: dict, drafts: float) -> list[tuple[dict, bool]]:
+    """The W&B log calls NeMo-RL's grpo_train makes for one step, with NeMo-RL's key names."""
+    train = {"train/reward": m["reward"], "train/gen_kl_error": m["train_inference_kl"],
+             "train/kl_penalty": m["reference_kl"], "train/loss": -0.01, "train/grad_norm": 0.3,
+             "train/vllm/spec_num_drafts": drafts, "train/vllm/spec_num_draft_tokens": drafts * 15,
+             "train/vllm/spec_acceptance_length": m["acceptance_length"] if drafts else 1.0,
+             "train/vllm/spec_acceptance_rate": m["acceptance_rate"] if drafts else 0.0}
+    if drafts:
+        train.update({"train/draft_loss": m["draft_loss"],
+                      "train/vllm/spec_acceptance_rate-pos-0": m["acceptance_rate_pos_0"],
+                      "train/vllm/spec_acceptance_rate-pos-1": m["acceptance_rate_pos_1"],
+                      "train/vllm/vllm:spec_decode_num_accepted_tokens_per_pos-0": drafts * m["acceptance_rate_pos_0"]})
+    calls = []
+    if "validation_accuracy" in m:
+        calls.append(({"validation/accuracy": m["validation_accuracy"], "validation/avg_length": 900.0}, False))
+    calls += [(train, False), ({"performance/tokens_per_sec": m["throughput_tokens_per_s"]}, False),
+              ({"timing/train/generation": m["rollout_time_s"], "timing/train/policy_training": m["update_time_s"],
+                "timing/train/total_step_time": m["step_time_s"], "timing/train/refit": 3.0}, True)]
+    return calls
+
+
+def fake_nemo_rl_run(run_dir, drafts: float) -> None:
+    """Log like NeMo-RL's Logger/WandbLogger, configured by the generated config."""
+    import wandb
+    cfg = yaml.safe_load((run_dir / "nemo_rl_config.yaml").read_text())
+    wandb_dir = run_dir / "nemo_rl_logs" / "exp_001" / "wandb"       # get_next_experiment_dir + "wandb"
+    wandb_dir.mkdir(parents=True)
+    run = wandb.init(**cfg["logger"]["wandb"], dir=str(wandb_dir),
+                     settings=wandb.Settings(console="off", x_disable_stats=True, x_disable_meta=True))
+    run.config.update({k: v for k, v in cfg.items() if k != "logger"}, allow_val_change=True)
+    for step, metrics in STEPS.items():
+        for payload, commit in nemo_rl_logs(step, metrics, drafts):
+            run.log(payload, step=step, commit=True if commit else None)
+    run.finish()
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    profile = load_profile("paper-h100")
+    data, nemo = make_data(tmp_path / "d", profile), make_checkout(tmp_path / "RL")
+    root = tmp_path / "results"
+    for row, drafts in ((ROW, 400.0), (BASE, 0.0)):
+        out = root / "hw" / "paper-h100" / "table1" / "nemo-rl" / run_slug(row)
+        assert main(["--profile", "paper-h100", "--artifact", "table1", "--row", row, "--out", str(out),
+                     "--nemo-rl-dir", str(nemo), "--checkpoint-root", str(data["checkpoint_root"]),
+                     "--hf-home", str(data["hf_home"]), "--config-only"]) == 0
+        env = json.loads((out / "env.json").read_text())
+        assert (env["engine"], env["artifact"], env["profile"], env["row"]) == ("nemo-rl", "table1", "paper-h100", row)
+        fake_nemo_rl_run(out, drafts)
+    with MetricsLogger(root / "hw" / "paper-h100" / "table1" / "suite", artifact="table1",
+                       profile="paper-h100", config={}) as log:
+        for step, metrics in STEPS.items():
+            log.log(metrics, row=ROW, step=step)
+    return root
+
+
+def test_nemo_rl_logs_collect_like_the_suites(results):
+    tidy, runs = collect(results)
+    assert set(runs["engine"]) == {"nemo-rl", "suite"} and runs["finished"].all()
+    key = ["artifact", "profile", "hardware", "row", "step", "metric", "value"]
+
+    def rows(engine, row=ROW):
+        sel = tidy[(tidy["engine"] == engine) & (tidy["row"] == row)]
+        return sorted(map(tuple, sel[key].itertuples(index=False)))
+
+    assert rows("nemo-rl") == rows("suite")
+    assert len(rows("suite")) == sum(len(m) for m in STEPS.values())
+    # The baseline logged acceptance length 1.0 with zero drafts: not an acceptance measurement.
+    base = tidy[(tidy["engine"] == "nemo-rl") & (tidy["row"] == BASE)]
+    assert set(base["metric"]) == {"reward", "train_inference_kl", "reference_kl", "rollout_time_s", "update_time_s",
+                                   "step_time_s", "throughput_tokens_per_s", "validation_accuracy"}
+
+
+def test_mapper_needs_the_row_and_skips_non_numbers():
+    with pytest.raises(ValueError, match="without its paper row"):
+        nemo_rl_mapper({"train/reward": 1.0})
+    got = nemo_rl_mapper({"row": ROW, "train/reward": float("nan"), "timing/train/generation": 12,
+                          "train/vllm/spec_num_drafts": 3, "train/vllm/spec_acceptance_length": True,
+                          "train/vllm/spec_acceptance_rate-pos-2": 0.5, "_step": 4})
+    assert got == [(ROW, "rollout_time_s", 12.0), (ROW, "acceptance_rate_pos_2", 0.5)]
+
+
+def test_runtime_env_records_the_running_machine():
+    env = {"artifact": "table1", "row": ROW, "engine": "nemo-rl", "config": {"row": ROW}, "date": "d0",
+           "hardware": {"tag": "cpu-8c", "hostname": "login1"}}
+    detected = {"hardware": {"tag": "4xgb200", "hostname": "node7", "gpus": {"count": 4}}, "date": "d1",
+                "software": {"torch": "2.11"}, "config": {}}
+    out = runtime_env(env, detected, nodes=8)
+    assert out["hardware"]["tag"] == "8n-4xgb200" and out["hardware"]["nodes"] == 8
+    assert out["generated_on"] == {"tag": "cpu-8c", "hostname": "login1", "date": "d0"}
+    assert (out["row"], out["engine"], out["config"], out["date"]) == (ROW, "nemo-rl", {"row": ROW}, "d1")
+    assert runtime_env(env, detected, nodes=1)["hardware"]["tag"] == "4xgb200"
