@@ -124,8 +124,8 @@ def build_config(spec: RowSpec, paths: Paths, run_dir: Path) -> dict[str, Any]:
         "defaults": str(paths.nemo_rl_dir / spec.workload.example),
         "grpo": {"num_prompts_per_step": spec.grpo["num_prompts_per_step"],
                  "num_generations_per_prompt": spec.grpo["num_generations_per_prompt"],
-                 "max_num_steps": spec.max_num_steps},
-        "checkpointing": {"enabled": True, "checkpoint_dir": str(run_dir / CHECKPOINT_DIR_NAME)},
+                 "max_num_steps": spec.max_num_steps, "val_period": spec.val_period},
+        "checkpointing": {"enabled": spec.checkpointing, "checkpoint_dir": str(run_dir / CHECKPOINT_DIR_NAME)},
         "policy": {
             "model_name": model,
             "tokenizer": {"name": model},

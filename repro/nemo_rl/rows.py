@@ -71,6 +71,8 @@ class RowSpec:
     workload: Workload
     grpo: dict[str, int]
     max_num_steps: int
+    val_period: int                 # 0: no validation
+    checkpointing: bool
     family: Family | None = None
     draft_checkpoint: str | None = None
     block_size: int | None = None
@@ -147,7 +149,7 @@ def load_rows(profile: dict[str, Any]) -> dict[str, dict[str, RowSpec]]:
     grpo = _need(sec, "grpo", where, dict)
     for key in ("num_prompts_per_step", "num_generations_per_prompt", "train_global_batch_size"):
         _positive(grpo, key, f"{where}.grpo")
-    steps = _need(sec, "max_num_steps", where, dict)
+    artifacts = _need(sec, "artifacts", where, dict)
     models, families = _need(sec, "models", where, dict), _need(sec, "families", where, dict)
     workloads, drafts = _need(sec, "workloads", where, dict), sec.get("drafts") or {}
     ckpts = profile.get("checkpoints") or {}
@@ -163,8 +165,13 @@ def load_rows(profile: dict[str, Any]) -> dict[str, dict[str, RowSpec]]:
     for artifact, rows in rows_sec.items():
         if artifact not in ARTIFACTS:
             raise RowError(f"{where}.rows: artifact {artifact!r}; expected one of {', '.join(ARTIFACTS)}")
-        if artifact not in steps:
-            raise RowError(f"{where}.max_num_steps: no entry for artifact {artifact!r}")
+        run = _need(artifacts, artifact, f"{where}.artifacts", dict)
+        aw = f"{where}.artifacts.{artifact}"
+        max_steps, val_period = _positive(run, "max_num_steps", aw), _need(run, "val_period", aw, int)
+        save = _need(run, "checkpointing", aw, bool)
+        if val_period < 0 or (save and val_period == 0):
+            raise RowError(f"{aw}: val_period {val_period} must be >= 0, and > 0 when checkpointing (NeMo-RL "
+                           "keeps the best checkpoints by validation accuracy)")
         out[artifact] = {}
         for row, spec in rows.items():
             w = f"{where}.rows.{artifact}.{row!r}"
@@ -197,7 +204,7 @@ def load_rows(profile: dict[str, Any]) -> dict[str, dict[str, RowSpec]]:
             out[artifact][row] = RowSpec(
                 profile=name, artifact=artifact, row=row, model=model, model_checkpoint=ckpt,
                 layout=layouts[model], workload=loads[workload], grpo=dict(grpo),
-                max_num_steps=_positive(steps, artifact, f"{where}.max_num_steps"), family=family,
+                max_num_steps=max_steps, val_period=val_period, checkpointing=save, family=family,
                 draft_checkpoint=draft_ckpt, block_size=block, checkpoints=dict(ckpts))
         _attach_baselines(out[artifact], f"{where}.rows.{artifact}")
     return out

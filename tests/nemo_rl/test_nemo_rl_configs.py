@@ -90,6 +90,11 @@ def test_paper_settings_in_the_configs():
     eagle = config.build_config(rows["fig3"]["EAGLE-3"], PATHS, RUN)["policy"]
     assert eagle["draft"]["ttt_steps"] == 3 and "gamma" not in eagle["draft"]
     assert eagle["generation"]["vllm_kwargs"]["speculative_config"]["num_speculative_tokens"] == 3
+    # Timing tables: no validation or checkpoint save inside NeMo-RL's timed step; figures: both.
+    assert dflash["grpo"]["val_period"] == 0 and dflash["checkpointing"]["enabled"] is False
+    fig3 = config.build_config(rows["fig3"]["DSpark"], PATHS, RUN)
+    assert fig3["grpo"]["val_period"] == 10 and fig3["checkpointing"] == {
+        "enabled": True, "checkpoint_dir": "/results/run/nemo_rl_checkpoints"}
     multi = config.build_config(rows["fig4"]["DFlash"], PATHS, RUN)
     assert multi["policy"]["max_total_sequence_length"] == 32768
     assert multi["data"]["train"]["data_path"] == "/data/workplace_assistant/train.jsonl"
@@ -124,6 +129,8 @@ def test_gb200_rows_fit_their_nodes():
     (lambda n: n["rows"]["table1"]["Qwen3-8B/DFlash"].update(family="Medusa"), "family 'Medusa' is not in"),
     (lambda n: n["drafts"]["Qwen3-8B/DFlash"].pop("block_size"), "missing key 'block_size'"),
     (lambda n: n["families"]["DFlash"].update(method="dflash2"), "method: 'dflash2'"),
+    (lambda n: n["artifacts"]["fig3"].update(val_period=0), "must be >= 0, and > 0 when checkpointing"),
+    (lambda n: n["artifacts"].pop("fig4"), "missing key 'fig4'"),
 ])
 def test_bad_profile_sections_fail_clearly(edit, message):
     profile = copy.deepcopy(load_profile("paper-h100"))
