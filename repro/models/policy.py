@@ -16,6 +16,7 @@ Attention masks are passed to the HF model pre-built, so every family sees the s
 from __future__ import annotations
 
 import argparse
+import copy
 import inspect
 import os
 from dataclasses import dataclass
@@ -213,6 +214,19 @@ class Policy(nn.Module):
     def new_cache(self):
         from transformers import DynamicCache
         return DynamicCache()  # full layers only: sliding windows are applied by our masks
+
+    def copy_as(self, dtype: torch.dtype) -> "Policy":
+        """A deep copy in ``dtype`` with its own tap hooks (this policy's hooks are not copied)."""
+        spec = self.tap_spec
+        if self.recorder is not None:
+            self.recorder.remove()
+            self.recorder = None
+        try:
+            model = copy.deepcopy(self.model).to(dtype)
+        finally:
+            if spec is not None:
+                self.set_taps(spec)
+        return Policy(model, family=self.family, tap_spec=spec)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
