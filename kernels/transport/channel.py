@@ -53,7 +53,7 @@ class TapChannel:
                  put_timeout_s: float = 60.0, liveness_interval_s: float = 0.05):
         if get_timeout_s <= 0 or put_timeout_s <= 0:
             raise ValueError(f"timeouts must be positive, got get={get_timeout_s}, put={put_timeout_s}")
-        if group is None and layout.ranks != {rank}:
+        if group is None and rank in layout.ranks and layout.ranks != {rank}:
             raise ValueError(f"layout spans ranks {sorted(layout.ranks)}; a channel without a process "
                              f"group can only serve rank {rank} alone (use TapChannel.setup)")
         self.layout, self.rank, self.group = layout, rank, group
