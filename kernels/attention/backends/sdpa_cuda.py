@@ -28,6 +28,38 @@ def _cu(spec: MaskSpec, device):
     return spec._cache[key]
 
 
+def _pad_index(spec: MaskSpec, device):
+    """(segment, offset) of every packed query row, for the padded [B, H, max_q] LSE layout."""
+    key = ("pad_index", str(device))
+    if key not in spec._cache:
+        lq = spec.cu_q.diff()
+        seg = torch.repeat_interleave(torch.arange(lq.numel()), lq)
+        off = torch.arange(spec.num_q) - spec.cu_q[seg]
+        spec._cache[key] = (seg.to(device), off.to(device))
+    return spec._cache[key]
+
+
+def _lse_rows(lse: torch.Tensor, spec: MaskSpec, H: int) -> torch.Tensor:
+    """Kernel LSE ([H, total_q] packed, or [B, H, max_q] padded in older builds) -> [total_q, H]."""
+    if lse.dim() == 2 and lse.shape[0] == H:
+        return lse.transpose(0, 1)
+    if lse.dim() == 3 and lse.shape[1] == H:
+        seg, off = _pad_index(spec, lse.device)
+        return lse[seg, :, off]
+    raise RuntimeError(f"unexpected flash LSE shape {tuple(lse.shape)} for {H} heads")
+
+
+def _lse_kernel(lse_rows: torch.Tensor, spec: MaskSpec, max_q: int) -> torch.Tensor:
+    """[total_q, H] -> the layout the kernel's forward produced (see _lse_rows)."""
+    if spec._cache.get("cuda_lse_layout", "packed") == "packed":
+        return lse_rows.transpose(0, 1).contiguous()
+    seg, off = _pad_index(spec, lse_rows.device)
+    out = torch.full((spec.cu_q.numel() - 1, lse_rows.shape[1], max_q), float("inf"), dtype=lse_rows.dtype,
+                     device=lse_rows.device)
+    out[seg, :, off] = lse_rows
+    return out
+
+
 class SdpaCudaBackend(Backend):
     name = "sdpa_cuda"
 
@@ -67,10 +99,8 @@ class SdpaCudaBackend(Backend):
             res = self._fwd(q, k, v, cu_q, cu_k, mq, mk, causal, scale)
         out, lse = res[0], res[1]
         self._rng = (res[2], res[3])
-        if lse.dim() == 2 and lse.shape[0] == q.shape[1]:        # [H, Tq]
-            lse = lse.transpose(0, 1)
-        elif lse.dim() == 3:                                     # old layout [B, H, max_q]
-            raise RuntimeError(f"unsupported flash LSE layout {tuple(lse.shape)}; need [H, total_q]")
+        spec._cache["cuda_lse_layout"] = "padded" if lse.dim() == 3 else "packed"
+        lse = _lse_rows(lse, spec, q.shape[1])
         lse = torch.where(torch.isposinf(lse), torch.full_like(lse, float("-inf")), lse)
         return out, lse.float()
 
@@ -82,7 +112,7 @@ class SdpaCudaBackend(Backend):
                  torch.zeros(v.shape, dtype=torch.float32, device=q.device))
             return z
         lse_k = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
-        lse_k = lse_k.float().transpose(0, 1).contiguous()
+        lse_k = _lse_kernel(lse_k.float(), spec, mq)
         if self._rng is None:      # no dropout: the generator state is never read
             self._rng = (torch.zeros(2, dtype=torch.int64, device=q.device),
                          torch.zeros((), dtype=torch.int64, device=q.device))

@@ -1,0 +1,261 @@
+"""One GPU session for CP attention (issue 3): check the GPU backends, then time Figure 6 at CP = 1.
+
+1. Checks: the CUDA paths (flash ``sdpa_cuda`` for causal/full, ``prefix_full[sdpa_cuda]`` for the
+   DFlash/DSpark prefix, bf16) against the fp64 dense reference on small packed batches, values and
+   gradients; relative error = max |got - ref| / max(1, max |ref|), pass at <= 2e-2.
+2. Timing on one GPU with the Qwen3-8B draft attention shape (32 query heads, 8 KV heads, head dim
+   128, bf16), one document of T tokens, T = 16K..256K:
+   - "ttt <T> cp=1": EAGLE-3 TTT, 3 passes, forward + backward (pass k: causal trunk over pass-0 K/V
+     plus the k same-position branch keys), and "trunk <T> cp=1": the same 3 passes without the
+     branch, in the same run (branch overhead = ttt / trunk - 1);
+   - "sdpa <T> cp=1": one causal pass through F.scaled_dot_product_attention (flash), the floor;
+   - "block <T> cp=1": DFlash/DSpark block attention, 64 anchors x 16 slots, forward + backward,
+     with a CUDA-kernel count and busy time (torch.profiler) to show where it is launch-bound.
+   Gradients are consumed as they arrive (a post-accumulate hook frees each leaf's .grad, as the
+   projections upstream would), so peak memory = inputs + saved activations + the kernels' workspace.
+Writes <out>/checks.json and the run folder <out>/fig6/ (bench.json, env.json, metrics.jsonl).
+
+    PYTHONUNBUFFERED=1 WANDB_MODE=disabled python3 -m repro.bench.gpu_attention --out "$OUT"
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from kernels.attention import RingStats, block_draft_attention, causal_attention, eagle3_ttt_attention
+from kernels.attention.cost_model import attention_flops
+from kernels.attention.selfcheck import Case, run_case
+from repro.bench.common import BenchRun, PeakMemory, summarize, time_samples
+from repro.report.provenance import provenance, write_json_atomic
+
+H, G, D = 32, 8, 128
+SIZES = {"16K": 16384, "32K": 32768, "64K": 65536, "128K": 131072, "256K": 262144}
+REL_TOL = 2e-2
+DEVICE = "cuda"          # --device cpu runs a smoke test of this script's logic (no timing claims)
+
+
+def run_checks(out: Path) -> dict:
+    big = dict(heads=H, kv_heads=G, dim=D, dtype="bfloat16", device=DEVICE)
+    lengths = (5, 300, 77, 1000)
+    cases = {
+        "ttt1": Case("ttt", lengths=lengths, passes=1, **big),
+        "ttt3": Case("ttt", lengths=lengths, passes=3, **big),
+        "ttt3_small_heads": Case("ttt", lengths=(3, 64, 130), passes=3, heads=4, kv_heads=2, dim=64,
+                                 dtype="bfloat16", device=DEVICE),
+        "block16": Case("block", lengths=lengths, block=16, invalid_blocks=(1,), slot_drop=0.2, **big),
+        "block_edges": Case("block", lengths=lengths, block=7, anchors=(0, 4, 5, 6, 304, 305, 381, 382, 1381),
+                            **big),
+        "ttt3_torch_fp32": Case("ttt", lengths=(3, 64, 130), passes=3, dtype="float32", device=DEVICE,
+                                backend="torch"),
+    }
+    res = {}
+    for name, case in cases.items():
+        t0 = time.perf_counter()
+        try:
+            r = run_case(0, 1, case)
+            denom = max(1.0, max(r["ref_max"].values()))
+            rel = {k: v / denom for k, v in r["err"].items()}
+            res[name] = {"ok": all(v <= REL_TOL for v in rel.values()), "rel_err": rel, "abs_err": r["err"],
+                         "ref_max": r["ref_max"], "seconds": time.perf_counter() - t0}
+        except Exception as exc:  # keep going: the report says which check failed and why
+            res[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
+        print(f"[check] {name}: {res[name].get('ok')} {res[name].get('rel_err', res[name].get('error'))}",
+              flush=True)
+    from kernels.attention.backends import get
+    res["sdpa_cuda_gqa_native"] = get("sdpa_cuda").gqa_native
+    write_json_atomic(out / "checks.json", {"checks": res, "tolerance_rel": REL_TOL, "provenance": provenance()})
+    return res
+
+
+def _leaf(*shape, gen, consume=True):
+    x = torch.randn(*shape, device=DEVICE, dtype=torch.bfloat16, generator=gen).requires_grad_()
+    if consume:
+        x.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+    return x
+
+
+def _gb(*ts) -> float:
+    return sum(t.numel() * t.element_size() for t in ts) / 1e9
+
+
+def _measure(bench: BenchRun, row: str, params: dict, step, repeats: int, warmup: int, extra: dict):
+    samples = time_samples(step, warmup=warmup, repeats=repeats, device=DEVICE)
+    with PeakMemory(DEVICE) as pm:
+        step()
+    med = summarize(samples)["median"]
+    ex = dict(extra)
+    ex["peak_mem_gb"] = pm.peak_gb
+    if "flops" in ex:
+        ex["tflops"] = ex.pop("flops") / med / 1e12
+    return bench.record(row, params, samples, extra=ex)
+
+
+def bench_ttt(bench: BenchRun, tag: str, T: int, passes: int, repeats: int) -> dict:
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    cu = torch.tensor([0, T])
+    qs = [_leaf(T, H, D, gen=gen) for _ in range(passes)]
+    ks = [_leaf(T, G, D, gen=gen) for _ in range(passes)]
+    vs = [_leaf(T, G, D, gen=gen) for _ in range(passes)]
+    dout = torch.randn(T, H, D, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+    inputs_gb = _gb(*qs, *ks, *vs, dout)
+    pairs = passes * T * (T + 1) // 2
+    flops = attention_flops(pairs, H, D, "fwd") + attention_flops(pairs, H, D, "bwd")
+
+    def ttt():
+        outs = [eagle3_ttt_attention(qs[p], ks[:p + 1], vs[:p + 1], cu) for p in range(passes)]
+        torch.autograd.backward(outs, [dout] * passes)
+
+    def trunk():
+        outs = [causal_attention(qs[p], ks[p], vs[p], cu) for p in range(passes)]
+        torch.autograd.backward(outs, [dout] * passes)
+
+    params = {"tokens": T, "passes": passes, "cp": 1, "heads": H, "kv_heads": G, "head_dim": D,
+              "dtype": "bfloat16", "docs": 1, "grads": "consumed by hooks"}
+    r_tr = _measure(bench, f"trunk {tag} cp=1", {**params, "branch": False}, trunk, repeats, 1,
+                    {"inputs_gb": inputs_gb, "flops": flops})
+    r_tt = _measure(bench, f"ttt {tag} cp=1", {**params, "branch": True}, ttt, repeats, 1,
+                    {"inputs_gb": inputs_gb, "flops": flops})
+    over = r_tt["metrics"]["time_s"] / r_tr["metrics"]["time_s"] - 1
+    bench.record(f"ttt {tag} cp=1", {**params, "derived": "branch overhead vs trunk-only, same run"},
+                 extra={"branch_overhead_pct": 100 * over})
+    return {"ttt": r_tt, "trunk": r_tr}
+
+
+def bench_sdpa(bench: BenchRun, tag: str, T: int, repeats: int) -> None:
+    """One causal pass through F.scaled_dot_product_attention restricted to the flash kernel."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    q = _leaf(1, H, T, D, gen=gen)
+    k = _leaf(1, G, T, D, gen=gen)
+    v = _leaf(1, G, T, D, gen=gen)
+    dout = torch.randn(1, H, T, D, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+    mode = {"gqa": "enable_gqa"}
+
+    def step():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            if mode["gqa"] == "enable_gqa":
+                o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            else:
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    q, k.repeat_interleave(H // G, 1), v.repeat_interleave(H // G, 1), is_causal=True)
+        o.backward(dout)
+
+    try:
+        step()
+    except RuntimeError:
+        mode["gqa"] = "repeat_kv"
+    pairs = T * (T + 1) // 2
+    flops = attention_flops(pairs, H, D, "fwd") + attention_flops(pairs, H, D, "bwd")
+    _measure(bench, f"sdpa {tag} cp=1", {"tokens": T, "passes": 1, "gqa": mode["gqa"], "heads": H,
+                                         "kv_heads": G, "head_dim": D},
+             step, repeats, 1, {"inputs_gb": _gb(q, k, v, dout), "flops": flops})
+
+
+def _kernel_profile(step) -> dict:
+    """CUDA kernels launched by one step and their summed device time (None where unavailable)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            step()
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        evs = [e for e in prof.events() if getattr(e, "device_type", None) is not None
+               and str(e.device_type).endswith("CUDA")]
+        busy = sum(getattr(e, "device_time", getattr(e, "cuda_time", 0.0)) for e in evs) / 1e6
+        return {"cuda_kernels": float(len(evs)), "kernel_busy_s": busy, "profiled_wall_s": wall}
+    except Exception as exc:  # profiler unavailable on this runtime: report without it
+        print(f"[profile] unavailable: {exc}", flush=True)
+        return {}
+
+
+def bench_block(bench: BenchRun, tag: str, T: int, anchors_n: int, B: int, repeats: int) -> None:
+    gen = torch.Generator(device=DEVICE).manual_seed(2)
+    cpu_gen = torch.Generator().manual_seed(3)
+    cu = torch.tensor([0, T])
+    anchors = torch.sort(torch.randperm(T - B, generator=cpu_gen)[:anchors_n] + 1).values
+    q = _leaf(anchors_n, B, H, D, gen=gen)
+    k, v = _leaf(anchors_n, B, G, D, gen=gen), _leaf(anchors_n, B, G, D, gen=gen)
+    ck, cv = _leaf(T, G, D, gen=gen), _leaf(T, G, D, gen=gen)
+    dout = torch.randn(anchors_n, B, H, D, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+    stats = RingStats()
+    block_draft_attention(q, k, v, ck, cv, anchors, cu, stats=stats)
+    pairs = stats.pairs["fwd"] + anchors_n * B * B
+    flops = attention_flops(pairs, H, D, "fwd") + attention_flops(pairs, H, D, "bwd")
+
+    def step():
+        block_draft_attention(q, k, v, ck, cv, anchors, cu).backward(dout)
+
+    extra = {"inputs_gb": _gb(q, k, v, ck, cv, dout), "flops": flops, "visible_pairs": float(pairs)}
+    rec = _measure(bench, f"block {tag} cp=1", {"tokens": T, "anchors": anchors_n, "block": B, "cp": 1,
+                                                "heads": H, "kv_heads": G, "head_dim": D}, step, repeats, 3,
+                   extra)
+    prof = _kernel_profile(step)
+    if prof:
+        prof["busy_fraction"] = prof["kernel_busy_s"] / rec["metrics"]["time_s"]
+        bench.record(f"block {tag} cp=1", {"derived": "torch.profiler, one step"}, extra=prof)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="folder for checks.json and the fig6/ run folder")
+    ap.add_argument("--profile", default="h200", help="profile name recorded with the run (default h200)")
+    ap.add_argument("--sizes", default=",".join(SIZES), help=f"comma list out of {list(SIZES)}")
+    ap.add_argument("--passes", type=int, default=3, help="TTT passes (default 3)")
+    ap.add_argument("--anchors", type=int, default=64, help="blocks per sequence (default 64)")
+    ap.add_argument("--block", type=int, default=16, help="block size B (default 16)")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="skip remaining configs after this many seconds")
+    ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: smoke-test the script with --tokens (results are not benchmarks)")
+    ap.add_argument("--tokens", default=None, help="override sizes with token counts, e.g. 512,1024 (smoke tests)")
+    args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpu_attention needs a CUDA device (run it on the device machine, or --device cpu)")
+    if args.tokens:
+        SIZES.clear()
+        SIZES.update({t.strip(): int(t) for t in args.tokens.split(",")})
+        args.sizes = args.tokens
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    bad = [s for s in sizes if s not in SIZES]
+    if bad:
+        raise SystemExit(f"--sizes: unknown {bad}; expected a subset of {list(SIZES)}")
+    t_start = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.skip_checks:
+        run_checks(args.out)
+    cfg = {"heads": H, "kv_heads": G, "head_dim": D, "dtype": "bfloat16", "passes": args.passes,
+           "anchors": args.anchors, "block": args.block, "sizes": sizes, "cp": 1}
+    with BenchRun(args.out / "fig6", artifact="fig6", profile=args.profile, config=cfg) as bench:
+        plan = ([("block", s) for s in sizes] + [("ttt", s) for s in sizes] + [("sdpa", s) for s in sizes])
+        for kind, tag in plan:
+            if time.perf_counter() - t_start > args.budget_s:
+                print(f"[budget] skipping {kind} {tag}", flush=True)
+                continue
+            T = SIZES[tag]
+            try:
+                if kind == "block":
+                    bench_block(bench, tag, T, args.anchors, args.block, repeats=10)
+                elif kind == "ttt":
+                    bench_ttt(bench, tag, T, args.passes, repeats=3 if T < 262144 else 2)
+                else:
+                    bench_sdpa(bench, tag, T, repeats=2)
+            except Exception as exc:
+                print(f"[error] {kind} {tag}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}", flush=True)
+                bench.record(f"{kind} {tag} cp=1", {"error": f"{type(exc).__name__}: {exc}"}, extra={"failed": 1.0})
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+    print(f"[done] {time.perf_counter() - t_start:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
