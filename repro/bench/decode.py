@@ -129,9 +129,10 @@ def run(profile_name: str, out: Path, overrides: dict) -> list[dict]:
             d, _ = make_draft(fam, policy, preset)
             t0 = time.perf_counter()
             losses = train_draft(d, policy, seqs, plens, steps=preset["train_steps"], lr=preset["lr"],
-                                 batch_size=preset["train_batch"])
+                                 batch_size=preset["train_batch"],
+                                 fallback_backend="torch_bf16" if dtype == torch.bfloat16 else "torch")
             k = max(1, len(losses) // 10)
-            bench.record(f"train/{fam}", {"family": fam, "steps": len(losses)},
+            bench.record(f"train/{fam}", {"family": fam, "steps": len(losses), "attn_backend": d.attn_backend},
                          extra={"train_time_s": time.perf_counter() - t0,
                                 "loss_first": sum(losses[:k]) / k, "loss_last": sum(losses[-k:]) / k})
             drafts[fam] = d.eval()

@@ -42,6 +42,7 @@ class DFlashDraft(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.backbone = BlockDraftBackbone(cfg)
+        self.attn_backend = "auto"        # kernels.attention backend used by draft_loss
         if policy is not None:
             self.attach(policy)
 
@@ -62,7 +63,8 @@ class DFlashDraft(nn.Module):
 
     def draft_loss(self, features, batch) -> torch.Tensor:
         gen = batch.extras.get("anchor_generator") if hasattr(batch.extras, "get") else None
-        return self.loss(batch.input_ids, features.concat(self.tap_layers), batch.loss_mask, generator=gen)
+        return self.loss(batch.input_ids, features.concat(self.tap_layers), batch.loss_mask, generator=gen,
+                         backend=self.attn_backend)
 
     def loss(self, input_ids, taps, loss_mask, *, anchors=None, anchor_valid=None, generator=None,
              attn_impl: str = "kernels", backend: str = "auto") -> torch.Tensor:

@@ -48,6 +48,7 @@ class DSparkDraft(nn.Module):
         self.markov_out = nn.Linear(markov_rank, cfg.vocab_size, bias=False)    # W2
         nn.init.zeros_(self.markov_out.weight)          # starts as the plain backbone
         self.confidence = nn.Linear(cfg.target_hidden + markov_rank, 1)
+        self.attn_backend = "auto"        # kernels.attention backend used by draft_loss
         if policy is not None:
             self.attach(policy)
 
@@ -71,7 +72,7 @@ class DSparkDraft(nn.Module):
             raise ValueError("DSpark's loss needs the policy's logits (DraftBatch.policy_logits)")
         gen = batch.extras.get("anchor_generator") if hasattr(batch.extras, "get") else None
         return self.loss(batch.input_ids, features.concat(self.tap_layers), batch.policy_logits,
-                         batch.loss_mask, generator=gen)[0]
+                         batch.loss_mask, generator=gen, backend=self.attn_backend)[0]
 
     def markov_logits(self, base: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
         return base + self.markov_out(self.markov_in(prev)).to(base.dtype)

@@ -118,6 +118,7 @@ class Eagle3Draft(nn.Module):
         self.norm = RMSNorm(H, cfg.rms_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
         self.rope = Rotary(hd, cfg.rope_theta)
+        self.attn_backend = "auto"        # kernels.attention backend used by draft_loss
 
     # -- TapDraft contract -------------------------------------------------------------------------------
     @property
@@ -132,7 +133,7 @@ class Eagle3Draft(nn.Module):
         if batch.policy_logits is None:
             raise ValueError("EAGLE-3's loss needs the policy's logits (DraftBatch.policy_logits)")
         return self.ttt_loss(batch.input_ids, features.concat(self.tap_layers), batch.policy_logits,
-                             batch.loss_mask)[0]
+                             batch.loss_mask, backend=self.attn_backend)[0]
 
     @torch.no_grad()
     def init_from_policy(self, policy) -> None:

@@ -52,8 +52,12 @@ def policy_batch(policy, seqs: Sequence[Sequence[int]], plens: Sequence[int]):
 
 
 def train_draft(draft, policy, seqs, plens, *, steps: int, lr: float = 1e-3, batch_size: int = 16,
-                seed: int = 0, log_every: int = 0) -> list[float]:
-    """AdamW on the draft's trainable parameters; returns the loss of every step."""
+                seed: int = 0, log_every: int = 0, fallback_backend: str | None = None) -> list[float]:
+    """AdamW on the draft's trainable parameters; returns the loss of every step.
+
+    With ``fallback_backend``, a first step whose attention backend raises is retried once with that
+    ``kernels.attention`` backend (printed, and left in ``draft.attn_backend`` for the caller to record).
+    """
     if policy.tap_spec is None or policy.tap_spec.as_output_layers() != tuple(draft.tap_spec.as_output_layers()):
         policy.set_taps(draft.tap_spec)
     params = [p for p in draft.parameters() if p.requires_grad]
@@ -64,7 +68,15 @@ def train_draft(draft, policy, seqs, plens, *, steps: int, lr: float = 1e-3, bat
         idx = torch.randint(len(seqs), (min(batch_size, len(seqs)),), generator=g).tolist()
         feats, batch = policy_batch(policy, [seqs[i] for i in idx], [plens[i] for i in idx])
         batch.extras["anchor_generator"] = g   # DFlash/DSpark anchors, reproducible
-        loss = draft.draft_loss(feats, batch)
+        try:
+            loss = draft.draft_loss(feats, batch)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            if step or fallback_backend is None or draft.attn_backend == fallback_backend:
+                raise
+            print(f"attention backend {draft.attn_backend!r} failed ({type(exc).__name__}: {exc}); "
+                  f"retrying with {fallback_backend!r}", flush=True)
+            draft.attn_backend = fallback_backend
+            loss = draft.draft_loss(feats, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
