@@ -165,6 +165,8 @@ class RunConfig:
         self.sft.validate()
         if self.draft is not None:
             self.draft.validate()
+            from repro.rl.drafts import check_draft_spec   # family options and proposal count
+            check_draft_spec(self.draft)
         if self.device == "cpu" and self.dtype != "float32":
             raise ConfigError(f"config dtype={self.dtype!r} on device 'cpu' is invalid: expected float32 "
                               "(CPU runs are fp32; bf16 is for GPUs)")

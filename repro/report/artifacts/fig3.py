@@ -1,0 +1,89 @@
+"""Figure 3: GRPO on single-turn math per training step, no-draft baseline and the three co-trained drafts.
+
+Six panels from the per-step rows of the runs (collected tidy table, metric names ``train/*`` and
+``val/*``): reward, held-out accuracy (AIME 2024's role), train-inference KL, acceptance length,
+throughput (generated tokens per second of step) and step time. The paper's reported values are
+drawn dashed and labelled with the paper's hardware (the KL band on the KL panel); the summary
+numbers beside the paper's go to ``fig3.md``/``.csv``.
+
+    python -m repro.report.build --artifact fig3 --profile cpu-tiny \
+        --tidy results/tidy/cpu-tiny/fig3.csv --out paper_figures/cpu-tiny
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from repro.report.style import measured_label, paper_label, paper_style, save_figure
+from repro.report.tables import write_table
+
+ROWS = ["no draft", "EAGLE-3", "DFlash", "DSpark"]
+PANELS = (("train/reward", "reward"), ("val/accuracy", "held-out accuracy"),
+          ("train/train_inference_kl", "train-inference KL"), ("train/acceptance_length", "acceptance length"),
+          ("train/throughput_tok_s", "throughput (tok/s)"), ("train/step_time_s", "step time (s)"))
+# paper metric drawn on a panel: panel metric -> paper metric
+PAPER_ON_PANEL = {"train/train_inference_kl": "train_inference_kl", "train/acceptance_length": "acceptance_length_final"}
+SUMMARY = ("train_inference_kl", "acceptance_length_final", "e2e_speedup", "rollout_speedup",
+           "rollout_share_of_step_pct")
+
+
+def _paper_range(paper: pd.DataFrame, metric: str) -> list[tuple[float, str]]:
+    hit = paper[(paper["metric"] == metric)]
+    return [(float(v), str(h)) for v, h in zip(hit["value"], hit["paper_hardware"])]
+
+
+def summary_table(tidy: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
+    """The summary metrics (row ``all`` and per family) beside the paper's values or ranges."""
+    t = tidy[tidy["metric"].isin(SUMMARY)].sort_values(["run", "step"], kind="stable")
+    t = t.groupby(["hardware", "hardware_label", "row", "metric"], as_index=False).last()
+    lines = []
+    for (hw, label, row), g in t.groupby(["hardware", "hardware_label", "row"], sort=False):
+        for _, r in g.iterrows():
+            p = paper[(paper["row"] == row) & (paper["metric"] == r["metric"])]
+            stats = dict(zip(p["stat"], p["value"]))
+            ptxt = (f"{stats['min']:g}-{stats['max']:g}" if "min" in stats and "max" in stats
+                    else f"{stats['value']:g}" if "value" in stats else "-")
+            lines.append({"row": row, "metric": r["metric"], "measured": float(r["value"]),
+                          "measured on": f"{hw} ({label})" if label else hw, "paper": ptxt,
+                          "paper hardware": p["paper_hardware"].iloc[0] if len(p) else "-"})
+    return pd.DataFrame(lines, columns=["row", "metric", "measured", "measured on", "paper", "paper hardware"])
+
+
+def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: str, title: str) -> list[Path]:
+    steps = tidy[tidy["metric"].str.startswith(("train/", "val/"))]
+    hw = steps["hardware"].iloc[0] if len(steps) else "-"
+    label = steps["hardware_label"].iloc[0] if len(steps) else ""
+    fig, axes = plt.subplots(2, 3, figsize=(7.0, 3.9))
+    for ax, (metric, ylabel) in zip(axes.flat, PANELS):
+        for row in ROWS:
+            d = steps[(steps["row"] == row) & (steps["metric"] == metric)].sort_values(["run", "step"])
+            d = d.groupby("step", as_index=False).last()
+            if len(d):
+                ax.plot(d["step"], d["value"], marker=".", markersize=3, label=row)
+        pm = PAPER_ON_PANEL.get(metric)
+        if pm:
+            for v, phw in _paper_range(paper, pm):
+                ax.axhline(v, **paper_style("line"), label=paper_label(phw))
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        if metric == "train/train_inference_kl":
+            ax.set_yscale("symlog", linthresh=1e-9)
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            if l not in labels:
+                handles.append(h)
+                labels.append(l)
+    fig.legend(handles, labels, loc="upper center", ncol=min(6, len(labels)), frameon=False)
+    fig.suptitle(f"{title}; {measured_label(hw, label)}", y=0.02, fontsize=7)
+    fig.tight_layout(rect=(0, 0.04, 1, 0.92))
+    paths = save_figure(fig, Path(out_dir) / name)
+    notes = ["Row 'all': train-inference KL is the largest run mean; acceptance length, speedups are means over "
+             "the drafted runs; rollout share is the no-draft run's rollout time over step time."]
+    return paths + write_table(summary_table(tidy, paper), Path(out_dir) / name, title=title, notes=notes)
+
+
+def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
+    return build_curves(tidy, paper, out_dir, "fig3", "Figure 3: co-training on single-turn math")

@@ -1,0 +1,70 @@
+"""Table 1: acceptance length, rollout speedup and end-to-end speedup per (target, draft) row, paper beside ours.
+
+Reads the summary rows ``repro.rl.summary`` logged (metric names as in experiments/paper_numbers.csv)
+from the collected tidy table; never re-runs anything. Every paper row is listed; a row this profile
+did not run shows "-" in the measured columns. Measured values carry their hardware (cpu-emulated on
+CPUs), paper values the paper's.
+
+    python -m repro.report.build --artifact table1 --profile cpu-tiny \
+        --tidy results/tidy/cpu-tiny/table1.csv --out paper_figures/cpu-tiny
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from repro.report.tables import write_table
+
+METRICS = (("acceptance_length", "AL"), ("rollout_speedup", "rollout"), ("e2e_speedup", "E2E"))
+
+
+def latest_values(tidy: pd.DataFrame, metrics) -> pd.DataFrame:
+    """One value per (hardware, row, metric): the last logged (by run, then step)."""
+    t = tidy[tidy["metric"].isin(list(metrics))]
+    t = t.sort_values(["run", "step"], kind="stable")
+    return t.groupby(["hardware", "hardware_label", "row", "metric"], as_index=False).last()
+
+
+def paper_value(paper: pd.DataFrame, row: str, metric: str):
+    hit = paper[(paper["row"] == row) & (paper["metric"] == metric) & (paper["stat"] == "value")]
+    return (float(hit["value"].iloc[0]), str(hit["paper_hardware"].iloc[0])) if len(hit) else (None, "")
+
+
+def comparison_table(tidy: pd.DataFrame, paper: pd.DataFrame, metrics, row_order: list[str]) -> pd.DataFrame:
+    """Rows: every paper row (in paper order) then measured rows the paper lacks; measured and paper columns."""
+    names = [m for m, _ in metrics]
+    meas = latest_values(tidy, names)
+    hw = sorted(set(zip(meas["hardware"], meas["hardware_label"]))) or [("-", "")]
+    rows = list(row_order) + [r for r in meas["row"].drop_duplicates() if r not in row_order]
+    lines = []
+    for row in rows:
+        for h, label in hw:
+            line = {"row": row, "measured on": f"{h} ({label})" if label else h}
+            got = meas[(meas["row"] == row) & (meas["hardware"] == h)]
+            for m, short in metrics:
+                v = got[got["metric"] == m]["value"]
+                line[f"{short} (ours)"] = float(v.iloc[0]) if len(v) else None
+            paper_hw = ""
+            for m, short in metrics:
+                pv, phw = paper_value(paper, row, m)
+                line[f"{short} (paper)"] = pv
+                paper_hw = paper_hw or phw
+            line["paper hardware"] = paper_hw or "-"
+            lines.append(line)
+    df = pd.DataFrame(lines)
+    ours = [f"{s} (ours)" for _, s in metrics]
+    papers = [f"{s} (paper)" for _, s in metrics]
+    df = df[df[ours + papers].notna().any(axis=1)]
+    return df[["row", "measured on", *ours, "paper hardware", *papers]].reset_index(drop=True)
+
+
+def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
+    order = [r for r in paper[paper["metric"] == "acceptance_length"]["row"].drop_duplicates() if r != "abstract"]
+    df = comparison_table(tidy, paper, METRICS, order)
+    notes = ["Speedups: generated tokens per second of rollout (rollout) and of the whole step (E2E), "
+             "co-trained run over its no-draft run of the same configuration (repro.rl.summary).",
+             "On cpu-tiny and h200 the rows are played by scaled-down policies (dense for Qwen3-8B, MoE for "
+             "Qwen3.5-35B-A3B); absolute behaviour is not the paper's, the comparison is of mechanisms."]
+    return write_table(df, Path(out_dir) / "table1", title="Table 1: end-to-end speculative decoding in RL",
+                       notes=notes)

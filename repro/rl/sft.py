@@ -1,0 +1,209 @@
+"""The supervised warm start of a run: tokenizer, policy SFT on worked demonstrations, drafts trained offline.
+
+RL starts from an instruction-tuned policy and (in the paper) from the draft families' official
+checkpoints. Here both are built locally and cached as one workflow artifact folder:
+
+1. the byte-level BPE tokenizer trained on the workloads' text (``tokenizer/``);
+2. the policy, supervised on worked demonstrations of the workload (math: one line per operation
+   and ``Answer: n``; workplace: the reference tool calls with their observations, loss on the
+   policy's own tokens only), then scored greedily on the held-out split (``policy.pt``);
+3. each requested draft family trained on the SFT policy's features over fresh demonstrations
+   (one policy forward per batch feeds every draft; ``drafts/<family>.pt``).
+
+``sft.json`` records the losses, the held-out accuracy, the drafts' final losses, timings and provenance.
+
+    python -m repro.rl.sft --profile cpu-tiny --policy dense --workload math --drafts eagle3,dflash,dspark \
+        --out results/cpu-2c/cpu-tiny/sft/dense-math
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from repro.parallel.draft_interface import DraftBatch, TargetFeatures
+from repro.report.provenance import provenance, write_json_atomic
+from repro.rl.config import ConfigError, DraftSpec, PolicySpec, SFTSpec, WORKLOADS
+from repro.rl.drafts import build_draft, trainable_parameters
+from repro.rl.episodes import chat_prompt, math_rollout, workplace_rollout
+from repro.rl.grpo import token_logprobs
+from repro.rl.joint import draft_loss_mask
+from repro.rl.tasks.math import MathTaskSet
+from repro.rl.tasks.workplace import WorkplaceTaskSet
+from repro.rl.tokenizer import WorkloadTokenizer, build_workload_tokenizer
+from repro.rl.warmstart import draft_file, make_policy
+from repro.rollout.engine import RolloutEngine
+
+
+def demo_sequence(tok: WorkloadTokenizer, item) -> tuple[list[int], list[float]]:
+    """Token ids of a worked demonstration and the mask of the tokens the policy must write."""
+    ids = chat_prompt(tok, item.prompt_text)
+    mask = [0.0] * len(ids)
+    if hasattr(item, "solution_text"):                      # math
+        resp = tok.encode(item.solution_text) + [tok.eos_id]
+        return ids + resp, mask + [1.0] * len(resp)
+    for call, obs in item.demo_turns():                      # workplace
+        c = [tok.call_id] + tok.encode(call) + [tok.call_end_id]
+        o = [tok.obs_id] + tok.encode(obs) + [tok.obs_end_id]
+        ids += c + o
+        mask += [1.0] * len(c) + [0.0] * len(o)
+    end = tok.encode("done") + [tok.eos_id]
+    return ids + end, mask + [1.0] * len(end)
+
+
+def demo_batch(tok: WorkloadTokenizer, items, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    seqs = [demo_sequence(tok, it) for it in items]
+    T = max(len(s) for s, _ in seqs)
+    ids = torch.full((len(seqs), T), tok.pad_id, dtype=torch.long)
+    att = torch.zeros(len(seqs), T, dtype=torch.bool)
+    mask = torch.zeros(len(seqs), T)
+    for i, (s, m) in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        att[i, :len(s)] = True
+        mask[i, :len(m)] = torch.tensor(m)
+    return ids.to(device), att.to(device), mask.to(device)
+
+
+def _items(workload: str, seed: int, n: int, draw: int):
+    if workload == "math":
+        return MathTaskSet(seed).problems("train", n, draw=draw)
+    return WorkplaceTaskSet(seed).tasks("train", n, draw=draw)
+
+
+def heldout_accuracy(policy, tok: WorkloadTokenizer, workload: str, seed: int, n: int = 30,
+                     max_new_tokens: int = 64) -> float:
+    eng = RolloutEngine(policy, max_model_len=512)
+    if workload == "math":
+        b = math_rollout(eng, tok, MathTaskSet(seed).problems("heldout", n), group_size=1,
+                         max_new_tokens=max_new_tokens, temperature=1.0, seed=0, greedy=True)
+    else:
+        b = workplace_rollout(eng, tok, WorkplaceTaskSet(seed).tasks("heldout", n), group_size=1,
+                              max_new_tokens=max_new_tokens, temperature=1.0, seed=0, greedy=True)
+    return float(b.rewards.mean())
+
+
+def sft_policy(policy, tok, workload: str, spec: SFTSpec, seed: int, log_every: int = 50) -> list[float]:
+    params = [p for p in policy.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / spec.steps))
+    losses = []
+    for step in range(spec.steps):
+        ids, att, mask = demo_batch(tok, _items(workload, seed, spec.batch, draw=10_000 + step), policy.device)
+        out = policy.forward_train(ids, want_taps=False, attention_mask=att)
+        lp = token_logprobs(out.logits, ids)
+        loss = -(lp * mask).sum() / mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        if log_every and step % log_every == 0:
+            print(f"[sft] step {step}: loss {losses[-1]:.4f}", flush=True)
+    return losses
+
+
+def warm_start_drafts(policy, tok, workload: str, specs: list[DraftSpec], spec: SFTSpec, seed: int
+                      ) -> dict[str, list[float]]:
+    """Train each draft on the frozen SFT policy's taps and logits (one policy forward per batch)."""
+    drafts, opts = {}, {}
+    for ds in specs:
+        d = build_draft(ds, policy, mask_token_id=tok.mask_id, train=True)
+        drafts[ds.family] = d
+        opts[ds.family] = torch.optim.AdamW(trainable_parameters(d), lr=ds.lr, weight_decay=0.0)
+    # one recorder covering every draft's taps: the union of their layers
+    layers = sorted({l for d in drafts.values() for l in d.tap_spec.as_output_layers()})
+    from repro.models.taps import TapSpec
+    policy.set_taps(TapSpec(tuple(layers), "output", policy.num_layers))
+    gen = torch.Generator().manual_seed(seed)
+    losses: dict[str, list[float]] = {f: [] for f in drafts}
+    for step in range(spec.draft_steps):
+        ids, att, mask = demo_batch(tok, _items(workload, seed, spec.batch, draw=20_000 + step), policy.device)
+        with torch.no_grad():
+            out = policy.forward_train(ids, want_taps=True, attention_mask=att)
+        feats = TargetFeatures(dict(zip(layers, out.taps)))
+        batch = DraftBatch(input_ids=ids, loss_mask=draft_loss_mask(mask), policy_logits=out.logits.detach(),
+                           extras={"anchor_generator": gen})
+        for fam, d in drafts.items():
+            loss = d.draft_loss(feats, batch)
+            opts[fam].zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable_parameters(d), 1.0)
+            opts[fam].step()
+            losses[fam].append(float(loss.detach()))
+        if step % 50 == 0:
+            print(f"[sft] draft step {step}: " + ", ".join(f"{f} {l[-1]:.3f}" for f, l in losses.items()), flush=True)
+    return drafts, losses
+
+
+def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sft: SFTSpec,
+                     drafts: list[DraftSpec], *, vocab_size: int, seed: int = 0, device: str = "cpu") -> dict:
+    if workload not in WORKLOADS:
+        raise ConfigError(f"config workload={workload!r} is invalid: expected one of {WORKLOADS}")
+    policy_spec.validate()
+    sft.validate()
+    for d in drafts:
+        d.validate()
+    out = Path(out)
+    t0 = time.perf_counter()
+    tok = build_workload_tokenizer(out / "tokenizer", vocab_size, seed)
+    torch.manual_seed(seed)
+    policy = make_policy(policy_spec, tok.vocab_size, seed=seed, dtype=torch.float32, device=device)
+    losses = sft_policy(policy, tok, workload, sft, seed)
+    t_sft = time.perf_counter() - t0
+    acc = heldout_accuracy(policy, tok, workload, seed)
+    print(f"[sft] held-out greedy accuracy {acc:.3f}", flush=True)
+    policy.requires_grad_(False)
+    models, dlosses = warm_start_drafts(policy, tok, workload, drafts, sft, seed) if drafts else ({}, {})
+    for ds in drafts:
+        path = draft_file(out, ds.family)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"family": ds.family, "options": dict(ds.options),
+                    "state_dict": models[ds.family].state_dict()}, path)
+    torch.save({"family": policy_spec.family, "scale": policy_spec.scale, "overrides": dict(policy_spec.overrides),
+                "vocab_size": tok.vocab_size, "state_dict": policy.model.state_dict()}, out / "policy.pt")
+    summary = {"workload": workload, "policy": vars(policy_spec), "sft": vars(sft), "seed": seed,
+               "sft_loss_first": losses[0], "sft_loss_last": losses[-1], "sft_losses": losses,
+               "heldout_accuracy": acc, "drafts": {f: {"loss_first": l[0], "loss_last": l[-1]} for f, l in
+                                                    dlosses.items()},
+               "sft_time_s": t_sft, "total_time_s": time.perf_counter() - t0, "provenance": provenance()}
+    write_json_atomic(out / "sft.json", summary)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    from repro.report.profiles import load_profile
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="cpu-tiny")
+    ap.add_argument("--policy", required=True, help="a key of the profile's rl.policies")
+    ap.add_argument("--workload", required=True, choices=WORKLOADS)
+    ap.add_argument("--drafts", default="", help="comma-separated keys of rl.drafts to warm-start")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    try:
+        prof = load_profile(args.profile)
+        rl = prof.get("rl") or {}
+        if args.policy not in rl.get("policies", {}):
+            raise ConfigError(f"--policy {args.policy!r} is invalid: expected one of {sorted(rl.get('policies', {}))}")
+        names = [d for d in args.drafts.split(",") if d]
+        bad = [d for d in names if d not in rl.get("drafts", {})]
+        if bad:
+            raise ConfigError(f"--drafts {bad} are invalid: expected keys of rl.drafts {sorted(rl.get('drafts', {}))}")
+        drafts = [DraftSpec(**rl["drafts"][d]) for d in names]
+        device = "cuda" if prof["hardware"]["device"] == "cuda" else "cpu"
+        build_warm_start(args.out, PolicySpec(**rl["policies"][args.policy]), args.workload,
+                         SFTSpec(**rl.get("sft", {})), drafts, vocab_size=int(rl.get("vocab_size", 512)),
+                         seed=args.seed, device=device)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"sft: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Summary rows of Tables 1-2 and Figures 3-4 from finished co-training runs, logged like any measurement.
+
+Reads each run folder's ``metrics.jsonl`` (the per-step rows written by ``repro.rl.run``), computes
+the artifact's numbers under the paper's metric names and logs them through ``MetricsLogger`` into
+``<runs>/summary`` (row = the paper's row label), so ``collect`` and ``compare`` treat them as any
+other measurement. Definitions (steps before ``skip_steps`` are warm-up and left out; Table 2 keeps
+the paper's "mean of the first 10 updates" after that):
+
+* ``acceptance_length``: mean over steps of the run's acceptance length (1 + accepted / verify steps).
+* ``rollout_speedup`` / ``e2e_speedup``: generated tokens per second of rollout time / of step time,
+  draft run over its no-draft run (a per-token ratio, so runs whose responses drift to different
+  lengths compare fairly; equal to the paper's time ratio at equal token counts).
+* ``rollout_time_s``, ``update_time_s``: mean seconds per step; ``update_overhead_pct``:
+  100 * (update time with the draft / without - 1); ``tap_wait_s``: mean TapChannel wait per update
+  (only runs with a pipeline-parallel tap channel log it).
+* ``train_inference_kl``: mean over steps; Figure 3/4's ``all`` row gives the largest run mean.
+* ``acceptance_length_final``: mean over the last three steps; ``rollout_share_of_step_pct``:
+  100 * rollout time / step time of the no-draft run.
+
+    python -m repro.rl.summary --artifact table1 --profile cpu-tiny --runs results/cpu-2c/cpu-tiny/table1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from repro.report.metrics import MetricsLogger
+from repro.report.profiles import ProfileError, load_profile
+from repro.report.provenance import write_json_atomic
+from repro.rl.config import ARTIFACTS, ConfigError, artifact_rows
+
+TABLE2_STEPS = 10
+
+
+def run_dir_name(row: str) -> str:
+    """Folder name of a row's run: ``"Qwen3-8B/DFlash"`` -> ``"qwen3-8b_dflash"``."""
+    return re.sub(r"[^a-z0-9.-]+", "_", row.lower()).strip("_")
+
+
+def read_steps(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; run the row first (python -m repro.rl.run ...)")
+    latest: dict[int, dict] = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from exc
+            latest[int(rec["step"])] = rec            # a resumed run re-logs a step: the later row wins
+    return [latest[s] for s in sorted(latest)]
+
+
+def _mean(xs: list[float]) -> float:
+    if not xs:
+        raise ValueError("no steps to average (is skip_steps >= the number of steps?)")
+    return sum(xs) / len(xs)
+
+
+def _col(steps: list[dict], key: str) -> list[float]:
+    return [float(s[key]) for s in steps if key in s]
+
+
+def _per_token(steps: list[dict], time_key: str) -> float:
+    tok = sum(_col(steps, "train/gen_tokens"))
+    t = sum(_col(steps, time_key))
+    if t <= 0:
+        raise ValueError(f"no {time_key} logged")
+    return tok / t
+
+
+def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int = 0) -> dict[str, dict[str, float]]:
+    """{row label: {metric: value}} for ``artifact`` from the run folders under ``runs``."""
+    steps = {}
+    for row in rows:
+        s = read_steps(runs / run_dir_name(row))[skip_steps:]
+        if artifact == "table2":
+            s = s[:TABLE2_STEPS]
+        if not s:
+            raise ValueError(f"row {row!r}: no steps left after skip_steps={skip_steps}")
+        steps[row] = s
+    out: dict[str, dict[str, float]] = {}
+    for row, spec in rows.items():
+        s, m = steps[row], {}
+        base = spec.get("baseline")
+        if base is not None and base not in steps:
+            raise ConfigError(f"{artifact} row {row!r} names baseline {base!r}, which is not a row")
+        m["rollout_time_s"] = _mean(_col(s, "train/rollout_time_s"))
+        m["update_time_s"] = _mean(_col(s, "train/update_time_s"))
+        m["step_time_s"] = _mean(_col(s, "train/step_time_s"))
+        m["train_inference_kl"] = _mean(_col(s, "train/train_inference_kl"))
+        m["reward"] = _mean(_col(s, "train/reward"))
+        if _col(s, "train/tap_wait_s"):
+            m["tap_wait_s"] = _mean(_col(s, "train/tap_wait_s"))
+        if spec.get("draft"):
+            al = _col(s, "train/acceptance_length")
+            m["acceptance_length"] = _mean(al)
+            m["acceptance_length_final"] = _mean(al[-3:])
+        if base is not None:
+            b = steps[base]
+            m["rollout_speedup"] = _per_token(s, "train/rollout_time_s") / _per_token(b, "train/rollout_time_s")
+            m["e2e_speedup"] = _per_token(s, "train/step_time_s") / _per_token(b, "train/step_time_s")
+            m["update_overhead_pct"] = 100.0 * (m["update_time_s"] / _mean(_col(b, "train/update_time_s")) - 1)
+        else:
+            m["rollout_share_of_step_pct"] = 100.0 * sum(_col(s, "train/rollout_time_s")) / sum(
+                _col(s, "train/step_time_s"))
+        out[row] = m
+    if artifact in ("fig3", "fig4"):
+        drafted = [m for r, m in out.items() if rows[r].get("draft")]
+        allrow = {"train_inference_kl": max(m["train_inference_kl"] for m in out.values())}
+        if drafted:
+            for k in ("acceptance_length_final", "e2e_speedup", "rollout_speedup"):
+                allrow[k] = _mean([m[k] for m in drafted if k in m])
+        base_rows = [m for r, m in out.items() if not rows[r].get("draft")]
+        if base_rows:
+            allrow["rollout_share_of_step_pct"] = _mean([m["rollout_share_of_step_pct"] for m in base_rows])
+        out["all"] = allrow
+    if artifact == "table2":
+        base = [r for r, spec in rows.items() if not spec.get("draft")]
+        for r in base:
+            out[r]["rollout_speedup"] = out[r]["e2e_speedup"] = 1.0
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--artifact", required=True, choices=ARTIFACTS)
+    ap.add_argument("--profile", default="cpu-tiny")
+    ap.add_argument("--runs", required=True, type=Path, help="folder holding one run folder per row")
+    ap.add_argument("--out", type=Path, default=None, help="summary run folder (default: <runs>/summary)")
+    args = ap.parse_args(argv)
+    try:
+        prof = load_profile(args.profile)
+        rows = artifact_rows(prof, args.artifact)
+        skip = int(prof[args.artifact].get("skip_steps", 0))
+        result = summarize(args.artifact, rows, args.runs, skip)
+    except (ConfigError, ProfileError, FileNotFoundError, ValueError) as exc:
+        print(f"summary: error: {exc}", file=sys.stderr)
+        return 2
+    out = args.out or args.runs / "summary"
+    with MetricsLogger(out, artifact=args.artifact, profile=args.profile,
+                       config={"rows": rows, "skip_steps": skip, "runs": str(args.runs)}) as log:
+        for row, metrics in result.items():
+            log.log(metrics, row=row, step=0)
+    write_json_atomic(out / "summary.json", {"artifact": args.artifact, "profile": args.profile,
+                                             "skip_steps": skip, "rows": result})
+    width = max(len(r) for r in result)
+    for row, metrics in result.items():
+        print(f"{row:<{width}}  " + "  ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,13 @@
+# fig3: the co-training rows of this profile (experiments/profiles/<profile>.yaml, section fig3:), their
+# summary (repro.rl.summary) and the figure with the paper's values beside ours (repro.report.artifacts.fig3).
+if "RL_RULES_INCLUDED" not in globals():
+
+    include: "rl.smk"
+
+
+register_artifact("fig3", rl_run_markers("fig3") + [f"{RUNS}/fig3/summary/summary.json"], [f"{FIGS}/fig3.md"])
+
+
+rule fig3:
+    input:
+        f"{FIGS}/fig3.md",
