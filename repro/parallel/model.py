@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from repro.parallel.partition import split_layers, stage_of_tap  # noqa: F401 (re-exported)
+
 
 def tiny_qwen3_config(num_layers: int = 8, hidden: int = 32, heads: int = 4, kv_heads: int = 2,
                       vocab: int = 64, intermediate: int = 64, max_positions: int = 512) -> Qwen3Config:
@@ -31,35 +33,6 @@ def build_policy(config: Qwen3Config, seed: int = 0) -> Qwen3ForCausalLM:
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).eval()  # eval: no dropout; gradients still flow
     return model
-
-
-def split_layers(num_layers: int, num_stages: int, first: int | None = None, last: int | None = None
-                 ) -> list[range]:
-    """Contiguous layer ranges per stage; ``first``/``last`` pin the first/last stage's counts
-    (Megatron's ``num_layers_in_{first,last}_pipeline_stage``), the rest split as evenly as possible."""
-    if num_stages < 1:
-        raise ValueError(f"num_stages={num_stages}: expected >= 1")
-    if num_stages == 1:
-        return [range(num_layers)]
-    counts = [0] * num_stages
-    rest, middle = num_layers, list(range(num_stages))
-    for idx, fixed in ((0, first), (num_stages - 1, last)):
-        if fixed is not None:
-            counts[idx] = fixed
-            rest -= fixed
-            middle.remove(idx)
-    if rest < len(middle) or any(c < 0 for c in counts):
-        raise ValueError(f"{num_layers} layers cannot fill {num_stages} stages with first={first}, last={last}: "
-                         "every stage needs at least one layer")
-    for i, idx in enumerate(middle):
-        counts[idx] = rest // len(middle) + (1 if i < rest % len(middle) else 0)
-    if any(c < 1 for c in counts):
-        raise ValueError(f"{num_layers} layers over {num_stages} stages leaves a stage without layers: {counts}")
-    out, start = [], 0
-    for c in counts:
-        out.append(range(start, start + c))
-        start += c
-    return out
 
 
 class PolicyStage(nn.Module):
@@ -97,16 +70,6 @@ def build_stages(policy: Qwen3ForCausalLM, num_stages: int, first: int | None = 
                  last: int | None = None) -> list[PolicyStage]:
     ranges = split_layers(policy.config.num_hidden_layers, num_stages, first, last)
     return [PolicyStage(policy, s, r, num_stages) for s, r in enumerate(ranges)]
-
-
-def stage_of_tap(tap: int, ranges: list[range]) -> int:
-    """The stage producing tap ``tap`` (output convention; -1 = embedding, made on stage 0)."""
-    if tap == -1:
-        return 0
-    for s, r in enumerate(ranges):
-        if tap in r:
-            return s
-    raise ValueError(f"tap {tap} is not the output of any layer in {[(r.start, r.stop) for r in ranges]}")
 
 
 if __name__ == "__main__":
