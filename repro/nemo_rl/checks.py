@@ -109,8 +109,8 @@ def dataset_problems(spec: RowSpec, paths: Paths) -> list[str]:
     w = spec.workload.settings
     if "train_file" in w:
         if paths.dataset_root is None:
-            return [f"dataset_root (set --dataset-root to the folder holding {w['train_file']} and "
-                    f"{w['validation_file']}, the NeMo Gym Workplace Assistant data)"]
+            return [(f"dataset_root (set --dataset-root to the folder holding {w['train_file']} and "
+                     f"{w['validation_file']}, the NeMo Gym Workplace Assistant data)")]
         return [f"dataset {paths.dataset_root / w[k]} does not exist" for k in ("train_file", "validation_file")
                 if not (paths.dataset_root / w[k]).is_file()]
     hf_ids = w.get("hf_datasets") or []
@@ -134,8 +134,8 @@ def gpu_problems(spec: RowSpec, profile: dict[str, Any], machine: dict[str, Any]
     """A local launch runs on this one node: it must hold the row's GPUs, of the profile's model."""
     lay, out = spec.layout, []
     if lay.nodes > 1:
-        return [f"row {spec.row!r} needs {lay.nodes} nodes x {lay.gpus_per_node} GPUs; a local launch runs on one "
-                "node (use --launcher ray-sub)"]
+        return [(f"row {spec.row!r} needs {lay.nodes} nodes x {lay.gpus_per_node} GPUs; a local launch runs on "
+                 "one node (use --launcher ray-sub)")]
     gpus = machine["gpus"]["devices"]
     if len(gpus) < lay.gpus:
         have = f"{len(gpus)} ({gpus[0]['name']})" if gpus else "none"
@@ -148,8 +148,8 @@ def gpu_problems(spec: RowSpec, profile: dict[str, Any], machine: dict[str, Any]
 
 def launcher_problems(launcher: str, container: str | None) -> list[str]:
     if launcher == "local":
-        return [] if shutil.which("uv") else ["uv on PATH (NeMo-RL runs with `uv run` in its checkout; "
-                                              "https://docs.astral.sh/uv/)"]
+        return [] if shutil.which("uv") else [("uv on PATH (NeMo-RL runs with `uv run` in its checkout; "
+                                               "https://docs.astral.sh/uv/)")]
     out = [] if shutil.which("sbatch") else ["sbatch on PATH (the ray-sub launcher submits NeMo-RL's ray.sub)"]
     if not container:
         out.append("container (set --container to the NeMo-RL container image ray.sub runs in)")

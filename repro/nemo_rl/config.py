@@ -21,7 +21,7 @@ import yaml
 
 from repro.nemo_rl.rows import RowSpec
 from repro.report.metrics import DEFAULT_PROJECT
-from repro.report.provenance import write_atomic
+from repro.report.provenance import git_state, write_atomic
 
 CONFIG_NAME = "nemo_rl_config.yaml"
 LOG_DIR_NAME = "nemo_rl_logs"        # NeMo-RL's logger.log_dir inside the run folder
@@ -73,12 +73,14 @@ def speculative_config(spec: RowSpec, paths: Paths) -> dict[str, Any]:
             "num_speculative_tokens": speculative_tokens(spec), "draft_tensor_parallel_size": 1}
 
 
-def wandb_names(spec: RowSpec, run_dir: Path) -> dict[str, Any]:
+def wandb_names(spec: RowSpec) -> dict[str, Any]:
     """logger.wandb: NeMo-RL passes it to wandb.init. Project, group and tags follow the suite's
-    MetricsLogger (artifact:<a>, profile:<p>) so runs of both engines are found the same way."""
+    MetricsLogger (artifact:<a>, profile:<p>, git:<sha>) so runs of both engines are found the same
+    way; the hardware is known only where NeMo-RL runs (env.json, written there by runtime_env)."""
     return {"project": DEFAULT_PROJECT, "name": f"{spec.artifact}-{spec.row}".replace("/", "-").replace(" ", "_"),
             "group": spec.artifact, "job_type": spec.artifact,
-            "tags": [f"artifact:{spec.artifact}", f"profile:{spec.profile}", "engine:nemo-rl", f"row:{spec.row}"],
+            "tags": [f"artifact:{spec.artifact}", f"profile:{spec.profile}", f"git:{git_state()['sha'][:10]}",
+                     "engine:nemo-rl", f"row:{spec.row}"],
             "config": {"engine": "nemo-rl", "artifact": spec.artifact, "profile": spec.profile, "row": spec.row}}
 
 
@@ -144,7 +146,7 @@ def build_config(spec: RowSpec, paths: Paths, run_dir: Path) -> dict[str, Any]:
         },
         "data": data,
         "logger": {"log_dir": str(run_dir / LOG_DIR_NAME), "wandb_enabled": True, "tensorboard_enabled": False,
-                   "wandb": wandb_names(spec, run_dir)},
+                   "wandb": wandb_names(spec)},
         "cluster": {"gpus_per_node": lay.gpus_per_node, "num_nodes": lay.nodes},
     }
     if env:

@@ -58,7 +58,7 @@ def write_env(run_dir: Path, spec: RowSpec, paths: config.Paths, launcher: str, 
                "nemo_rl_config": str(run_dir / config.CONFIG_NAME),
                "nemo_rl_commit": git_state(paths.nemo_rl_dir)["sha"] if paths.nemo_rl_dir else None}
     prov = provenance(run_cfg)
-    tags = config.wandb_names(spec, run_dir)["tags"]
+    tags = config.wandb_names(spec)["tags"]
     return write_json_atomic(run_dir / "env.json", {
         "artifact": spec.artifact, "profile": spec.profile, "run": run_dir.name, "row": spec.row,
         "engine": ENGINE, "wandb_mode": wandb_mode(), "tags": tags, **prov})
@@ -111,7 +111,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    absolute = lambda p: p.resolve() if p is not None else None  # noqa: E731
+
+    def absolute(path: Path | None) -> Path | None:
+        return path.resolve() if path is not None else None
+
     paths = config.Paths(nemo_rl_dir=absolute(args.nemo_rl_dir), checkpoint_root=absolute(args.checkpoint_root),
                          hf_home=absolute(args.hf_home), dataset_root=absolute(args.dataset_root))
     slurm = launch.Slurm(container=args.container, account=args.slurm_account, partition=args.slurm_partition,
@@ -154,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {written} and {run_dir / 'env.json'}; launch with:\n{cmd}")
             return 0
         print(cmd, flush=True)
-        return subprocess.run(["bash", "-c", cmd], env={**os.environ, "WANDB_DIR": str(run_dir)}).returncode
+        done = subprocess.run(["bash", "-c", cmd], env={**os.environ, "WANDB_DIR": str(run_dir)}, check=False)
+        return done.returncode
     except (RowError, ProfileError, checks.CheckError, skeleton.SkeletonError, ValueError) as exc:
         print(f"repro.nemo_rl.run: error: {exc}", file=sys.stderr)
         return 2

@@ -8,11 +8,10 @@ message naming it. The NeMo-RL checkout is a stand-in rebuilt from the recorded 
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
 import pytest
-
 from fake_checkout import make_checkout, make_data
+
 from repro.nemo_rl import checks
 from repro.nemo_rl.config import Paths
 from repro.nemo_rl.rows import load_rows, resolve

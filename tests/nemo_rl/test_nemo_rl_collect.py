@@ -15,11 +15,11 @@ import json
 
 import pytest
 import yaml
-
 from fake_checkout import make_checkout, make_data
+
 from repro.nemo_rl.metrics import nemo_rl_mapper
-from repro.nemo_rl.runtime_env import runtime_env
 from repro.nemo_rl.run import main, run_slug
+from repro.nemo_rl.runtime_env import runtime_env
 from repro.report.collect import collect
 from repro.report.metrics import MetricsLogger
 from repro.report.profiles import load_profile

@@ -10,9 +10,10 @@ import copy
 from pathlib import Path
 
 import pytest
-
 from fake_checkout import skeleton
-from repro.nemo_rl import config, skeleton as skel
+
+from repro.nemo_rl import config
+from repro.nemo_rl import skeleton as skel
 from repro.nemo_rl.rows import RowError, load_rows
 from repro.nemo_rl.run import EAGLE3_RECIPE
 from repro.report.profiles import load_profile
