@@ -1,0 +1,145 @@
+"""The co-training loop: weight push keeps train and inference in sync, crashed runs resume exactly,
+bad configs fail before any model is built, multi-turn rollouts mask what the policy did not write.
+
+    .venv/bin/python -m pytest -q tests/rl/test_trainer.py
+"""
+import json
+
+import pytest
+import torch
+
+from repro.report.metrics import MetricsLogger
+from repro.rl.config import ConfigError, DraftSpec, GRPOSpec, RunConfig, WorkloadSpec, run_config_from_profile
+from repro.rl.episodes import workplace_rollout
+from repro.rl.grpo import group_advantages
+from repro.rl.tasks.workplace import WorkplaceTaskSet
+from repro.rl.trainer import CoTrainer
+from tests.rl.conftest import tiny_config
+
+
+def _perturb(module, scale=0.05):
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+def test_synced_run_has_train_inference_kl_below_1e6(tmp_path, tok):
+    tr = CoTrainer(tiny_config(tmp_path, draft="dflash"), tok)
+    batch = tr.rollout(0)
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2)
+    synced = tr.update.step(batch, adv).train_inference_kl
+    assert 0 <= synced < 1e-6
+    tr.push()                                       # the update changed the trainer; the engine follows
+    assert tr.update.step(tr.rollout(1), adv).train_inference_kl < 1e-6
+    # negative control: the trainer moves on without a push -> the engine samples from a stale policy
+    _perturb(tr.policy.model)
+    stale = tr.update.step(tr.rollout(2), adv).train_inference_kl
+    assert stale > 1e-4, stale
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def _train(cfg, tok, crash_at=None):
+    tr = CoTrainer(cfg, tok)
+    first = tr.try_resume()
+
+    def on_step(step, _):
+        if step == crash_at:
+            raise Crash(f"injected crash after step {step}")
+    with MetricsLogger(cfg.out, artifact="table1", profile="cpu-tiny", config=cfg.to_dict(), resume=first > 0) as log:
+        tr.run(log, on_step=on_step)
+    return tr, first
+
+
+def test_crashed_run_resumes_from_its_checkpoint_without_losing_steps(tmp_path, tok):
+    full, _ = _train(tiny_config(tmp_path / "full", draft="dflash", steps=3, ckpt_every=1), tok)
+    cfg = tiny_config(tmp_path / "crash", draft="dflash", steps=3, ckpt_every=1)
+    with pytest.raises(Crash):
+        _train(cfg, tok, crash_at=1)
+    resumed, first = _train(cfg, tok)
+    assert first == 2
+    steps = [json.loads(line)["step"] for line in (tmp_path / "crash" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2]
+    for a, b in ((full.policy.model, resumed.policy.model), (full.draft, resumed.draft)):
+        sa, sb = a.state_dict(), b.state_dict()
+        for k in sa:
+            assert torch.equal(sa[k], sb[k]), f"{k} differs between the uninterrupted and the resumed run"
+    full_rows = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert full_rows[2]["train/draft_loss"] == json.loads(
+        (tmp_path / "crash" / "metrics.jsonl").read_text().splitlines()[2])["train/draft_loss"]
+
+
+def test_resume_refuses_a_checkpoint_of_another_config(tmp_path, tok):
+    _train(tiny_config(tmp_path, draft="eagle3", steps=1), tok)
+    other = tiny_config(tmp_path, draft="dflash", steps=1)
+    with pytest.raises(ValueError, match="different config"):
+        CoTrainer(other, tok).try_resume()
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(steps=0), "steps=0"),
+    (dict(dtype="bfloat16"), "dtype='bfloat16' on device 'cpu'"),
+    (dict(grpo=GRPOSpec(generations_per_prompt=1)), "generations_per_prompt=1"),
+    (dict(grpo=GRPOSpec(clip_eps=1.5)), "clip_eps=1.5"),
+    (dict(workload=WorkloadSpec(name="chess")), "workload.name='chess'"),
+    (dict(workload=WorkloadSpec(val_size=31)), "val_size=31"),
+    (dict(draft=DraftSpec("medusa")), "draft.family='medusa'"),
+    (dict(draft=DraftSpec("dflash", num_proposals=5, options={"block_size": 4})), "num_proposals=5"),
+    (dict(draft=DraftSpec("eagle3", options={"block_size": 4})), r"draft.options \['block_size'\]"),
+    (dict(draft=DraftSpec("eagle3", loss_weight=-1)), "loss_weight=-1"),
+])
+def test_bad_configs_fail_before_training(tmp_path, tok, change, match):
+    cfg = tiny_config(tmp_path)
+    for k, v in change.items():
+        setattr(cfg, k, v)
+    with pytest.raises(ConfigError, match=match):
+        CoTrainer(cfg, tok)
+
+
+def test_profile_rows_and_cli_fail_cleanly(tmp_path, capsys):
+    from repro.report.profiles import load_profile
+    from repro.rl.run import main
+    prof = load_profile("cpu-tiny")
+    with pytest.raises(ConfigError, match="row='Qwen3-9B/DFlash' is invalid"):
+        run_config_from_profile(prof, "table1", "Qwen3-9B/DFlash", out=str(tmp_path))
+    assert main(["--artifact", "table1", "--row", "nope", "--out", str(tmp_path / "x")]) == 2
+    assert "row='nope' is invalid" in capsys.readouterr().err
+    assert not (tmp_path / "x" / "metrics.jsonl").exists()
+    with pytest.raises(ConfigError, match="unknown or missing key"):
+        RunConfig.from_dict({"artifact": "table1", "row": "r", "profile": "p", "out": "o", "stepz": 3})
+
+
+def test_workplace_rollout_masks_observations_and_scores_final_state(tok):
+    from repro.rl.sft import demo_sequence
+    tasks = WorkplaceTaskSet(seed=0).tasks("train", 2)
+    ids, mask = demo_sequence(tok, tasks[0])
+    obs = [i for i, t in enumerate(ids) if t == tok.obs_id]
+    assert obs and all(mask[i] == 0.0 for i in obs)
+    assert mask[ids.index(tok.call_id)] == 1.0
+
+    class ScriptedEngine:               # writes the reference calls turn by turn (a perfect policy)
+        def __init__(self):
+            self.turn = 0
+
+        def generate(self, prompts, **kw):
+            from repro.rollout.engine import AcceptanceCounters, RolloutResult
+            toks = []
+            for p in prompts:
+                task = tasks[0] if tasks[0].instruction in tok.decode(p) else tasks[1]
+                calls = task.calls
+                done = p.count(tok.call_id)
+                t = ([tok.call_id] + tok.encode(calls[done]) + [tok.call_end_id]) if done < len(calls) \
+                    else tok.encode("done") + [tok.eos_id]
+                toks.append(t)
+            return RolloutResult(toks, [[-0.5] * len(t) for t in toks], ["stop"] * len(toks),
+                                 AcceptanceCounters(0), 1)
+    b = workplace_rollout(ScriptedEngine(), tok, tasks, group_size=1, max_new_tokens=64, temperature=1.0,
+                          seed=0, tool_latency_s=0.01, max_tool_calls=3)
+    assert b.rewards.tolist() == [1.0, 1.0]
+    assert b.tool_time_s >= 0.01
+    written = b.loss_mask.bool()
+    assert torch.all(b.rollout_logp[written] == -0.5) and torch.all(b.rollout_logp[~written] == 0)
+    assert torch.all(b.input_ids[~written & b.attention_mask] != tok.call_id)
