@@ -32,31 +32,37 @@ def tap_value(stage, name, seq):
     return torch.randn(rows, HIDDEN, generator=g)
 
 
-def fanin_worker(rank, world, transport):
+def fanin_worker(rank, world, transport, device="cpu"):
     lay = layout(world)
-    ch = TapChannel.setup(lay, transport, get_timeout_s=30, put_timeout_s=30)
+    ch = TapChannel.setup(lay, transport, device=device, get_timeout_s=30, put_timeout_s=30)
     mismatches = 0
     for step in range(STEPS):
         for mb in range(N_MB):
             seq = sequence_stamp(step, mb, N_MB)
             if rank in lay.sources:
                 for spec in lay.sources[rank]:
-                    ch.put(rank, spec.name, seq, tap_value(rank, spec.name, seq))
+                    ch.put(rank, spec.name, seq, tap_value(rank, spec.name, seq).to(device))
             if rank == lay.consumer_rank:
                 for stage in lay.sources:
                     got = ch.get_stage(stage, seq)
                     for name, t in got.items():
-                        mismatches += not torch.equal(t, tap_value(stage, name, seq))
+                        mismatches += not torch.equal(t.cpu(), tap_value(stage, name, seq))
                     ch.release(stage, seq)
     rep = ch.report()
     ch.close()
     return {"mismatches": mismatches, "report": rep}
 
 
+FANIN_CASES = [("shm", "cpu"), ("gloo", "cpu"), ("host_staging", "cpu"),
+               pytest.param("cuda_ipc", "cuda", marks=pytest.mark.gpu),
+               pytest.param("host_staging", "cuda", marks=pytest.mark.gpu)]
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("transport", ["shm", "gloo", "host_staging"])
-def test_fanin_bit_exact(transport):
-    out = spawn(fanin_worker, 4, args=(transport,), timeout_s=100)
+@pytest.mark.parametrize("transport,device", FANIN_CASES)
+def test_fanin_bit_exact(transport, device):
+    # depth-2 rings over 6 microbatches: every slot is reused (wrap-around, credits)
+    out = spawn(fanin_worker, 4, args=(transport, device), timeout_s=100, backend="gloo")
     consumer = out[-1]
     assert consumer["mismatches"] == 0
     assert consumer["report"]["get"]["bytes"]["n"] == STEPS * N_MB * 4  # 4 rings

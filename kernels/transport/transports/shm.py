@@ -8,6 +8,7 @@ private pinned host buffer (the producer waits for it) -> shared host memory -> 
 """
 from __future__ import annotations
 
+import shutil
 import time
 from multiprocessing import shared_memory
 
@@ -16,6 +17,17 @@ import torch
 from kernels.transport.control import LENGTH, PUBLISH_NS, PUT_NS, STAMP, CREDIT, ControlBlock, attach_shm, close_shm
 from kernels.transport.spec import ChannelLayout, RingId
 from kernels.transport.transports.base import Transport, arena_offsets, broadcast_object, slot_view
+
+
+def _check_shm_space(nbytes: int, path: str = "/dev/shm") -> None:
+    """Refuse rings larger than the shared-memory filesystem: writing past it kills with SIGBUS."""
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return
+    if nbytes > free:
+        raise MemoryError(f"TapChannel rings need {nbytes / 2**20:.0f} MiB of shared memory but {path} has "
+                          f"{free / 2**20:.0f} MiB free; lower ring_depth or the tap sizes")
 
 
 class SharedMemoryTransport(Transport):
@@ -28,6 +40,7 @@ class SharedMemoryTransport(Transport):
         n_rings, depth = len(layout.rings), layout.ring_depth
         names = None
         if self._consumer:
+            _check_shm_space(size)
             self.ctrl = ControlBlock.create_shared(n_rings, depth)
             self._arena_shm = shared_memory.SharedMemory(create=True, size=size)
             names = (self.ctrl.name, self._arena_shm.name)
