@@ -53,6 +53,15 @@ def run_checks(out: Path) -> dict:
         "ttt3_torch_fp32": Case("ttt", lengths=(3, 64, 130), passes=3, dtype="float32", device=DEVICE,
                                 backend="torch"),
     }
+    if DEVICE == "cuda":
+        cases.update({
+            "cudnn_ttt1": Case("ttt", lengths=lengths, passes=1, backend="cudnn", **big),
+            "cudnn_ttt3": Case("ttt", lengths=lengths, passes=3, backend="cudnn", **big),
+            "cudnn_ttt3_small_heads": Case("ttt", lengths=(3, 64, 130), passes=3, heads=4, kv_heads=2, dim=64,
+                                           dtype="bfloat16", device=DEVICE, backend="cudnn"),
+            "cudnn_block16": Case("block", lengths=lengths, block=16, invalid_blocks=(1,), slot_drop=0.2,
+                                  backend="prefix_full[cudnn]", **big),
+        })
     res = {}
     for name, case in cases.items():
         t0 = time.perf_counter()
@@ -68,6 +77,7 @@ def run_checks(out: Path) -> dict:
               flush=True)
     from kernels.attention.backends import get
     res["sdpa_cuda_gqa_native"] = get("sdpa_cuda").gqa_native
+    res["cudnn_gqa_native"] = get("cudnn").gqa_native
     write_json_atomic(out / "checks.json", {"checks": res, "tolerance_rel": REL_TOL, "provenance": provenance()})
     return res
 
@@ -95,7 +105,7 @@ def _measure(bench: BenchRun, row: str, params: dict, step, repeats: int, warmup
     return bench.record(row, params, samples, extra=ex)
 
 
-def bench_ttt(bench: BenchRun, tag: str, T: int, passes: int, repeats: int) -> dict:
+def bench_ttt(bench: BenchRun, tag: str, T: int, passes: int, repeats: int, backend: str = "auto") -> dict:
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     cu = torch.tensor([0, T])
     qs = [_leaf(T, H, D, gen=gen) for _ in range(passes)]
@@ -107,15 +117,15 @@ def bench_ttt(bench: BenchRun, tag: str, T: int, passes: int, repeats: int) -> d
     flops = attention_flops(pairs, H, D, "fwd") + attention_flops(pairs, H, D, "bwd")
 
     def ttt():
-        outs = [eagle3_ttt_attention(qs[p], ks[:p + 1], vs[:p + 1], cu) for p in range(passes)]
+        outs = [eagle3_ttt_attention(qs[p], ks[:p + 1], vs[:p + 1], cu, backend=backend) for p in range(passes)]
         torch.autograd.backward(outs, [dout] * passes)
 
     def trunk():
-        outs = [causal_attention(qs[p], ks[p], vs[p], cu) for p in range(passes)]
+        outs = [causal_attention(qs[p], ks[p], vs[p], cu, backend=backend) for p in range(passes)]
         torch.autograd.backward(outs, [dout] * passes)
 
     params = {"tokens": T, "passes": passes, "cp": 1, "heads": H, "kv_heads": G, "head_dim": D,
-              "dtype": "bfloat16", "docs": 1, "grads": "consumed by hooks"}
+              "dtype": "bfloat16", "docs": 1, "grads": "consumed by hooks", "backend": backend}
     r_tr = _measure(bench, f"trunk {tag} cp=1", {**params, "branch": False}, trunk, repeats, 1,
                     {"inputs_gb": inputs_gb, "flops": flops})
     r_tt = _measure(bench, f"ttt {tag} cp=1", {**params, "branch": True}, ttt, repeats, 1,
@@ -126,8 +136,8 @@ def bench_ttt(bench: BenchRun, tag: str, T: int, passes: int, repeats: int) -> d
     return {"ttt": r_tt, "trunk": r_tr}
 
 
-def bench_sdpa(bench: BenchRun, tag: str, T: int, repeats: int) -> None:
-    """One causal pass through F.scaled_dot_product_attention restricted to the flash kernel."""
+def bench_sdpa(bench: BenchRun, tag: str, T: int, repeats: int, kernel: str = "flash") -> None:
+    """One causal pass through F.scaled_dot_product_attention (flash kernel, or default dispatch)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     gen = torch.Generator(device=DEVICE).manual_seed(1)
     q = _leaf(1, H, T, D, gen=gen)
@@ -136,8 +146,11 @@ def bench_sdpa(bench: BenchRun, tag: str, T: int, repeats: int) -> None:
     dout = torch.randn(1, H, T, D, device=DEVICE, dtype=torch.bfloat16, generator=gen)
     mode = {"gqa": "enable_gqa"}
 
+    allowed = {"flash": [SDPBackend.FLASH_ATTENTION], "cudnn": [SDPBackend.CUDNN_ATTENTION],
+               "default": list(SDPBackend)}[kernel]
+
     def step():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel(allowed):
             if mode["gqa"] == "enable_gqa":
                 o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             else:
@@ -151,7 +164,8 @@ def bench_sdpa(bench: BenchRun, tag: str, T: int, repeats: int) -> None:
         mode["gqa"] = "repeat_kv"
     pairs = T * (T + 1) // 2
     flops = attention_flops(pairs, H, D, "fwd") + attention_flops(pairs, H, D, "bwd")
-    _measure(bench, f"sdpa {tag} cp=1", {"tokens": T, "passes": 1, "gqa": mode["gqa"], "heads": H,
+    row = f"sdpa {tag} cp=1" if kernel == "flash" else f"sdpa_{kernel} {tag} cp=1"
+    _measure(bench, row, {"tokens": T, "passes": 1, "gqa": mode["gqa"], "kernel": kernel, "heads": H,
                                          "kv_heads": G, "head_dim": D},
              step, repeats, 1, {"inputs_gb": _gb(q, k, v, dout), "flops": flops})
 
@@ -212,6 +226,10 @@ def main(argv=None) -> int:
     ap.add_argument("--block", type=int, default=16, help="block size B (default 16)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip remaining configs after this many seconds")
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--ttt-backend", default="auto",
+                    help="backend for the TTT/trunk rows; 'best' = cudnn if its checks pass, else auto")
+    ap.add_argument("--only", default="block,ttt,sdpa", help="which benchmark groups to run")
+    ap.add_argument("--sdpa-kernels", default="flash", help="comma list of flash,cudnn,default")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: smoke-test the script with --tokens (results are not benchmarks)")
     ap.add_argument("--tokens", default=None, help="override sizes with token counts, e.g. 512,1024 (smoke tests)")
@@ -230,12 +248,18 @@ def main(argv=None) -> int:
         raise SystemExit(f"--sizes: unknown {bad}; expected a subset of {list(SIZES)}")
     t_start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    if not args.skip_checks:
-        run_checks(args.out)
+    checks = {} if args.skip_checks else run_checks(args.out)
+    ttt_backend = args.ttt_backend
+    if ttt_backend == "best":
+        cud = [v for k, v in checks.items() if k.startswith("cudnn_") and k != "cudnn_gqa_native"]
+        ttt_backend = "cudnn" if cud and all(c.get("ok") for c in cud) else "auto"
+        print(f"[backend] ttt rows use {ttt_backend}", flush=True)
     cfg = {"heads": H, "kv_heads": G, "head_dim": D, "dtype": "bfloat16", "passes": args.passes,
-           "anchors": args.anchors, "block": args.block, "sizes": sizes, "cp": 1}
+           "anchors": args.anchors, "block": args.block, "sizes": sizes, "cp": 1, "ttt_backend": ttt_backend}
     with BenchRun(args.out / "fig6", artifact="fig6", profile=args.profile, config=cfg) as bench:
-        plan = ([("block", s) for s in sizes] + [("ttt", s) for s in sizes] + [("sdpa", s) for s in sizes])
+        groups = set(args.only.split(","))
+        plan = ([("block", s) for s in sizes if "block" in groups] + [("ttt", s) for s in sizes if "ttt" in groups]
+                + [(f"sdpa:{k}", s) for k in args.sdpa_kernels.split(",") for s in sizes if "sdpa" in groups])
         for kind, tag in plan:
             if time.perf_counter() - t_start > args.budget_s:
                 print(f"[budget] skipping {kind} {tag}", flush=True)
@@ -245,9 +269,9 @@ def main(argv=None) -> int:
                 if kind == "block":
                     bench_block(bench, tag, T, args.anchors, args.block, repeats=10)
                 elif kind == "ttt":
-                    bench_ttt(bench, tag, T, args.passes, repeats=3 if T < 262144 else 2)
+                    bench_ttt(bench, tag, T, args.passes, repeats=3 if T < 262144 else 2, backend=ttt_backend)
                 else:
-                    bench_sdpa(bench, tag, T, repeats=2)
+                    bench_sdpa(bench, tag, T, repeats=2, kernel=kind.split(":")[1])
             except Exception as exc:
                 print(f"[error] {kind} {tag}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}", flush=True)
                 bench.record(f"{kind} {tag} cp=1", {"error": f"{type(exc).__name__}: {exc}"}, extra={"failed": 1.0})

@@ -5,7 +5,8 @@
 
 ``auto`` picks, per mask kind: CUDA -> sdpa_cuda (flash: causal/full; prefix through
 prefix_full[sdpa_cuda], replicated query rows) else torch; CPU -> sdpa_cpu (fp32/fp64) else torch.
-``"torch"`` is the pure-torch oracle kernel.
+``"torch"`` is the pure-torch oracle kernel. ``"cudnn"`` (torch's cuDNN attention, one call per
+packed segment) is opt-in by name.
 flash-attn (the external package) and flex_attention are probed, never imported unconditionally;
 they are not wired as backends in this version (see the issue report).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from kernels.attention.backends.base import Backend, acc_dtype, check_qkv
+from kernels.attention.backends.cudnn import CudnnBackend
 from kernels.attention.backends.prefix_full import PrefixAsFull
 from kernels.attention.backends.sdpa_cpu import SdpaCpuBackend
 from kernels.attention.backends.sdpa_cuda import SdpaCudaBackend
@@ -25,8 +27,10 @@ _REGISTRY: dict[str, Backend] = {
     "torch_bf16": TorchBackend(compute_dtype=torch.bfloat16),
     "sdpa_cpu": SdpaCpuBackend(),
     "sdpa_cuda": SdpaCudaBackend(),
+    "cudnn": CudnnBackend(),
 }
-_REGISTRY.update({f"prefix_full[{n}]": PrefixAsFull(_REGISTRY[n]) for n in ("torch", "sdpa_cpu", "sdpa_cuda")})
+_REGISTRY.update({f"prefix_full[{n}]": PrefixAsFull(_REGISTRY[n])
+                  for n in ("torch", "sdpa_cpu", "sdpa_cuda", "cudnn")})
 NAMES = ("auto", *_REGISTRY)
 
 
