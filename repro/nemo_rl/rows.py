@@ -1,16 +1,17 @@
-"""The paper's rows as NeMo-RL runs: a profile's ``nemo_rl:`` section, validated into RowSpecs.
+"""The paper's rows as NeMo-RL runs: a profile's artifact sections and ``nemo_rl:`` section, validated.
 
-A profile (experiments/profiles/paper-*.yaml) lists, per artifact, each paper row with its target
-model, draft family (null for the no-draft baseline) and workload; the models carry their training
-and rollout layouts, the families their draft settings, the drafts their checkpoints. This module
-only reads and checks that data; config.py turns a RowSpec into a NeMo-RL config.
+A paper profile (experiments/profiles/paper-*.yaml) lists each artifact's rows in the section every
+engine reads (``table1: {steps, skip_steps, rows: label -> {policy, draft, baseline}}``); its
+``nemo_rl:`` section says how a row becomes a NeMo-RL run: the policies' checkpoints and training and
+rollout layouts, the draft families' settings, the draft checkpoints, the workloads. This module only
+reads and checks that data into RowSpecs; config.py turns a RowSpec into a NeMo-RL config.
 
     python -m repro.nemo_rl.rows paper-h100          # print every row of a profile
 """
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from repro.report.profiles import ProfileError, load_profile
@@ -121,7 +122,7 @@ def _layout(model: dict, gpus_per_node: int, where: str) -> Layout:
     return layout
 
 
-def _family(name: str, spec: Any, where: str) -> Family:
+def _family(key: str, spec: Any, where: str) -> Family:
     if not isinstance(spec, dict):
         raise RowError(f"{where}: expected a mapping of draft settings, got {spec!r}")
     method = _need(spec, "method", where, str)
@@ -129,7 +130,8 @@ def _family(name: str, spec: Any, where: str) -> Family:
         raise RowError(f"{where}.method: {method!r}; expected one of {sorted(FAMILY_METHODS)}")
     if method == "eagle3":
         _positive(spec, "num_speculative_tokens", where)
-    return Family(name=name, method=method, settings={k: v for k, v in spec.items() if k != "method"})
+    return Family(name=str(spec.get("name", key)), method=method,
+                  settings={k: v for k, v in spec.items() if k not in ("method", "name")})
 
 
 def section(profile: dict[str, Any]) -> dict[str, Any]:
@@ -142,85 +144,88 @@ def section(profile: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_rows(profile: dict[str, Any]) -> dict[str, dict[str, RowSpec]]:
-    """artifact -> row -> RowSpec for every row of the profile, each checked."""
+    """artifact -> row -> RowSpec for every row of the profile's artifact sections, each checked."""
     name, sec = profile["name"], section(profile)
     where = f"profile {name}: nemo_rl"
     gpus_per_node = _positive(sec, "gpus_per_node", where)
     grpo = _need(sec, "grpo", where, dict)
     for key in ("num_prompts_per_step", "num_generations_per_prompt", "train_global_batch_size"):
         _positive(grpo, key, f"{where}.grpo")
-    artifacts = _need(sec, "artifacts", where, dict)
-    models, families = _need(sec, "models", where, dict), _need(sec, "families", where, dict)
-    workloads, drafts = _need(sec, "workloads", where, dict), sec.get("drafts") or {}
+    settings = _need(sec, "artifacts", where, dict)
+    models, families = _need(sec, "models", where, dict), _need(sec, "drafts", where, dict)
+    workloads, draft_ckpts = _need(sec, "workloads", where, dict), sec.get("draft_checkpoints") or {}
     ckpts = profile.get("checkpoints") or {}
     layouts = {m: _layout(spec, gpus_per_node, f"{where}.models.{m}") for m, spec in models.items()}
-    fams = {f: _family(f, spec, f"{where}.families.{f}") for f, spec in families.items()}
+    fams = {f: _family(f, spec, f"{where}.drafts.{f}") for f, spec in families.items()}
     loads = {}
     for w, spec in workloads.items():
         loads[w] = Workload(name=w, example=_need(spec, "example", f"{where}.workloads.{w}", str),
                             entry=_need(spec, "entry", f"{where}.workloads.{w}", str),
                             settings={k: v for k, v in spec.items() if k not in ("example", "entry")})
-    rows_sec = _need(sec, "rows", where, dict)
     out: dict[str, dict[str, RowSpec]] = {}
-    for artifact, rows in rows_sec.items():
-        if artifact not in ARTIFACTS:
-            raise RowError(f"{where}.rows: artifact {artifact!r}; expected one of {', '.join(ARTIFACTS)}")
-        run = _need(artifacts, artifact, f"{where}.artifacts", dict)
-        aw = f"{where}.artifacts.{artifact}"
-        max_steps, val_period = _positive(run, "max_num_steps", aw), _need(run, "val_period", aw, int)
-        save = _need(run, "checkpointing", aw, bool)
+    for artifact in ARTIFACTS:
+        art = profile.get(artifact)
+        if art is None:
+            continue
+        aw = f"profile {name}: {artifact}"
+        rows, steps = _need(art, "rows", aw, dict), _positive(art, "steps", aw)
+        run = _need(settings, artifact, f"{where}.artifacts", dict)
+        sw = f"{where}.artifacts.{artifact}"
+        val_period, save = _need(run, "val_period", sw, int), _need(run, "checkpointing", sw, bool)
         if val_period < 0 or (save and val_period == 0):
-            raise RowError(f"{aw}: val_period {val_period} must be >= 0, and > 0 when checkpointing (NeMo-RL "
+            raise RowError(f"{sw}: val_period {val_period} must be >= 0, and > 0 when checkpointing (NeMo-RL "
                            "keeps the best checkpoints by validation accuracy)")
+        workload = (art.get("workload") or {}).get("name", "math")
+        if workload not in loads:
+            raise RowError(f"{aw}.workload.name: {workload!r} is not in nemo_rl.workloads ({', '.join(loads)})")
         out[artifact] = {}
         for row, spec in rows.items():
-            w = f"{where}.rows.{artifact}.{row!r}"
-            model = _need(spec, "model", w, str)
+            w = f"{aw}.rows.{row!r}"
+            model = _need(spec, "policy", w, str)
             if model not in models:
-                raise RowError(f"{w}: model {model!r} is not in nemo_rl.models ({', '.join(models)})")
+                raise RowError(f"{w}: policy {model!r} is not in nemo_rl.models ({', '.join(models)})")
             ckpt = _need(models[model], "checkpoint", f"{where}.models.{model}", str)
             if ckpt not in ckpts:
                 raise RowError(f"{where}.models.{model}.checkpoint: {ckpt!r} is not a key of checkpoints:")
-            workload = _need(spec, "workload", w, str)
-            if workload not in loads:
-                raise RowError(f"{w}: workload {workload!r} is not in nemo_rl.workloads ({', '.join(loads)})")
-            fam_name = spec.get("family")
             family = draft_ckpt = block = None
-            if fam_name is not None:
-                if fam_name not in fams:
-                    raise RowError(f"{w}: family {fam_name!r} is not in nemo_rl.families ({', '.join(fams)})")
-                family = fams[fam_name]
-                dkey = f"{model}/{fam_name}"
-                if dkey not in drafts:
-                    raise RowError(f"{w}: no draft checkpoint for {dkey!r} in nemo_rl.drafts")
-                draft_ckpt = _need(drafts[dkey], "checkpoint", f"{where}.drafts.{dkey}", str)
+            if spec.get("draft"):
+                if spec["draft"] not in fams:
+                    raise RowError(f"{w}: draft {spec['draft']!r} is not in nemo_rl.drafts ({', '.join(fams)})")
+                family = fams[spec["draft"]]
+                dkey = f"{model}/{spec['draft']}"
+                if dkey not in draft_ckpts:
+                    raise RowError(f"{w}: no draft checkpoint for {dkey!r} in nemo_rl.draft_checkpoints")
+                dw = f"{where}.draft_checkpoints.{dkey}"
+                draft_ckpt = _need(draft_ckpts[dkey], "checkpoint", dw, str)
                 if draft_ckpt not in ckpts:
-                    raise RowError(f"{where}.drafts.{dkey}.checkpoint: {draft_ckpt!r} is not a key of checkpoints:")
+                    raise RowError(f"{dw}.checkpoint: {draft_ckpt!r} is not a key of checkpoints:")
                 if family.method in ("dflash", "dspark"):
-                    block = _positive(drafts[dkey], "block_size", f"{where}.drafts.{dkey}")
+                    block = _positive(draft_ckpts[dkey], "block_size", dw)
                     if family.method == "dflash" and block < 2:
-                        raise RowError(f"{where}.drafts.{dkey}.block_size: {block}; DFlash needs >= 2 "
-                                       "(an anchor and at least one proposed token)")
+                        raise RowError(f"{dw}.block_size: {block}; DFlash needs >= 2 (an anchor and at least "
+                                       "one proposed token)")
             out[artifact][row] = RowSpec(
                 profile=name, artifact=artifact, row=row, model=model, model_checkpoint=ckpt,
-                layout=layouts[model], workload=loads[workload], grpo=dict(grpo),
-                max_num_steps=max_steps, val_period=val_period, checkpointing=save, family=family,
-                draft_checkpoint=draft_ckpt, block_size=block, checkpoints=dict(ckpts))
-        _attach_baselines(out[artifact], f"{where}.rows.{artifact}")
+                layout=layouts[model], workload=loads[workload], grpo=dict(grpo), max_num_steps=steps,
+                val_period=val_period, checkpointing=save, family=family, draft_checkpoint=draft_ckpt,
+                block_size=block, baseline_row=spec.get("baseline"), checkpoints=dict(ckpts))
+        _check_baselines(out[artifact], aw)
+    if not out:
+        raise RowError(f"profile {name!r} has no artifact sections ({', '.join(ARTIFACTS)}) with rows")
     return out
 
 
-def _attach_baselines(rows: dict[str, RowSpec], where: str) -> None:
-    """Each draft row's no-draft row: same model and workload, family null. One must exist."""
-    for name, spec in list(rows.items()):
+def _check_baselines(rows: dict[str, RowSpec], where: str) -> None:
+    """Each draft row names its no-draft row: a row of the same artifact, without a draft, same policy."""
+    for name, spec in rows.items():
         if spec.is_baseline:
+            if spec.baseline_row is not None:
+                raise RowError(f"{where}.rows.{name!r}: a no-draft row has no baseline (got {spec.baseline_row!r})")
             continue
-        matches = [r for r, s in rows.items()
-                   if s.is_baseline and s.model == spec.model and s.workload.name == spec.workload.name]
-        if len(matches) != 1:
-            raise RowError(f"{where}: row {name!r} needs exactly one no-draft row (family: null) with model "
-                           f"{spec.model!r} and workload {spec.workload.name!r}; found {matches or 'none'}")
-        rows[name] = replace(spec, baseline_row=matches[0])
+        base = rows.get(spec.baseline_row) if spec.baseline_row else None
+        if base is None or not base.is_baseline or base.model != spec.model:
+            raise RowError(f"{where}.rows.{name!r}: baseline {spec.baseline_row!r} must name a row of {where} "
+                           f"without a draft and with policy {spec.model!r}; rows: {', '.join(map(repr, rows))}")
 
 
 def resolve(profile_name: str, artifact: str, row: str) -> RowSpec:

@@ -7,7 +7,8 @@
 
 Into the run folder (--out) it writes the NeMo-RL config (nemo_rl_config.yaml) and env.json (engine
 nemo-rl, artifact, profile, row, provenance), then launches NeMo-RL with W&B writing into the run
-folder (WANDB_DIR, project/group/tags as the suite's logger), where ``snakemake collect`` reads it.
+folder (WANDB_DIR, project/group/tags as the suite's logger), where ``snakemake collect`` reads it;
+when NeMo-RL exits 0 it adds the suite's per-step metrics.jsonl and, last, run.json (repro.nemo_rl.finish).
 Before writing anything it checks what the row needs on disk (checkout and its co-training stack,
 checkpoints, datasets) and checks the generated config against the keys and types of the checkout's
 own example configs; before launching, what this machine needs (GPUs for a local run, uv, sbatch).
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.nemo_rl import checks, config, launch, skeleton
+from repro.nemo_rl.finish import finish
 from repro.nemo_rl.rows import ARTIFACTS, RowError, RowSpec, load_rows, resolve
 from repro.report.metrics import wandb_mode
 from repro.report.profiles import ProfileError, load_profile
@@ -39,8 +41,8 @@ EAGLE3_RECIPE = skeleton.EXAMPLES[2]
 
 
 def run_slug(row: str) -> str:
-    """A row as a folder name: ``Qwen3-8B/no draft`` -> ``Qwen3-8B_no_draft``."""
-    return re.sub(r"[^A-Za-z0-9.-]+", "_", row).strip("_")
+    """A row's run folder name, as the workflow names it: ``Qwen3-8B/no draft`` -> ``qwen3-8b_no_draft``."""
+    return re.sub(r"[^a-z0-9.-]+", "_", row.lower()).strip("_")
 
 
 def check_against_checkout(cfg: dict[str, Any], spec: RowSpec, nemo: Path) -> None:
@@ -158,8 +160,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(cmd, flush=True)
         done = subprocess.run(["bash", "-c", cmd], env={**os.environ, "WANDB_DIR": str(run_dir)}, check=False)
-        return done.returncode
-    except (RowError, ProfileError, checks.CheckError, skeleton.SkeletonError, ValueError) as exc:
+        if done.returncode != 0:
+            print(f"repro.nemo_rl.run: NeMo-RL exited with {done.returncode}; no run.json written", file=sys.stderr)
+            return done.returncode
+        print(f"wrote {finish(run_dir, done.returncode)}")
+        return 0
+    except (RowError, ProfileError, checks.CheckError, skeleton.SkeletonError, ValueError, OSError) as exc:
         print(f"repro.nemo_rl.run: error: {exc}", file=sys.stderr)
         return 2
 

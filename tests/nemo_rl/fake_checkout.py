@@ -1,11 +1,11 @@
 """Test helpers: a stand-in NeMo-RL checkout rebuilt from the recorded skeleton, and the local files
 (checkpoints, HF cache, Workplace Assistant JSONL) a paper profile names.
 
-The stand-in holds what repro.nemo_rl reads from a checkout, never code that runs: the example
-configs (every key of the recorded skeleton, with a value of its recorded type), DraftConfig as a
-TypedDict with the recorded keys and types, the entry scripts and ray.sub as empty files, and the
-draft modules, optionally carrying the refusals NeMo-RL's co-training stack raises without PRs
-4059/4060 (the texts checks.py looks for).
+The stand-in holds what repro.nemo_rl reads from a checkout: the example configs (every key of the
+recorded skeleton, with a value of its recorded type), DraftConfig as a TypedDict with the recorded
+keys and types, ray.sub as an empty file, the draft modules, optionally carrying the refusals
+NeMo-RL's co-training stack raises without PRs 4059/4060 (the texts checks.py looks for), and an
+examples/run_grpo.py that only logs to W&B as NeMo-RL does (FAKE_ENTRY), for launch tests.
 """
 from __future__ import annotations
 
@@ -23,6 +23,28 @@ _VALUES = {"int": 1, "float": 0.5, "str": "x", "bool": False, "null": None, "lis
            "interp": "${policy.max_total_sequence_length}"}
 _ANNOTATIONS = {"int": "int", "float": "float", "str": "str", "bool": "bool", "null": "None", "list": "list",
                 "dict": "dict", "any": "Any"}
+
+
+# Stand-in for NeMo-RL's entry script: logs two GRPO steps to W&B the way NeMo-RL's Logger does
+# (wandb.init(**logger.wandb, dir=<log_dir>/exp_001/wandb), NeMo-RL's key names, one commit per step).
+FAKE_ENTRY = """import argparse, os, sys
+import wandb, yaml
+ap = argparse.ArgumentParser()
+ap.add_argument("--config", required=True)
+cfg = yaml.safe_load(open(ap.parse_args().config))
+log_dir = os.path.join(cfg["logger"]["log_dir"], "exp_001", "wandb")
+os.makedirs(log_dir, exist_ok=True)
+run = wandb.init(**cfg["logger"]["wandb"], dir=log_dir,
+                 settings=wandb.Settings(console="off", x_disable_stats=True, x_disable_meta=True))
+samples = cfg["grpo"]["num_prompts_per_step"] * cfg["grpo"]["num_generations_per_prompt"]
+for step in range(1, cfg["grpo"]["max_num_steps"] + 1):
+    run.log({"train/reward": 0.1 * step, "train/mean_gen_tokens_per_sample": 100.0}, step=step)
+    run.log({"performance/samples_per_sec": samples / 10.0}, step=step)
+    run.log({"timing/train/generation": 6.0, "timing/train/policy_training": 3.0,
+             "timing/train/total_step_time": 10.0}, step=step, commit=True)
+run.finish()
+print("fake NeMo-RL: done", file=sys.stderr)
+"""
 
 
 def skeleton() -> dict:
@@ -50,7 +72,8 @@ def make_checkout(root: Path, *, refusals: tuple[str, ...] = (), missing: tuple[
     fields = "\n".join(f"    {k}: NotRequired[{' | '.join(_ANNOTATIONS[t] for t in tags)}]"
                        for k, tags in skel["typed_dicts"][DRAFT_PATH].items())
     files[POLICY_INIT] = f"class DraftConfig(TypedDict):\n{fields}\n"
-    for rel in ("examples/run_grpo.py", "examples/nemo_gym/run_grpo_nemo_gym.py", "ray.sub",
+    files["examples/run_grpo.py"] = FAKE_ENTRY
+    for rel in ("examples/nemo_gym/run_grpo_nemo_gym.py", "ray.sub",
                 "nemo_rl/__init__.py", f"{checks.DRAFT_DIR}/dflash.py", f"{checks.DRAFT_DIR}/dspark.py",
                 f"{checks.DRAFT_DIR}/utils.py", checks.TRAIN_PY):
         files.setdefault(rel, "")
@@ -72,7 +95,7 @@ def make_data(root: Path, profile: dict, *, skip_checkpoints: tuple[str, ...] = 
     """Checkpoint folders (config.json with the profile's block sizes), an HF cache with the math
     datasets, and the Workplace Assistant JSONL. Returns the paths to pass to the CLI."""
     ckpt_root, hf, ds = root / "checkpoints", root / "hf", root / "datasets"
-    sizes = {d["checkpoint"]: d.get("block_size") for d in profile["nemo_rl"].get("drafts", {}).values()}
+    sizes = {d["checkpoint"]: d.get("block_size") for d in profile["nemo_rl"].get("draft_checkpoints", {}).values()}
     sizes.update(block_sizes or {})
     for key, rel in profile["checkpoints"].items():
         if key in skip_checkpoints:

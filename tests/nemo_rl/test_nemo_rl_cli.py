@@ -171,3 +171,30 @@ def test_unknown_row_lists_the_valid_ones(capsys, tmp_path):
     assert "table2 has no row 'Medusa' in profile 'paper-h100'; expected one of: 'no draft', 'EAGLE-3'" in \
         capsys.readouterr().err
 
+
+def test_a_local_launch_runs_the_printed_command_and_finishes(world, tmp_path, monkeypatch, capsys):
+    """The command runs as printed: `uv run` (a stand-in that execs this Python) records the running
+    machine, runs the checkout's entry script (a stand-in logging to W&B like NeMo-RL), then the run
+    folder gets the suite's metrics.jsonl and, last, run.json."""
+    import json
+    import os
+    import sys
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "uv").write_text('#!/bin/bash\n[ "$1" = run ] || exit 64\nshift\nexec "$@"\n')
+    (bin_dir / "uv").chmod(0o755)
+    (bin_dir / "python").write_text(f'#!/bin/bash\nexec {sys.executable} "$@"\n')   # this venv's Python
+    (bin_dir / "python").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setattr(checks, "gpu_problems", lambda spec, profile, machine: [])
+    out = tmp_path / "run"
+    assert main(argv(world, "paper-h100", "table2", "DFlash", out)) == 0
+    assert "wrote" in capsys.readouterr().out
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(1, 11))          # table2: 10 steps
+    assert steps[0]["train/rollout_time_s"] == 6.0 and steps[0]["train/gen_tokens"] == 100.0 * 64 * 32
+    env = json.loads((out / "env.json").read_text())
+    assert env["engine"] == "nemo-rl" and "generated_on" in env      # runtime_env ran where NeMo-RL ran
+    assert json.loads((out / "run.json").read_text())["steps"] == 10
+

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from fake_checkout import make_checkout, make_data
 
+from repro.nemo_rl.finish import main as finish_main
 from repro.nemo_rl.metrics import nemo_rl_mapper
 from repro.nemo_rl.run import main, run_slug
 from repro.nemo_rl.runtime_env import runtime_env
@@ -28,36 +29,50 @@ pytestmark = pytest.mark.timeout(120)
 
 ROW = "Qwen3-8B/DFlash"
 BASE = "Qwen3-8B/no draft"
-STEPS = {  # step -> the suite's names and values of that step
-    1: {"reward": 0.25, "train_inference_kl": 6.5e-4, "reference_kl": 0.002, "draft_loss": 2.5,
-        "acceptance_length": 2.75, "acceptance_rate": 0.125, "acceptance_rate_pos_0": 0.5,
-        "acceptance_rate_pos_1": 0.25, "rollout_time_s": 230.0, "update_time_s": 36.0, "step_time_s": 270.0,
-        "throughput_tokens_per_s": 51234.5},
-    2: {"reward": 0.375, "train_inference_kl": 6.25e-4, "reference_kl": 0.003, "draft_loss": 2.0,
-        "acceptance_length": 3.0, "acceptance_rate": 0.1875, "acceptance_rate_pos_0": 0.625,
-        "acceptance_rate_pos_1": 0.375, "rollout_time_s": 225.5, "update_time_s": 35.5, "step_time_s": 265.0,
-        "throughput_tokens_per_s": 52000.0, "validation_accuracy": 0.2},
+SAMPLES = 64 * 32          # prompts x generations per step of the generated config
+STEPS = {  # step -> the suite's per-step names and values (repro/rl/trainer.py) of that step
+    1: {"train/reward": 0.25, "train/train_inference_kl": 6.5e-4, "train/kl_ref": 0.002, "train/draft_loss": 2.5,
+        "train/policy_grad_norm": 0.5, "train/response_len": 6000.0, "train/acceptance_length": 2.75,
+        "train/acceptance_rate": 0.125, "train/acceptance_rate_pos0": 0.5, "train/acceptance_rate_pos1": 0.25,
+        "train/rollout_time_s": 230.0, "train/update_time_s": 36.0, "train/step_time_s": 270.0,
+        "train/weight_push_s": 3.0},
+    2: {"train/reward": 0.375, "train/train_inference_kl": 6.25e-4, "train/kl_ref": 0.003, "train/draft_loss": 2.0,
+        "train/policy_grad_norm": 0.25, "train/response_len": 6500.0, "train/acceptance_length": 3.0,
+        "train/acceptance_rate": 0.1875, "train/acceptance_rate_pos0": 0.625, "train/acceptance_rate_pos1": 0.375,
+        "train/rollout_time_s": 225.5, "train/update_time_s": 35.5, "train/step_time_s": 265.0,
+        "train/weight_push_s": 3.5, "val/accuracy": 0.2},
 }
+for _m in STEPS.values():   # what the suite's trainer derives from the same step
+    _m["train/gen_tokens"] = _m["train/response_len"] * SAMPLES
+    _m["train/throughput_tok_s"] = _m["train/gen_tokens"] / _m["train/step_time_s"]
+    _m["train/rollout_tok_s"] = _m["train/gen_tokens"] / _m["train/rollout_time_s"]
 
 
 def nemo_rl_logs(step: int, m: dict, drafts: float) -> list[tuple[dict, bool]]:
     """The W&B log calls NeMo-RL's grpo_train makes for one step, with NeMo-RL's key names."""
-    train = {"train/reward": m["reward"], "train/gen_kl_error": m["train_inference_kl"],
-             "train/kl_penalty": m["reference_kl"], "train/loss": -0.01, "train/grad_norm": 0.3,
+    rollout = {"train/mean_gen_tokens_per_sample": m["train/response_len"], "train/total_turns": SAMPLES,
+               "train/truncation_rate": 0.01}
+    train = {"train/reward": m["train/reward"], "train/gen_kl_error": m["train/train_inference_kl"],
+             "train/kl_penalty": m["train/kl_ref"], "train/loss": -0.01, "train/grad_norm": m["train/policy_grad_norm"],
              "train/vllm/spec_num_drafts": drafts, "train/vllm/spec_num_draft_tokens": drafts * 15,
-             "train/vllm/spec_acceptance_length": m["acceptance_length"] if drafts else 1.0,
-             "train/vllm/spec_acceptance_rate": m["acceptance_rate"] if drafts else 0.0}
+             "train/vllm/spec_acceptance_length": m["train/acceptance_length"] if drafts else 1.0,
+             "train/vllm/spec_acceptance_rate": m["train/acceptance_rate"] if drafts else 0.0}
     if drafts:
-        train.update({"train/draft_loss": m["draft_loss"],
-                      "train/vllm/spec_acceptance_rate-pos-0": m["acceptance_rate_pos_0"],
-                      "train/vllm/spec_acceptance_rate-pos-1": m["acceptance_rate_pos_1"],
-                      "train/vllm/vllm:spec_decode_num_accepted_tokens_per_pos-0": drafts * m["acceptance_rate_pos_0"]})
-    calls = []
-    if "validation_accuracy" in m:
-        calls.append(({"validation/accuracy": m["validation_accuracy"], "validation/avg_length": 900.0}, False))
-    calls += [(train, False), ({"performance/tokens_per_sec": m["throughput_tokens_per_s"]}, False),
-              ({"timing/train/generation": m["rollout_time_s"], "timing/train/policy_training": m["update_time_s"],
-                "timing/train/total_step_time": m["step_time_s"], "timing/train/refit": 3.0}, True)]
+        train.update({"train/draft_loss": m["train/draft_loss"],
+                      "train/vllm/spec_acceptance_rate-pos-0": m["train/acceptance_rate_pos0"],
+                      "train/vllm/spec_acceptance_rate-pos-1": m["train/acceptance_rate_pos1"],
+                      "train/vllm/vllm:spec_decode_num_accepted_tokens_per_pos-0":
+                          drafts * m["train/acceptance_rate_pos0"]})
+    calls = [(rollout, False)]
+    if "val/accuracy" in m:
+        calls.append(({"validation/accuracy": m["val/accuracy"], "validation/avg_length": 900.0}, False))
+    calls += [(train, False),
+              ({"performance/samples_per_sec": SAMPLES / m["train/step_time_s"], "performance/tokens_per_sec": 1e5},
+               False),
+              ({"timing/train/generation": m["train/rollout_time_s"],
+                "timing/train/policy_training": m["train/update_time_s"],
+                "timing/train/total_step_time": m["train/step_time_s"],
+                "timing/train/prepare_for_generation/transfer_and_update_weights": m["train/weight_push_s"]}, True)]
     return calls
 
 
@@ -101,18 +116,38 @@ def results(tmp_path, monkeypatch):
 def test_nemo_rl_logs_collect_like_the_suites(results):
     tidy, runs = collect(results)
     assert set(runs["engine"]) == {"nemo-rl", "suite"} and runs["finished"].all()
-    key = ["artifact", "profile", "hardware", "row", "step", "metric", "value"]
+    key = ["artifact", "profile", "hardware", "row", "step", "metric"]
 
     def rows(engine, row=ROW):
         sel = tidy[(tidy["engine"] == engine) & (tidy["row"] == row)]
-        return sorted(map(tuple, sel[key].itertuples(index=False)))
+        return {tuple(r[:-1]): r[-1] for r in sel[key + ["value"]].itertuples(index=False)}
 
-    assert rows("nemo-rl") == rows("suite")
-    assert len(rows("suite")) == sum(len(m) for m in STEPS.values())
+    nemo, suite = rows("nemo-rl"), rows("suite")
+    assert nemo.keys() == suite.keys() and len(suite) == sum(len(m) for m in STEPS.values())
+    assert all(nemo[k] == pytest.approx(suite[k], rel=1e-12) for k in suite)
     # The baseline logged acceptance length 1.0 with zero drafts: not an acceptance measurement.
-    base = tidy[(tidy["engine"] == "nemo-rl") & (tidy["row"] == BASE)]
-    assert set(base["metric"]) == {"reward", "train_inference_kl", "reference_kl", "rollout_time_s", "update_time_s",
-                                   "step_time_s", "throughput_tokens_per_s", "validation_accuracy"}
+    base = set(tidy[(tidy["engine"] == "nemo-rl") & (tidy["row"] == BASE)]["metric"])
+    assert not any("accept" in m or "draft" in m for m in base) and "train/rollout_time_s" in base
+
+
+def test_finish_writes_the_suites_sidecar_and_marker(results):
+    run = results / "hw" / "paper-h100" / "table1" / "nemo-rl" / run_slug(ROW)
+    assert not (run / "run.json").exists()
+    assert finish_main([str(run)]) == 0
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2] and {s["row"] for s in steps} == {ROW}
+    for s in steps:
+        want = STEPS[s["step"]]
+        assert set(s) - {"row", "step"} == set(want)
+        assert all(s[k] == pytest.approx(v, rel=1e-12) for k, v in want.items())
+    marker = json.loads((run / "run.json").read_text())
+    assert (marker["artifact"], marker["row"], marker["engine"], marker["steps"]) == ("table1", ROW, "nemo-rl", 2)
+
+
+def test_finish_without_logs_fails_clearly(tmp_path, capsys):
+    (tmp_path / "env.json").write_text(json.dumps({"artifact": "table1", "row": ROW, "profile": "paper-h100"}))
+    assert finish_main([str(tmp_path)]) == 2
+    assert "no W&B log" in capsys.readouterr().err and not (tmp_path / "run.json").exists()
 
 
 def test_mapper_needs_the_row_and_skips_non_numbers():
@@ -121,7 +156,7 @@ def test_mapper_needs_the_row_and_skips_non_numbers():
     got = nemo_rl_mapper({"row": ROW, "train/reward": float("nan"), "timing/train/generation": 12,
                           "train/vllm/spec_num_drafts": 3, "train/vllm/spec_acceptance_length": True,
                           "train/vllm/spec_acceptance_rate-pos-2": 0.5, "_step": 4})
-    assert got == [(ROW, "rollout_time_s", 12.0), (ROW, "acceptance_rate_pos_2", 0.5)]
+    assert got == [(ROW, "train/rollout_time_s", 12.0), (ROW, "train/acceptance_rate_pos2", 0.5)]
 
 
 def test_runtime_env_records_the_running_machine():

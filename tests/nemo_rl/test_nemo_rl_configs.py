@@ -124,17 +124,21 @@ def test_gb200_rows_fit_their_nodes():
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda n: n["models"]["Qwen3-8B"]["parallel"].update(ep=3), "EP = 3 does not divide"),
-    (lambda n: n["models"]["Qwen3-8B"]["parallel"].update(tp=3), "does not divide the 8 GPUs"),
-    (lambda n: n["rows"]["table1"].pop("Qwen3-8B/no draft"), "needs exactly one no-draft row"),
-    (lambda n: n["rows"]["table1"]["Qwen3-8B/DFlash"].update(family="Medusa"), "family 'Medusa' is not in"),
-    (lambda n: n["drafts"]["Qwen3-8B/DFlash"].pop("block_size"), "missing key 'block_size'"),
-    (lambda n: n["families"]["DFlash"].update(method="dflash2"), "method: 'dflash2'"),
-    (lambda n: n["artifacts"]["fig3"].update(val_period=0), "must be >= 0, and > 0 when checkpointing"),
-    (lambda n: n["artifacts"].pop("fig4"), "missing key 'fig4'"),
+    (lambda p: p["nemo_rl"]["models"]["Qwen3-8B"]["parallel"].update(ep=3), "EP = 3 does not divide"),
+    (lambda p: p["nemo_rl"]["models"]["Qwen3-8B"]["parallel"].update(tp=3), "does not divide the 8 GPUs"),
+    (lambda p: p["table1"]["rows"].pop("Qwen3-8B/no draft"), "baseline 'Qwen3-8B/no draft' must name a row"),
+    (lambda p: p["table1"]["rows"]["Qwen3-8B/DFlash"].update(baseline="Qwen3.5-35B-A3B/no draft"),
+     "with policy 'Qwen3-8B'"),
+    (lambda p: p["table1"]["rows"]["Qwen3-8B/DFlash"].update(draft="medusa"), "draft 'medusa' is not in"),
+    (lambda p: p["table1"]["rows"]["Qwen3-8B/DFlash"].update(policy="Llama"), "policy 'Llama' is not in"),
+    (lambda p: p["nemo_rl"]["draft_checkpoints"]["Qwen3-8B/dflash"].pop("block_size"), "missing key 'block_size'"),
+    (lambda p: p["nemo_rl"]["drafts"]["dflash"].update(method="dflash2"), "method: 'dflash2'"),
+    (lambda p: p["nemo_rl"]["artifacts"]["fig3"].update(val_period=0), "must be >= 0, and > 0 when checkpointing"),
+    (lambda p: p["nemo_rl"]["artifacts"].pop("fig4"), "missing key 'fig4'"),
+    (lambda p: p["fig4"]["workload"].update(name="chess"), "'chess' is not in nemo_rl.workloads"),
 ])
 def test_bad_profile_sections_fail_clearly(edit, message):
     profile = copy.deepcopy(load_profile("paper-h100"))
-    edit(profile["nemo_rl"])
+    edit(profile)
     with pytest.raises(RowError, match=message):
         load_rows(profile)
