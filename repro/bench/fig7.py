@@ -269,6 +269,7 @@ def run(cfg: Fig7Config, out: Path, profile: str, timeout_s: float = 1800) -> li
                          {k: r[k] for k in ("layout", "tokens", "transport", "bytes", "n_taps")},
                          r["fanin_samples_s"],
                          extra={"fanin_s": r["fanin_s"], "bandwidth_gbps": r["bandwidth_gbps"],
+                                "message_mb": r["bytes"] / 1e6,
                                 "source_slowdown_pct": r["source_slowdown_pct"],
                                 "draft_slowdown_pct": r["draft_slowdown_pct"],
                                 "all_ranks_slowdown_pct": r["all_ranks_slowdown_pct"]})
@@ -279,13 +280,15 @@ def run(cfg: Fig7Config, out: Path, profile: str, timeout_s: float = 1800) -> li
                 if tap not in pick or base not in pick or tap == base:
                     continue
                 a, b = pick[tap], pick[base]
-                row = {"write_bandwidth_gbps": a["bandwidth_gbps"],
+                row = {"message_mb": a["bytes"] / 1e6,
+                       "write_bandwidth_gbps": a["bandwidth_gbps"],
                        "speedup_vs_host_staging": b["fanin_s"] / a["fanin_s"],
                        "source_slowdown_pct": a["source_slowdown_pct"],
                        "draft_slowdown_pct": a["draft_slowdown_pct"],
                        "host_staging_slowdown_pct": b["all_ranks_slowdown_pct"]}
                 for k, v in row.items():
-                    summary[k].append(v)
+                    if k in summary:
+                        summary[k].append(v)
                 bench.record(f"pp={cfg.pp}/{layout}/T={tokens}", {"layout": layout, "tokens": tokens,
                                                                   "transport": tap, "baseline": base}, extra=row)
         if summary["speedup_vs_host_staging"]:

@@ -1,0 +1,35 @@
+# fig7: PP fan-in of target features into the draft's stage, TapChannel vs host staging
+# (repro.bench.fig7; settings per profile in repro.bench.fig7.DEFAULTS or a profile's fig7: section),
+# then the figure and table with the paper's values beside ours (repro.report.artifacts.fig7).
+# On h200 the run comes from the one-GPU session (repro/bench/gpu_tapchannel.py), copied into results/.
+
+
+register_artifact("fig7", [f"{RUNS}/fig7/bench.json"], [f"{FIGS}/fig7.md"])
+
+
+rule fig7_run:
+    output:
+        bench=f"{RUNS}/fig7/bench.json",
+    log:
+        f"{RUNS}/fig7/log.txt",
+    shell:
+        "{PY} -m repro.bench.fig7 --profile {PROFILE_NAME} --out {RUNS}/fig7 > {log} 2>&1"
+
+
+rule fig7_report:
+    input:
+        f"{TIDY}/{PROFILE_NAME}/fig7.csv",
+    output:
+        f"{FIGS}/fig7.md",
+        f"{FIGS}/fig7.csv",
+        f"{FIGS}/fig7.pdf",
+        f"{FIGS}/fig7.png",
+    params:
+        cmd=report_cmd("fig7"),
+    shell:
+        "{params.cmd}"
+
+
+rule fig7:
+    input:
+        f"{FIGS}/fig7.md",
