@@ -1,0 +1,172 @@
+"""Figure 5: packed zigzag CP vs the best USP split (SpecForge), EAGLE-3 TTT with 3 passes.
+
+A rollout-like packed batch (8 rollouts, longest 20,480 tokens; the others are fixed fractions of
+it whose mean is 0.444 of the longest, so padding every rollout to the longest costs 2.25x; the
+suite's choice of workload shape) is divided by ``--scale`` on CPUs. For each CP size, every method
+runs in a fresh process group (one process per rank; gloo on CPU) so per-rank peak memory is that
+method's alone:
+    zigzag          packed THD, zigzag ring trunk + rank-local branch (kernels.attention)
+    usp U=.. R=..   SpecForge's USP on the padded batch, every (U, R) with U*R = C that divides
+                    the head counts
+and times forward + backward of the 3 passes (slowest rank per sample). Logged rows (metric names
+of experiments/paper_numbers.csv): "cp=<C>": speedup_vs_best_usp, peak_mem_ratio_usp_over_zigzag,
+usp_pad_factor; "all": the same pooled (smallest speedup and ratio), longest_seq_tokens.
+CPU results are cpu-emulated: compare the ratios, not the times.
+
+    python -m repro.bench.fig5 --profile cpu-tiny              # -> results/<hw>/cpu-tiny/fig5/
+    python -m repro.bench.fig5 --cp 2 --scale 32 --repeats 2   # quicker
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from kernels.attention import eagle3_ttt_attention, make_layout
+from kernels.attention.ring import RingStats
+from kernels.attention.usp import UspBatch, make_usp_groups, usp_eagle3_ttt_attention, usp_splits
+from kernels.launch import spawn
+from repro.bench.common import BenchRun, PeakMemory, summarize, time_samples
+from repro.report.provenance import hardware
+
+LONGEST = 20480
+FRACTIONS = (1.0, 0.70, 0.52, 0.42, 0.32, 0.25, 0.20, 0.145)     # mean 0.444 -> 2.25x padding
+DEFAULTS = {  # per profile: scale divides the lengths; heads keep Qwen3-8B's 4:1 GQA ratio
+    "cpu-tiny": {"scale": 16, "heads": 16, "kv_heads": 4, "head_dim": 32, "dtype": "float32", "cp": [2, 4],
+                 "repeats": 3, "warmup": 1},
+    "h200": {"scale": 1, "heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bfloat16", "cp": [2, 4, 8],
+             "repeats": 5, "warmup": 2},
+}
+
+
+def workload(scale: int) -> list[int]:
+    """The packed batch's sequence lengths (longest = LONGEST / scale)."""
+    if scale < 1:
+        raise ValueError(f"--scale must be >= 1, got {scale}")
+    longest = LONGEST // scale
+    return [max(1, round(f * longest)) for f in FRACTIONS]
+
+
+def _leaf(shape, dtype, device, gen):
+    x = torch.randn(*shape, generator=gen, dtype=torch.float32).to(device, dtype).requires_grad_()
+    x.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))   # consumed upstream
+    return x
+
+
+def worker(rank: int, world: int, cfg: dict) -> dict:
+    """One method on one CP group: returns this rank's samples, peak memory and counters."""
+    H, G, D, P = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], cfg["passes"]
+    dtype, device = getattr(torch, cfg["dtype"]), torch.device(cfg["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    lengths = cfg["lengths"]
+    gen = torch.Generator().manual_seed(rank)
+    stats = RingStats()
+    with PeakMemory(device) as pm:
+        if cfg["method"] == "zigzag":
+            cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+            lay = make_layout(cu, dist.group.WORLD)
+            T = lay.num_local
+            qs = [_leaf((T, H, D), dtype, device, gen) for _ in range(P)]
+            ks = [_leaf((T, G, D), dtype, device, gen) for _ in range(P)]
+            vs = [_leaf((T, G, D), dtype, device, gen) for _ in range(P)]
+            dout = torch.randn(T, H, D, generator=gen).to(device, dtype)
+
+            def step():
+                outs = [eagle3_ttt_attention(qs[p], ks[:p + 1], vs[:p + 1], lay, dist.group.WORLD,
+                                             backend=cfg["backend"], stats=stats) for p in range(P)]
+                torch.autograd.backward(outs, [dout] * P)
+            tokens = T
+        else:
+            U, R = cfg["usp"]
+            groups = make_usp_groups(U, R)
+            batch = UspBatch(lengths, world, ttt_length=P)
+            shp = (len(lengths), batch.chunk)
+            qs = [_leaf((*shp, H, D), dtype, device, gen) for _ in range(P)]
+            ks = [_leaf((*shp, G, D), dtype, device, gen) for _ in range(P)]
+            vs = [_leaf((*shp, G, D), dtype, device, gen) for _ in range(P)]
+            dout = torch.randn(*shp, H, D, generator=gen).to(device, dtype)
+
+            def step():
+                cache: list = []
+                outs = [usp_eagle3_ttt_attention(qs[p], ks[p], vs[p], cache, groups, backend=cfg["backend"],
+                                                 stats=stats) for p in range(P)]
+                torch.autograd.backward(outs, [dout] * P)
+            tokens = shp[0] * shp[1]
+        step()                                     # first step inside the memory window
+    samples = time_samples(step, warmup=max(0, cfg["warmup"] - 1), repeats=cfg["repeats"], device=device,
+                           group=dist.group.WORLD)
+    return {"rank": rank, "samples": samples, "peak_gb": pm.peak_gb, "local_tokens": tokens,
+            "stats": stats.as_dict()}
+
+
+def run_method(cfg: dict, C: int, timeout_s: float) -> dict:
+    res = spawn(worker, C, args=(cfg,), timeout_s=timeout_s)
+    samples = res[0]["samples"]                    # already the slowest rank per sample
+    peaks = [r["peak_gb"] for r in res]
+    return {"samples": samples, "median": summarize(samples)["median"], "peak_gb_max": max(peaks),
+            "peak_gb_per_rank": peaks, "local_tokens": res[0]["local_tokens"], "bytes": res[0]["stats"]["bytes"]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Figure 5: packed zigzag CP vs best USP (EAGLE-3 TTT, 3 passes).")
+    ap.add_argument("--profile", default="cpu-tiny", choices=sorted(DEFAULTS), help="hardware profile")
+    ap.add_argument("--out", type=Path, default=None, help="run folder (default results/<hw>/<profile>/fig5)")
+    ap.add_argument("--cp", default=None, help="comma list of CP sizes (default: the profile's)")
+    ap.add_argument("--scale", type=int, default=None, help="divide the workload's lengths by this")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--backend", default="auto", help="attention backend for both methods")
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="hard timeout per method run")
+    args = ap.parse_args(argv)
+    d = dict(DEFAULTS[args.profile])
+    for key in ("scale", "repeats"):
+        if getattr(args, key) is not None:
+            d[key] = getattr(args, key)
+    cps = [int(c) for c in args.cp.split(",")] if args.cp else d["cp"]
+    device = "cuda" if args.profile != "cpu-tiny" else "cpu"
+    if device == "cuda" and torch.cuda.device_count() < max(cps):
+        raise SystemExit(f"profile {args.profile} needs {max(cps)} GPUs for CP={max(cps)}, "
+                         f"found {torch.cuda.device_count()}")
+    lengths = workload(d["scale"])
+    out = args.out or Path("results") / hardware()["tag"] / args.profile / "fig5"
+    base = {"heads": d["heads"], "kv_heads": d["kv_heads"], "head_dim": d["head_dim"], "dtype": d["dtype"],
+            "passes": args.passes, "lengths": lengths, "device": device, "backend": args.backend,
+            "repeats": d["repeats"], "warmup": d["warmup"]}
+    config = {**base, "cp": cps, "scale": d["scale"], "workload": "8 rollouts, fixed fractions of the longest",
+              "fractions": list(FRACTIONS)}
+    pooled_speedup, pooled_mem, pad = [], [], None
+    with BenchRun(out, artifact="fig5", profile=args.profile, config=config) as bench:
+        for C in cps:
+            z = run_method({**base, "method": "zigzag"}, C, args.timeout_s)
+            bench.record(f"zigzag cp={C}", {"cp": C, "method": "zigzag"}, z["samples"],
+                         extra={"peak_mem_gb": z["peak_gb_max"], "local_tokens": z["local_tokens"],
+                                "ring_bytes_fwd": z["bytes"]["fwd"]})
+            usp = {}
+            for U, R in usp_splits(C, d["heads"], d["kv_heads"]):
+                u = run_method({**base, "method": "usp", "usp": (U, R)}, C, args.timeout_s)
+                usp[(U, R)] = u
+                bench.record(f"usp U={U} R={R} cp={C}", {"cp": C, "method": "usp", "U": U, "R": R}, u["samples"],
+                             extra={"peak_mem_gb": u["peak_gb_max"], "local_tokens": u["local_tokens"]})
+            (bU, bR), best = min(usp.items(), key=lambda kv: kv[1]["median"])
+            pad = UspBatch(lengths, C, ttt_length=args.passes)
+            speedup = best["median"] / z["median"]
+            mem_ratio = best["peak_gb_max"] / z["peak_gb_max"]
+            pooled_speedup.append(speedup)
+            pooled_mem.append(mem_ratio)
+            bench.record(f"cp={C}", {"cp": C, "best_usp": [bU, bR], "same_run": True},
+                         extra={"speedup_vs_best_usp": speedup, "peak_mem_ratio_usp_over_zigzag": mem_ratio,
+                                "usp_pad_factor": pad.pad_factor,
+                                "usp_pad_factor_with_overlap": pad.pad_factor_with_overlap})
+        bench.record("all", {"cp": cps, "pooled": "smallest over CP sizes"},
+                     extra={"speedup_vs_best_usp": min(pooled_speedup),
+                            "peak_mem_ratio_usp_over_zigzag": min(pooled_mem),
+                            "usp_pad_factor": pad.pad_factor, "longest_seq_tokens": max(lengths)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
