@@ -22,7 +22,7 @@ FAMILY_METHODS = {"eagle3", "dflash", "dspark"}
 
 
 class RowError(ValueError):
-    """A row that does not exist, or a profile ``nemo_rl:`` section that does not hold together."""
+    """A row that does not exist, or profile sections (artifact rows, ``nemo_rl:``) that do not hold together."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,6 @@ class Layout:
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
-
-    @property
-    def dp(self) -> int:
-        return self.gpus // (self.tp * self.pp * self.cp)
 
 
 @dataclass(frozen=True)
@@ -134,6 +130,23 @@ def _family(key: str, spec: Any, where: str) -> Family:
                   settings={k: v for k, v in spec.items() if k not in ("method", "name")})
 
 
+# Workload keys: single-turn sets come from NeMo-RL's named datasets, multi-turn (NeMo Gym) from JSONL files.
+_DATASET_KEYS = {"train_dataset": str, "validation_dataset": str, "math_verify_impl": str,
+                 "max_input_tokens": int, "max_response_tokens": int}
+_GYM_KEYS = {"train_file": str, "validation_file": str, "tool_parser": str, "max_total_tokens": int}
+
+
+def _workload(name: str, spec: Any, where: str) -> Workload:
+    keys = _GYM_KEYS if isinstance(spec, dict) and "train_file" in spec else _DATASET_KEYS
+    for key, kind in keys.items():
+        if kind is int:
+            _positive(spec, key, where)
+        else:
+            _need(spec, key, where, kind)
+    return Workload(name=name, example=_need(spec, "example", where, str), entry=_need(spec, "entry", where, str),
+                    settings={k: v for k, v in spec.items() if k not in ("example", "entry")})
+
+
 def section(profile: dict[str, Any]) -> dict[str, Any]:
     """The profile's ``nemo_rl:`` section; a clear error for profiles that have none."""
     sec = profile.get("nemo_rl")
@@ -157,11 +170,7 @@ def load_rows(profile: dict[str, Any]) -> dict[str, dict[str, RowSpec]]:
     ckpts = profile.get("checkpoints") or {}
     layouts = {m: _layout(spec, gpus_per_node, f"{where}.models.{m}") for m, spec in models.items()}
     fams = {f: _family(f, spec, f"{where}.drafts.{f}") for f, spec in families.items()}
-    loads = {}
-    for w, spec in workloads.items():
-        loads[w] = Workload(name=w, example=_need(spec, "example", f"{where}.workloads.{w}", str),
-                            entry=_need(spec, "entry", f"{where}.workloads.{w}", str),
-                            settings={k: v for k, v in spec.items() if k not in ("example", "entry")})
+    loads = {w: _workload(w, spec, f"{where}.workloads.{w}") for w, spec in workloads.items()}
     out: dict[str, dict[str, RowSpec]] = {}
     for artifact in ARTIFACTS:
         art = profile.get(artifact)

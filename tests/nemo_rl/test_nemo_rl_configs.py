@@ -136,6 +136,8 @@ def test_gb200_rows_fit_their_nodes():
     (lambda p: p["nemo_rl"]["artifacts"]["fig3"].update(val_period=0), "must be >= 0, and > 0 when checkpointing"),
     (lambda p: p["nemo_rl"]["artifacts"].pop("fig4"), "missing key 'fig4'"),
     (lambda p: p["fig4"]["workload"].update(name="chess"), "'chess' is not in nemo_rl.workloads"),
+    (lambda p: p["nemo_rl"]["workloads"]["workplace"].pop("tool_parser"), "workplace: missing key 'tool_parser'"),
+    (lambda p: p["nemo_rl"]["workloads"]["math"].update(max_response_tokens=0), "max_response_tokens: 0 must be >= 1"),
 ])
 def test_bad_profile_sections_fail_clearly(edit, message):
     profile = copy.deepcopy(load_profile("paper-h100"))
