@@ -23,6 +23,7 @@ from typing import Any
 
 from repro.nemo_rl.config import Paths
 from repro.nemo_rl.rows import RowSpec
+from repro.nemo_rl.skeleton import SkeletonError, typed_dict_keys
 from repro.report.profiles import missing_paths
 
 DRAFT_DIR = "nemo_rl/models/megatron/draft"
@@ -57,9 +58,13 @@ def checkout_problems(spec: RowSpec, nemo: Path, launcher: str) -> list[str]:
     fam, lay = spec.family, spec.layout
     if fam is None:
         return out
-    draft_cfg = _read(nemo / POLICY_INIT)
+    try:
+        draft_cfg = set(typed_dict_keys(_read(nemo / POLICY_INIT), "DraftConfig"))
+    except (SkeletonError, SyntaxError):
+        draft_cfg = set()
+        out.append(f"NeMo-RL checkout {nemo}: {POLICY_INIT} has no DraftConfig (online draft training)")
     if fam.method in ("dflash", "dspark"):
-        if not (nemo / DRAFT_DIR / f"{fam.method}.py").is_file() or "method:" not in draft_cfg:
+        if not (nemo / DRAFT_DIR / f"{fam.method}.py").is_file() or "method" not in draft_cfg:
             pr = "3712" if fam.method == "dflash" else "3713"
             out.append(f"NeMo-RL checkout {nemo}: no {fam.name} co-training ({DRAFT_DIR}/{fam.method}.py and "
                        f"DraftConfig.method; NVIDIA-NeMo/RL PR {pr})")

@@ -62,15 +62,17 @@ def unflatten(flat: dict[str, object]) -> dict:
     return out
 
 
-def make_checkout(root: Path, *, refusals: tuple[str, ...] = (), missing: tuple[str, ...] = ()) -> Path:
+def make_checkout(root: Path, *, refusals: tuple[str, ...] = (), missing: tuple[str, ...] = (),
+                  drop_draft_keys: tuple[str, ...] = ()) -> Path:
     """A stand-in checkout at ``root``. ``refusals``: keys of checks.REFUSALS whose refusal text the
-    draft code carries (a checkout without that PR); ``missing``: relative files to leave out."""
+    draft code carries (a checkout without that PR); ``missing``: relative files to leave out;
+    ``drop_draft_keys``: DraftConfig keys it lacks (an older stack)."""
     skel = skeleton()
     files: dict[str, str] = {}
     for example, keys in skel["examples"].items():
         files[example] = yaml.safe_dump(unflatten({k: _VALUES[t] for k, t in keys.items()}))
     fields = "\n".join(f"    {k}: NotRequired[{' | '.join(_ANNOTATIONS[t] for t in tags)}]"
-                       for k, tags in skel["typed_dicts"][DRAFT_PATH].items())
+                       for k, tags in skel["typed_dicts"][DRAFT_PATH].items() if k not in drop_draft_keys)
     files[POLICY_INIT] = f"class DraftConfig(TypedDict):\n{fields}\n"
     files["examples/run_grpo.py"] = FAKE_ENTRY
     for rel in ("examples/nemo_gym/run_grpo_nemo_gym.py", "ray.sub",

@@ -115,6 +115,10 @@ def test_checkout_without_the_stack_is_named(world, tmp_path):
     assert any("no DSpark co-training" in p and "PR 3713" in p for p in on_disk)
     on_disk, _ = checks.problems(resolve("paper-h100", "table2", "no draft"), profile, paths, "local")
     assert on_disk == []                                     # the baseline needs no draft stack
+    main_only = Paths(make_checkout(tmp_path / "main", drop_draft_keys=("ttt_steps", "method", "gamma")),
+                      paths.checkpoint_root, paths.hf_home)
+    on_disk, _ = checks.problems(resolve("paper-h100", "table2", "EAGLE-3"), profile, main_only, "local")
+    assert any("no multi-pass EAGLE-3 (DraftConfig.ttt_steps; NVIDIA-NeMo/RL PR 3699)" in p for p in on_disk)
 
 
 def test_block_size_and_datasets_are_checked(world, tmp_path):
