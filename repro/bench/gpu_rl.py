@@ -1,0 +1,135 @@
+"""The one-GPU co-training session: Table 1's rows of the ``h200`` profile end to end on one device call.
+
+Meant for a single call on a machine with one H200 (the suite's ``run`` device), where the workflow
+cannot run (no snakemake or wandb there). It does what the workflow's table1 rules do, in one process:
+
+    1. the SFT warm start of each policy the rows need (``repro.rl.sft``: tokenizer, policy, drafts);
+    2. each table1 row (``repro.rl.run``'s code path: config from the profile, ``CoTrainer``,
+       ``MetricsLogger`` with W&B disabled) in profile order, no-draft rows first, while the time
+       budget lasts (rows left out are listed as skipped, never invented);
+    3. ``repro.rl.summary`` over the finished rows.
+
+Everything lands in ``<out>/table1/<row>/`` (env.json, metrics.jsonl, run.json) and ``<out>/sft/*/sft.json``,
+packed into ``<out>/h200_rl.tar.gz`` plus ``<out>/gpu_rl.json`` (summary, timings, skipped rows);
+unpack the tarball into ``results/<hw>/h200/`` afterwards so ``collect`` sees the runs.
+
+    PYTHONUNBUFFERED=1 WANDB_MODE=disabled python -m repro.bench.gpu_rl --out $OUT --budget-s 330
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tarfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from repro.report.metrics import MetricsLogger
+from repro.report.profiles import load_profile
+from repro.report.provenance import provenance, write_json_atomic
+from repro.rl.config import DraftSpec, PolicySpec, SFTSpec, artifact_rows, run_config_from_profile
+from repro.rl.sft import build_warm_start
+from repro.rl.summary import run_dir_name, summarize
+from repro.rl.tokenizer import WorkloadTokenizer
+from repro.rl.trainer import CoTrainer
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu_rl_out"))
+    ap.add_argument("--profile", default="h200")
+    ap.add_argument("--budget-s", type=float, default=330.0, help="stop starting new rows after this many seconds")
+    ap.add_argument("--steps", type=int, default=0, help="override the profile's table1 steps (0: keep)")
+    ap.add_argument("--sft-steps", type=int, default=0, help="override rl.sft.steps and draft_steps (0: keep; "
+                    "for a quick CPU check of this script)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    t0 = time.perf_counter()
+    out = Path(args.out)
+    prof = load_profile(args.profile)
+    if args.steps:
+        prof["table1"]["steps"] = args.steps
+    rl, rows = prof["rl"], artifact_rows(prof, "table1")
+    if args.sft_steps:
+        rl["sft"] = {**rl["sft"], "steps": args.sft_steps, "draft_steps": args.sft_steps}
+    device = "cuda" if prof["hardware"]["device"] == "cuda" else "cpu"
+    # no-draft rows first within each policy, policies in order of appearance
+    policies = list(dict.fromkeys((spec or {}).get("policy", "dense") for spec in rows.values()))
+    order = [r for p in policies for r in sorted((r for r, s in rows.items() if s.get("policy", "dense") == p),
+                                                  key=lambda r: bool(rows[r].get("draft")))]
+    report: dict = {"profile": args.profile, "rows": {}, "skipped": [], "sft": {}, "errors": {}}
+    warm: dict[str, Path] = {}
+    done: dict[str, dict] = {}
+    for row in order:
+        spec = rows[row]
+        pol = spec.get("policy", "dense")
+        if time.perf_counter() - t0 > args.budget_s:
+            report["skipped"].append(row)
+            continue
+        base = spec.get("baseline")
+        if base is not None and base not in done:
+            report["skipped"].append(row)            # nothing to compare against
+            continue
+        try:
+            if pol not in warm:
+                names = sorted({s["draft"] for s in rows.values() if s.get("policy", "dense") == pol and s.get("draft")})
+                ws = out / "sft" / f"{pol}-math"
+                ts = time.perf_counter()
+                summ = build_warm_start(ws, PolicySpec(**rl["policies"][pol]), "math", SFTSpec(**rl["sft"]),
+                                        [DraftSpec(**rl["drafts"][n]) for n in names],
+                                        vocab_size=int(rl["vocab_size"]), seed=0, device=device)
+                report["sft"][pol] = {k: summ[k] for k in ("sft_loss_first", "sft_loss_last", "heldout_accuracy",
+                                                           "drafts", "sft_time_s", "total_time_s")}
+                report["sft"][pol]["wall_s"] = time.perf_counter() - ts
+                warm[pol] = ws
+            run_dir = out / "table1" / run_dir_name(row)
+            cfg = run_config_from_profile(prof, "table1", row, out=str(run_dir), warm_start=str(warm[pol]))
+            tok = WorkloadTokenizer.load(warm[pol] / "tokenizer")
+            tr = CoTrainer(cfg, tok)
+            with MetricsLogger(run_dir, artifact="table1", profile=args.profile, config=cfg.to_dict(),
+                               name=run_dir.name) as log:
+                steps = tr.run(log)
+            write_json_atomic(run_dir / "run.json", {"row": row, "steps": cfg.steps, "last": steps[-1],
+                                                     "draft_warm_start": tr.draft_warm})
+            done[row] = steps[-1]
+            report["rows"][row] = {"last_step": steps[-1], "elapsed_s": time.perf_counter() - t0}
+            del tr
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        except Exception as exc:   # one failing row must not lose the others' measurements
+            traceback.print_exc()
+            report["errors"][row] = f"{type(exc).__name__}: {exc}"
+    finished = {r: s for r, s in rows.items() if r in done}
+    if finished:
+        try:
+            skip = int(prof["table1"].get("skip_steps", 0))
+            summary = summarize("table1", finished, out / "table1", skip)
+            with MetricsLogger(out / "table1" / "summary", artifact="table1", profile=args.profile,
+                               config={"rows": finished, "skip_steps": skip}) as log:
+                for r, m in summary.items():
+                    log.log(m, row=r, step=0)
+            write_json_atomic(out / "table1" / "summary" / "summary.json", {"rows": summary})
+            report["summary"] = summary
+        except Exception as exc:
+            traceback.print_exc()
+            report["errors"]["summary"] = f"{type(exc).__name__}: {exc}"
+    report["wall_s"] = time.perf_counter() - t0
+    report["provenance"] = provenance()
+    write_json_atomic(out / "gpu_rl.json", report)
+    with tarfile.open(out / "h200_rl.tar.gz", "w:gz") as tar:
+        for sub in ("table1", "sft"):
+            if (out / sub).is_dir():
+                for p in sorted((out / sub).rglob("*")):
+                    if p.is_file() and p.suffix in (".json", ".jsonl", ".log"):
+                        tar.add(p, arcname=str(p.relative_to(out)))
+    for r, m in (report.get("summary") or {}).items():
+        print(f"{r}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(m.items())), flush=True)
+    print(f"skipped: {report['skipped']}; errors: {list(report['errors'])}; wall {report['wall_s']:.0f}s")
+    return 0 if not report["errors"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

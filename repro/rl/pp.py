@@ -1,0 +1,164 @@
+"""The joint GRPO + draft update under pipeline parallelism: policy stages, the draft on the last stage, TapChannel.
+
+One rank per stage (``Schedule1F1B``; gloo on CPU, NCCL on GPUs). Every rank builds the same policy
+and draft from the state dicts it is given, keeps its stage of the policy (``repro.parallel.model``),
+and hooks the draft's tap layers that live on it; taps of earlier stages reach the last stage
+through ``kernels.transport.TapChannel`` (``repro.parallel.taps.TapRouter``), outside the schedule.
+The last stage's loss per microbatch is GRPO's clipped loss (normalised by the global token count,
+so microbatches sum to the full-batch loss) plus ``lambda`` times the draft's loss on the shipped
+(detached) taps. The policy's gradient norm is reduced across stages before clipping, the draft is
+clipped on its own; then each rank steps AdamW on its parameters, exactly as ``JointUpdate`` does in
+one process (tests/rl/test_pp.py checks that the two give the same parameters).
+
+The batch travels as one float64 ``target`` tensor ``[B, T, 4]`` = (token id, loss mask, rollout
+log-prob, advantage), which the schedule splits into microbatches like the input ids.
+
+    from kernels.launch import spawn
+    out = spawn(pp_update_worker, 2, args=(payload,))      # payload: see make_payload
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+from kernels.transport import ChannelLayout, TapChannel, TapSpec as ChannelTapSpec, sequence_stamp
+from repro.parallel.draft_interface import DraftBatch, TargetFeatures
+from repro.parallel.harness import LastStage
+from repro.parallel.model import build_stages, split_layers, stage_of_tap
+from repro.parallel.taps import TapRouter, tap_name
+from repro.rl.config import RunConfig
+from repro.rl.drafts import build_draft, trainable_parameters
+from repro.rl.episodes import RolloutBatch
+from repro.rl.grpo import clipped_policy_loss, token_logprobs
+from repro.rl.joint import draft_loss_mask
+from repro.rl.warmstart import make_policy
+
+
+def make_payload(cfg: RunConfig, policy, draft, batch: RolloutBatch, advantages: torch.Tensor, *,
+                 n_microbatches: int, mask_token_id: int, transport: str = "shm") -> dict:
+    """Everything a rank needs, picklable: config, weights, the batch, the schedule's microbatch count."""
+    B = batch.size
+    if B % n_microbatches:
+        raise ValueError(f"batch of {B} sequences does not split into {n_microbatches} microbatches")
+    return {"cfg": cfg.to_dict(), "policy": {k: v.clone() for k, v in policy.model.state_dict().items()},
+            "draft": None if draft is None else {k: v.clone() for k, v in draft.state_dict().items()},
+            "ids": batch.input_ids, "mask": batch.loss_mask, "old": batch.rollout_logp, "adv": advantages,
+            "n_mb": n_microbatches, "mask_token_id": mask_token_id, "transport": transport}
+
+
+def _stage_to_hf(name: str) -> str:
+    """A stage parameter name -> the HF model's (``layers.3.mlp...`` -> ``model.layers.3.mlp...``)."""
+    return name if name.startswith("lm_head") else f"model.{name}"
+
+
+def pp_update_worker(rank: int, world: int, payload: dict) -> dict:
+    """One rank of a PP=world joint update; returns its updated parameters (HF names) and tap stats."""
+    cfg = RunConfig.from_dict(payload["cfg"]).validate()
+    n_mb = payload["n_mb"]
+    ids, mask, old, adv = payload["ids"], payload["mask"], payload["old"], payload["adv"]
+    B, T = ids.shape
+    mb = B // n_mb
+    policy = make_policy(cfg.policy, cfg.vocab_size, seed=cfg.seed, dtype=torch.float32, device="cpu")
+    policy.model.load_state_dict(payload["policy"])
+    draft = None
+    if cfg.draft is not None:
+        draft = build_draft(cfg.draft, policy, mask_token_id=payload["mask_token_id"], train=True)
+        draft.load_state_dict(payload["draft"])
+    H, L = policy.hidden_size, policy.num_layers
+    ranges = split_layers(L, world)
+    stage = build_stages(policy.model, world)[rank]
+    last = world - 1
+    taps = {t: stage_of_tap(t, ranges) for t in (draft.tap_layers if draft is not None else ())}
+    sources: dict[int, list] = {}
+    for t, s in sorted(taps.items()):
+        if s != last:
+            sources.setdefault(s, []).append(ChannelTapSpec(tap_name(t), (mb * T, H)))
+    layout = ChannelLayout(sources=sources, stage_to_rank={s: s for s in range(world)}, consumer_rank=last,
+                           ring_depth=n_mb) if sources else None
+    channel = TapChannel.setup(layout, payload["transport"], get_timeout_s=60, put_timeout_s=60) if layout else None
+    router = TapRouter(channel, n_mb, draft_stage=last)
+    h_ex = torch.zeros(mb, T, H, requires_grad=True)
+    inp = torch.zeros(mb, T, dtype=torch.long) if rank == 0 else h_ex
+    out_ex = torch.zeros(mb, T, policy.vocab_size, requires_grad=True) if rank == last else h_ex
+    # the draft is a sub-module of the last stage (its parameters are reached by every schedule's backward)
+    module = LastStage(stage, draft) if rank == last and draft is not None else stage
+    pipe = PipelineStage(module, rank, world, torch.device("cpu"), input_args=(inp,), output_args=(out_ex,))
+    router.track(rank, pipe)
+    for t, s in taps.items():
+        if s == rank:
+            router.hook(rank, stage.embed_tokens if t == -1 else stage.layers[str(t)], t)
+    n_tok = float(mask.sum())
+    lam = cfg.draft.loss_weight if cfg.draft is not None else 0.0
+    gen = torch.Generator().manual_seed(0)
+    tap_wait = 0.0
+    stats = {"policy_loss": 0.0, "draft_loss": 0.0}
+
+    def loss_fn(logits, target):
+        nonlocal tap_wait
+        t_ids, t_mask, t_old, t_adv = target[..., 0].long(), target[..., 1].float(), target[..., 2].float(), \
+            target[..., 3][:, 0].float()
+        lp = token_logprobs(logits, t_ids, cfg.grpo.temperature)
+        loss, _ = clipped_policy_loss(lp, t_old, t_adv, t_mask, n_tok, cfg.grpo.clip_eps)
+        stats["policy_loss"] += float(loss.detach())
+        if draft is None:
+            return loss
+        seq = router.seq(last)
+        feats = dict(router.local.pop(seq, {}))
+        if channel is not None:
+            t0 = time.perf_counter()
+            for s in layout.sources:
+                for name, v in channel.get_stage(s, seq).items():
+                    feats[-1 if name == "embed" else int(name[1:])] = v.view(*t_ids.shape, -1)
+            tap_wait += time.perf_counter() - t0
+        dl = draft.draft_loss(TargetFeatures(feats), DraftBatch(t_ids, draft_loss_mask(t_mask), logits.detach(),
+                                                                extras={"anchor_generator": gen}))
+        stats["draft_loss"] += float(dl.detach()) / n_mb
+        return loss + lam * dl / n_mb
+
+    if channel is not None and rank == last:
+        full = pipe.backward_one_chunk
+
+        def backward_one_chunk(bwd_chunk_id, *args, **kwargs):   # release a microbatch's slots after its backward
+            res = full(bwd_chunk_id, *args, **kwargs)
+            for s in layout.sources:
+                channel.release(s, sequence_stamp(router.step, bwd_chunk_id, n_mb))
+            return res
+        pipe.backward_one_chunk = backward_one_chunk
+
+    params = [p for p in stage.parameters() if p.requires_grad]
+    dparams = trainable_parameters(draft) if draft is not None and rank == last else []
+    groups = [{"params": params, "lr": cfg.grpo.lr}]
+    if dparams:
+        groups.append({"params": dparams, "lr": cfg.draft.lr})
+    opt = torch.optim.AdamW(groups, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    schedule = Schedule1F1B(pipe, n_mb, loss_fn=loss_fn, scale_grads=False)
+    target = torch.stack([ids.double(), mask.double(), old.double(), adv.double()[:, None].expand(B, T)], dim=-1)
+    t0 = time.perf_counter()
+    schedule.step(*((ids,) if rank == 0 else ()), **({"target": target, "losses": []} if rank == last else {}))
+    if channel is not None:
+        channel.flush()
+    # the policy's grad norm spans every stage: reduce the squared norms before clipping
+    sq = torch.zeros(1, dtype=torch.float64)
+    for p in params:
+        if p.grad is not None:
+            sq += p.grad.double().pow(2).sum()
+    dist.all_reduce(sq)
+    norm = float(sq.sqrt())
+    coef = min(1.0, cfg.grpo.max_grad_norm / (norm + 1e-6))
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(coef)
+    if dparams:
+        torch.nn.utils.clip_grad_norm_(dparams, cfg.draft.max_grad_norm)
+    opt.step()
+    update_s = time.perf_counter() - t0
+    if channel is not None:
+        channel.close()
+    router.remove()
+    out = {_stage_to_hf(n): p.detach().clone() for n, p in stage.named_parameters()}
+    return {"rank": rank, "policy": out, "policy_grad_norm": norm, "update_time_s": update_s,
+            "draft": {k: v.clone() for k, v in draft.state_dict().items()} if draft is not None and rank == last
+            else None, "tap_wait_s": tap_wait if rank == last else 0.0, "stats": stats}
