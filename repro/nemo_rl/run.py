@@ -81,6 +81,10 @@ def list_rows(profiles: list[str], paths: config.Paths, out_root: Path) -> int:
     return 0
 
 
+def _env_path(name: str) -> Path | None:
+    return Path(os.environ[name]) if os.environ.get(name) else None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -91,15 +95,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="the run folder")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--config-only", action="store_true")
-    ap.add_argument("--nemo-rl-dir", type=Path, help="your NeMo-RL checkout (with the co-training stack)")
-    ap.add_argument("--checkpoint-root", type=Path, help="folder holding the profile's checkpoints")
-    ap.add_argument("--hf-home", type=Path, default=Path(os.environ["HF_HOME"]) if os.environ.get("HF_HOME") else None,
+    # Each path or SLURM setting may also come from the environment (a Snakemake SLURM job inherits it).
+    ap.add_argument("--nemo-rl-dir", type=Path, default=_env_path("NEMO_RL_DIR"),
+                    help="your NeMo-RL checkout, with the co-training stack (default: $NEMO_RL_DIR)")
+    ap.add_argument("--checkpoint-root", type=Path, default=_env_path("REPRO_CHECKPOINT_ROOT"),
+                    help="folder holding the profile's checkpoints (default: $REPRO_CHECKPOINT_ROOT)")
+    ap.add_argument("--hf-home", type=Path, default=_env_path("HF_HOME"),
                     help="Hugging Face cache holding DAPO-Math-17K and AIME 2024 (default: $HF_HOME)")
-    ap.add_argument("--dataset-root", type=Path, help="folder holding workplace_assistant/{train,validation}.jsonl")
+    ap.add_argument("--dataset-root", type=Path, default=_env_path("REPRO_DATASET_ROOT"),
+                    help="folder holding workplace_assistant/{train,validation}.jsonl (default: $REPRO_DATASET_ROOT)")
     ap.add_argument("--launcher", choices=launch.LAUNCHERS, help="default: local for 1 node, ray-sub for more")
-    ap.add_argument("--container", help="ray-sub: the NeMo-RL container image")
-    ap.add_argument("--slurm-account")
-    ap.add_argument("--slurm-partition")
+    ap.add_argument("--container", default=os.environ.get("REPRO_NEMO_RL_CONTAINER"),
+                    help="ray-sub: the NeMo-RL container image (default: $REPRO_NEMO_RL_CONTAINER)")
+    ap.add_argument("--slurm-account", default=os.environ.get("REPRO_SLURM_ACCOUNT"),
+                    help="ray-sub: sbatch --account (default: $REPRO_SLURM_ACCOUNT)")
+    ap.add_argument("--slurm-partition", default=os.environ.get("REPRO_SLURM_PARTITION"),
+                    help="ray-sub: sbatch --partition (default: $REPRO_SLURM_PARTITION)")
     ap.add_argument("--slurm-time", default=launch.Slurm.time, help=f"ray-sub: sbatch --time (default {launch.Slurm.time})")
     args = ap.parse_args(argv)
     if not args.list:

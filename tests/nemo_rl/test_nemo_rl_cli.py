@@ -86,7 +86,8 @@ def test_ray_sub_command(world, capsys, tmp_path):
     assert {str(world["nemo"]), str(world["data"]["paper-gb200"]["checkpoint_root"]), str(out)} <= mounts
 
 
-def test_missing_checkout_and_checkpoint_fail_before_launch(world, tmp_path, capsys):
+def test_missing_checkout_and_checkpoint_fail_before_launch(world, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("NEMO_RL_DIR", raising=False)
     out = tmp_path / "run"
     args = argv(world, "paper-h100", "table1", "Qwen3-8B/DFlash", out, "--dry-run")
     no_nemo = [a for i, a in enumerate(args) if a != "--nemo-rl-dir" and args[i - 1] != "--nemo-rl-dir"]
