@@ -50,7 +50,8 @@ def workload(scale: int) -> list[int]:
     return [max(1, round(f * longest)) for f in FRACTIONS]
 
 
-def _leaf(shape, dtype, device, gen):
+def consumed_leaf(shape, dtype, device, gen):
+    """A random leaf tensor whose .grad is freed as soon as it is accumulated (upstream consumes it)."""
     x = torch.randn(*shape, generator=gen, dtype=torch.float32).to(device, dtype).requires_grad_()
     x.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))   # consumed upstream
     return x
@@ -70,9 +71,9 @@ def worker(rank: int, world: int, cfg: dict) -> dict:
             cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
             lay = make_layout(cu, dist.group.WORLD)
             T = lay.num_local
-            qs = [_leaf((T, H, D), dtype, device, gen) for _ in range(P)]
-            ks = [_leaf((T, G, D), dtype, device, gen) for _ in range(P)]
-            vs = [_leaf((T, G, D), dtype, device, gen) for _ in range(P)]
+            qs = [consumed_leaf((T, H, D), dtype, device, gen) for _ in range(P)]
+            ks = [consumed_leaf((T, G, D), dtype, device, gen) for _ in range(P)]
+            vs = [consumed_leaf((T, G, D), dtype, device, gen) for _ in range(P)]
             dout = torch.randn(T, H, D, generator=gen).to(device, dtype)
 
             def step():
@@ -85,9 +86,9 @@ def worker(rank: int, world: int, cfg: dict) -> dict:
             groups = make_usp_groups(U, R)
             batch = UspBatch(lengths, world, ttt_length=P)
             shp = (len(lengths), batch.chunk)
-            qs = [_leaf((*shp, H, D), dtype, device, gen) for _ in range(P)]
-            ks = [_leaf((*shp, G, D), dtype, device, gen) for _ in range(P)]
-            vs = [_leaf((*shp, G, D), dtype, device, gen) for _ in range(P)]
+            qs = [consumed_leaf((*shp, H, D), dtype, device, gen) for _ in range(P)]
+            ks = [consumed_leaf((*shp, G, D), dtype, device, gen) for _ in range(P)]
+            vs = [consumed_leaf((*shp, G, D), dtype, device, gen) for _ in range(P)]
             dout = torch.randn(*shp, H, D, generator=gen).to(device, dtype)
 
             def step():

@@ -1,0 +1,97 @@
+"""Figure 5: packed zigzag CP vs the best USP split (SpecForge), EAGLE-3 TTT with 3 passes.
+
+Reads only collected tidy rows of repro.bench.fig5 ("zigzag cp=<C>", "usp U=<U> R=<R> cp=<C>" with
+time_s and peak_mem_gb; "cp=<C>" and "all" with speedup_vs_best_usp, peak_mem_ratio_usp_over_zigzag,
+usp_pad_factor) and the paper's numbers. Writes fig5.pdf/.png (latency of zigzag and every USP split;
+speedup over the best USP with the paper's values as hollow markers; per-rank peak memory) and
+fig5.csv/.md (summary beside the paper's numbers).
+
+    python -m repro.report.build --artifact fig5 --profile cpu-tiny --tidy results/tidy/cpu-tiny/fig5.csv \
+        --out paper_figures/cpu-tiny
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from repro.report.style import measured_label, paper_label, paper_style, save_figure
+from repro.report.tables import write_table
+
+METHOD = re.compile(r"^(?:(?P<zig>zigzag)|usp U=(?P<U>\d+) R=(?P<R>\d+)) cp=(?P<cp>\d+)$")
+SUMMARY = ("speedup_vs_best_usp", "peak_mem_ratio_usp_over_zigzag", "usp_pad_factor", "longest_seq_tokens")
+
+
+def _latest(tidy: pd.DataFrame) -> pd.DataFrame:
+    t = tidy.sort_values(["run", "step"], kind="stable")
+    return t.groupby(["hardware", "hardware_label", "row", "metric"], as_index=False).last()
+
+
+def method_rows(tidy: pd.DataFrame) -> pd.DataFrame:
+    t = _latest(tidy)
+    p = t["row"].str.extract(METHOD)
+    t = pd.concat([t, p], axis=1).dropna(subset=["cp"])
+    t["method"] = t.apply(lambda r: "zigzag" if isinstance(r["zig"], str) else f"usp ({r['U']},{r['R']})", axis=1)
+    t["cp"] = t["cp"].astype(int)
+    return t.pivot_table(index=["hardware", "hardware_label", "cp", "method"], columns="metric",
+                         values="value").reset_index()
+
+
+def summary_table(tidy: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
+    t = _latest(tidy)
+    t = t[t["row"].str.fullmatch(r"cp=\d+|all") & t["metric"].isin(SUMMARY)]
+    lines = []
+    for _, r in t.iterrows():
+        p = paper[(paper["row"] == r["row"]) & (paper["metric"] == r["metric"])]
+        if not len(p) and r["metric"] != "speedup_vs_best_usp":
+            p = paper[(paper["row"] == "all") & (paper["metric"] == r["metric"])]
+        lines.append({"row": r["row"], "metric": r["metric"], "measured": r["value"],
+                      "measured on": f"{r['hardware']} ({r['hardware_label']})",
+                      "paper": float(p["value"].iloc[0]) if len(p) else None,
+                      "paper hardware": p["paper_hardware"].iloc[0] if len(p) else "-"})
+    df = pd.DataFrame(lines, columns=["row", "metric", "measured", "measured on", "paper", "paper hardware"])
+    return df.sort_values(["row", "metric"], kind="stable").reset_index(drop=True)
+
+
+def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
+    out_dir = Path(out_dir)
+    m = method_rows(tidy)
+    if m.empty:
+        raise ValueError("no fig5 rows ('zigzag cp=<C>' / 'usp U=.. R=.. cp=<C>') in the tidy table")
+    fig, (ax_t, ax_s, ax_m) = plt.subplots(1, 3, figsize=(7.2, 2.6))
+    for (hw, label), g in m.groupby(["hardware", "hardware_label"]):
+        z = g[g["method"] == "zigzag"].sort_values("cp")
+        u = g[g["method"] != "zigzag"]
+        best = u.loc[u.groupby("cp")["time_s"].idxmin()].sort_values("cp")
+        ax_t.plot(z["cp"], z["time_s"], marker="o", markersize=3, label=f"zigzag — {measured_label(hw, label)}")
+        ax_t.plot(best["cp"], best["time_s"], marker="s", markersize=3, label=f"best USP — {measured_label(hw, label)}")
+        ax_t.scatter(u["cp"], u["time_s"], s=6, color="0.6", zorder=0, label="every USP split")
+        ax_m.plot(z["cp"], z["peak_mem_gb"], marker="o", markersize=3, label=f"zigzag — {measured_label(hw, label)}")
+        ax_m.plot(best["cp"], best["peak_mem_gb"], marker="s", markersize=3,
+                  label=f"best USP — {measured_label(hw, label)}")
+        sp = _latest(tidy)
+        sp = sp[(sp["hardware"] == hw) & (sp["metric"] == "speedup_vs_best_usp") & sp["row"].str.fullmatch(r"cp=\d+")]
+        ax_s.plot(sp["row"].str[3:].astype(int), sp["value"], marker="o", markersize=3,
+                  label=measured_label(hw, label))
+    ps = paper[(paper["metric"] == "speedup_vs_best_usp") & paper["row"].str.fullmatch(r"cp=\d+")]
+    if len(ps):
+        ax_s.plot(ps["row"].str[3:].astype(int), ps["value"].astype(float), **paper_style("marker"),
+                  label=paper_label(ps["paper_hardware"].iloc[0]))
+    ax_s.axhline(1.0, color="0.6", linewidth=0.5)
+    ax_t.set(xlabel="CP size", ylabel="TTT x3 fwd+bwd (s)", yscale="log")
+    ax_s.set(xlabel="CP size", ylabel="speedup over best USP (x)")
+    ax_m.set(xlabel="CP size", ylabel="peak memory per rank (GB)", yscale="log")
+    for ax in (ax_t, ax_s, ax_m):
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=4.5, loc="best")
+    fig.suptitle("Figure 5: packed zigzag CP vs best USP (EAGLE-3 TTT, 3 passes)", fontsize=8)
+    paths = save_figure(fig, out_dir / "fig5")
+    notes = ["Both methods measured in the same run, each in a fresh process group; the USP sweep covers every "
+             "(Ulysses, ring) split that divides the head counts, the best one is reported.",
+             "Workload: 8 rollouts with lengths at fixed fractions of the longest (mean 0.444 of it, so padding to "
+             "the longest costs 2.25x); CPU runs divide the lengths (see the run's config) and are cpu-emulated."]
+    paths += write_table(summary_table(tidy, paper), out_dir / "fig5",
+                         title="Figure 5: packed zigzag vs best USP, measured vs paper", notes=notes)
+    return paths

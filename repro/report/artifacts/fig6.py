@@ -1,0 +1,117 @@
+"""Figure 6: draft-training attention at fixed global lengths (TTT and block-draft), per CP size.
+
+Reads only collected tidy rows of repro.bench.fig6 / repro.bench.gpu_attention ("<kind> <T> cp=<C>"
+with time_s and peak_mem_gb; "<kind> <T>" with speedups/efficiency; "ttt <T> cp=1" branch_overhead_pct;
+"block <T> cp=<C>" kernel counts) and the paper's numbers. Writes fig6.pdf/.png (TTT time, block-draft
+time, TTT peak memory vs tokens; paper values hollow/dashed, labelled with the paper's hardware) and
+fig6.csv/.md (every measured row beside the paper's value where it has one).
+
+    python -m repro.report.build --artifact fig6 --profile h200 --tidy results/tidy/h200/fig6.csv \
+        --out paper_figures/h200
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from repro.report.style import measured_label, paper_label, paper_style, save_figure
+from repro.report.tables import write_table
+
+ROW = re.compile(r"^(?P<kind>[a-z_]+) (?P<tok>\d+)(?P<k>K?) cp=(?P<cp>\d+)$")
+TABLE_METRICS = ("time_s", "peak_mem_gb", "inputs_gb", "tflops", "branch_overhead_pct", "parallel_efficiency_pct",
+                 "max_time_s", "cuda_kernels", "busy_fraction")
+KIND_STYLE = {"ttt": "-", "trunk": "--", "sdpa": ":", "sdpa_cudnn": ":", "sdpa_default": ":", "block": "-"}
+
+
+def _latest(tidy: pd.DataFrame) -> pd.DataFrame:
+    t = tidy.sort_values(["run", "step"], kind="stable")
+    return t.groupby(["hardware", "hardware_label", "row", "metric"], as_index=False).last()
+
+
+def config_rows(tidy: pd.DataFrame) -> pd.DataFrame:
+    """One row per (hardware, kind, tokens, cp) with its metrics as columns."""
+    t = _latest(tidy)
+    p = t["row"].str.extract(ROW)
+    t = pd.concat([t, p], axis=1).dropna(subset=["kind"])
+    t["tokens"] = t["tok"].astype(int) * t["k"].map({"K": 1024, "": 1})
+    t["cp"] = t["cp"].astype(int)
+    return t.pivot_table(index=["hardware", "hardware_label", "kind", "tokens", "cp"], columns="metric",
+                         values="value").reset_index()
+
+
+def _tok_label(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def _paper_points(paper: pd.DataFrame, row_re: str, metric: str) -> list[tuple[int, int, float, str]]:
+    out = []
+    for _, r in paper[(paper["metric"] == metric) & paper["row"].str.match(row_re)].iterrows():
+        m = re.match(r"^\w+ (\d+)K cp=(\d+)$", r["row"])
+        if m:
+            out.append((int(m.group(1)) * 1024, int(m.group(2)), float(r["value"]), r["paper_hardware"]))
+    return out
+
+
+def summary_table(tidy: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
+    t = _latest(tidy)
+    lines = []
+    for _, r in t.iterrows():
+        if r["metric"] not in TABLE_METRICS and not r["metric"].startswith("speedup_"):
+            continue
+        p = paper[(paper["row"] == r["row"]) & (paper["metric"] == r["metric"])]
+        lines.append({"row": r["row"], "metric": r["metric"], "measured": r["value"],
+                      "measured on": f"{r['hardware']} ({r['hardware_label']})",
+                      "paper": float(p["value"].iloc[0]) if len(p) else None,
+                      "paper hardware": p["paper_hardware"].iloc[0] if len(p) else "-"})
+    df = pd.DataFrame(lines, columns=["row", "metric", "measured", "measured on", "paper", "paper hardware"])
+    return df.sort_values(["row", "metric"], kind="stable").reset_index(drop=True)
+
+
+def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
+    out_dir = Path(out_dir)
+    cfg = config_rows(tidy)
+    if cfg.empty:
+        raise ValueError("no fig6 rows ('<kind> <tokens> cp=<C>') in the tidy table")
+    fig, (ax_t, ax_b, ax_m) = plt.subplots(1, 3, figsize=(7.2, 2.6))
+    for (hw, label, kind, cp), g in cfg.groupby(["hardware", "hardware_label", "kind", "cp"]):
+        g = g.sort_values("tokens")
+        if "time_s" not in g or g["time_s"].isna().all():
+            continue
+        ax = ax_b if kind == "block" else ax_t
+        ax.plot(g["tokens"], g["time_s"], linestyle=KIND_STYLE.get(kind, "-"), marker="o", markersize=3,
+                label=f"{kind} cp={cp} — {measured_label(hw, label)}")
+        if kind == "ttt" and "peak_mem_gb" in g:
+            ax_m.plot(g["tokens"], g["peak_mem_gb"], marker="o", markersize=3,
+                      label=f"ttt cp={cp} — {measured_label(hw, label)}")
+    for ax, row_re, metric in ((ax_t, r"^ttt \d+K cp=\d+$", "time_s"), (ax_m, r"^ttt \d+K cp=\d+$", "peak_mem_gb")):
+        pts = _paper_points(paper, row_re, metric)
+        for tok, cp, val, hw in pts:
+            ax.plot([tok], [val], **paper_style("marker"))
+            ax.annotate(f"cp={cp}", (tok, val), fontsize=4.5, xytext=(3, 0), textcoords="offset points")
+        if pts:
+            ax.plot([], [], **paper_style("marker"), label=paper_label(pts[0][3]))
+    pb = paper[(paper["row"] == "block cp=8") & (paper["metric"] == "max_time_s")]
+    if len(pb):
+        ax_b.axhline(float(pb["value"].iloc[0]), **paper_style("line"))
+        ax_b.plot([], [], **paper_style("line"), label=f"{paper_label(pb['paper_hardware'].iloc[0])}: cp=8 max")
+    ax_t.set(xscale="log", yscale="log", xlabel="global tokens", ylabel="TTT fwd+bwd (s)")
+    ax_b.set(xscale="log", yscale="log", xlabel="global tokens", ylabel="block-draft fwd+bwd (s)")
+    ax_m.set(xscale="log", yscale="log", xlabel="global tokens", ylabel="TTT peak memory per rank (GB)")
+    ticks = sorted(set(cfg["tokens"]))
+    for ax in (ax_t, ax_b, ax_m):
+        ax.set_xticks(ticks, [_tok_label(t) for t in ticks])
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+        ax.legend(fontsize=4.5, loc="best")
+    fig.suptitle("Figure 6: draft-training attention at fixed global length", fontsize=8)
+    paths = save_figure(fig, out_dir / "fig6")
+    notes = ["TTT: EAGLE-3, 3 passes, one document, fwd+bwd; trunk: the same passes without the branch keys, "
+             "same run; sdpa: one causal pass through torch SDPA (the floor per pass). Block: 64 anchors x 16 "
+             "slots. Qwen3-8B draft attention shape (32/8 heads, dim 128, bf16) on GPUs; CPU runs are "
+             "cpu-emulated with scaled lengths and small heads (compare ratios only).",
+             "Peak memory includes the inputs; gradients are consumed as they arrive (freed after accumulation)."]
+    paths += write_table(summary_table(tidy, paper), out_dir / "fig6",
+                         title="Figure 6: draft-training attention, measured vs paper", notes=notes)
+    return paths
