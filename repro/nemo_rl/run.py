@@ -1,7 +1,7 @@
 """Run one paper row at paper scale through NeMo-RL, or list every row and its launch command.
 
     python -m repro.nemo_rl.run --artifact table1 --row Qwen3-8B/DFlash --profile paper-h100 \
-        --out results/8xh100/paper-h100/table1/Qwen3-8B_DFlash \
+        --out results/8xh100/paper-h100/table1/qwen3-8b_dflash \
         --nemo-rl-dir /path/to/RL --checkpoint-root /path/to/checkpoints --hf-home /path/to/hf [--dry-run]
     python -m repro.nemo_rl.run --list [--profile paper-gb200]
 
@@ -17,6 +17,7 @@ own example configs; before launching, what this machine needs (GPUs for a local
                   collect does not see a run that never ran); machine problems are printed, not fatal
   --launcher      local (default for one-node rows: ``uv run`` in the checkout) or ray-sub (default
                   for multi-node rows: NeMo-RL's ray.sub through ``sbatch --wait``)
+Paths and SLURM settings may also come from the environment (--help names the variables).
 """
 from __future__ import annotations
 
@@ -37,7 +38,6 @@ from repro.report.provenance import git_state, provenance, write_json_atomic
 
 ENGINE = "nemo-rl"
 PAPER_PROFILES = ("paper-h100", "paper-gb200")
-EAGLE3_RECIPE = skeleton.EXAMPLES[2]
 
 
 def run_slug(row: str) -> str:
@@ -48,7 +48,7 @@ def run_slug(row: str) -> str:
 def check_against_checkout(cfg: dict[str, Any], spec: RowSpec, nemo: Path) -> None:
     """The generated config against the skeleton of the user's own checkout (its example configs and
     DraftConfig): a key NeMo-RL would silently ignore is an error here."""
-    examples = (spec.workload.example,) + ((EAGLE3_RECIPE,) if spec.family else ())
+    examples = (spec.workload.example,) + ((skeleton.EAGLE3_RECIPE,) if spec.family else ())
     sha = git_state(nemo)["sha"]
     skel = skeleton.record(nemo, sha, examples=examples)
     skeleton.check(cfg, skel, list(examples))

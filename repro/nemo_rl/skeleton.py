@@ -25,11 +25,13 @@ import yaml
 
 from repro.report.provenance import write_json_atomic
 
-# The example configs the generated configs inherit from or follow (paths in a NeMo-RL checkout).
+# The example configs the generated configs inherit from (the workloads') or follow (the online
+# EAGLE-3 recipe, the one example with a draft and vLLM speculative config); paths in a NeMo-RL checkout.
+EAGLE3_RECIPE = "examples/configs/recipes/llm/grpo-qwen3-1.7b-1n8g-megatron-eagle3.yaml"
 EXAMPLES = (
     "examples/configs/grpo_math_8B_megatron.yaml",
     "examples/nemo_gym/grpo_workplace_assistant_nemotron_nano_v2_9b.yaml",
-    "examples/configs/recipes/llm/grpo-qwen3-1.7b-1n8g-megatron-eagle3.yaml",
+    EAGLE3_RECIPE,
 )
 POLICY_INIT = "nemo_rl/models/policy/__init__.py"
 DRAFT_PATH = "policy.draft"

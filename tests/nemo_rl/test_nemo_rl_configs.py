@@ -15,7 +15,6 @@ from fake_checkout import skeleton
 from repro.nemo_rl import config
 from repro.nemo_rl import skeleton as skel
 from repro.nemo_rl.rows import RowError, load_rows
-from repro.nemo_rl.run import EAGLE3_RECIPE
 from repro.report.profiles import load_profile
 
 pytestmark = pytest.mark.timeout(60)
@@ -34,7 +33,7 @@ def all_rows():
 
 
 def examples(spec):
-    return [spec.workload.example] + ([EAGLE3_RECIPE] if spec.family else [])
+    return [spec.workload.example] + ([skel.EAGLE3_RECIPE] if spec.family else [])
 
 
 def test_paper_rows_are_all_there():
