@@ -144,8 +144,10 @@ def read_wandb_log(path: str | Path) -> WandbRun:
 def find_wandb_logs(run_dir: str | Path) -> list[Path]:
     """The ``run-*.wandb`` files under a run folder, oldest first: the suite's layout
     (``wandb/offline-run-*/``) and NeMo-RL's, which passes its own ``dir=`` to wandb.init
-    (``<logger.log_dir>/exp_NNN/wandb/wandb/offline-run-*/``)."""
-    return sorted(set(Path(run_dir).glob("**/wandb/*run-*/run-*.wandb")))
+    (``<logger.log_dir>/exp_NNN/wandb/wandb/offline-run-*/``, one folder below the run folder)."""
+    run_dir = Path(run_dir)
+    return sorted({*run_dir.glob("wandb/*run-*/run-*.wandb"),
+                   *run_dir.glob("*/exp_*/wandb/wandb/*run-*/run-*.wandb")})
 
 
 if __name__ == "__main__":
