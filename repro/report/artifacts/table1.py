@@ -51,8 +51,10 @@ def comparison_table(tidy: pd.DataFrame, paper: pd.DataFrame, metrics, row_order
                 line[f"{short} (paper)"] = pv
                 paper_hw = paper_hw or phw
             line["paper hardware"] = paper_hw or "-"
+            if all(line[f"{s} (ours)"] is None for _, s in metrics):
+                line["measured on"] = "-"
             lines.append(line)
-    df = pd.DataFrame(lines)
+    df = pd.DataFrame(lines).drop_duplicates()
     ours = [f"{s} (ours)" for _, s in metrics]
     papers = [f"{s} (paper)" for _, s in metrics]
     df = df[df[ours + papers].notna().any(axis=1)]
