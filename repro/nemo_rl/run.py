@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,16 @@ def write_env(run_dir: Path, spec: RowSpec, paths: config.Paths, launcher: str, 
     return write_json_atomic(run_dir / "env.json", {
         "artifact": spec.artifact, "profile": spec.profile, "run": run_dir.name, "row": spec.row,
         "engine": ENGINE, "wandb_mode": wandb_mode(), "tags": tags, **prov})
+
+
+def fresh_start(run_dir: Path, spec: RowSpec) -> None:
+    """Before a launch: drop the previous run's marker and sidecar; without checkpoints (the timing
+    tables) NeMo-RL starts again from step 1, so its old W&B logs go too (with checkpoints it resumes,
+    and collect lets the later log win per step)."""
+    for name in ("run.json", "metrics.jsonl"):
+        (run_dir / name).unlink(missing_ok=True)
+    if not spec.checkpointing:
+        shutil.rmtree(run_dir / config.LOG_DIR_NAME, ignore_errors=True)
 
 
 def list_rows(profiles: list[str], paths: config.Paths, out_root: Path) -> int:
@@ -169,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.config_only:
             print(f"wrote {written} and {run_dir / 'env.json'}; launch with:\n{cmd}")
             return 0
+        fresh_start(run_dir, spec)
         print(cmd, flush=True)
         done = subprocess.run(["bash", "-c", cmd], env={**os.environ, "WANDB_DIR": str(run_dir)}, check=False)
         if done.returncode != 0:

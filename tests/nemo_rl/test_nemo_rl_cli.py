@@ -202,4 +202,7 @@ def test_a_local_launch_runs_the_printed_command_and_finishes(world, tmp_path, m
     env = json.loads((out / "env.json").read_text())
     assert env["engine"] == "nemo-rl" and "generated_on" in env      # runtime_env ran where NeMo-RL ran
     assert json.loads((out / "run.json").read_text())["steps"] == 10
+    # A rerun of a table row (no checkpoints) starts afresh: one W&B log, not two.
+    assert main(argv(world, "paper-h100", "table2", "DFlash", out)) == 0
+    assert len(list((out / "nemo_rl_logs").glob("exp_*/wandb/wandb/*run-*/run-*.wandb"))) == 1
 
