@@ -7,6 +7,9 @@ keep this rank's stages, hook the draft's tap layers, and run ``steps`` training
 ``L_policy + lambda * L_draft`` where the draft reads its features from the channel just before its
 forward of that microbatch and releases them after that microbatch's backward (weight backward under
 zero-bubble schedules). With ``draft=False`` the channel and hooks are off and the loss is L_policy.
+``transport="inschedule"`` is the negative control: taps go by blocking send/recv on the pipeline's
+own group from inside the forward (NeMo-RL's ``_gather_distributed`` today), where they are matched
+against the schedule's own activation messages.
 
 Schedules (placement): ``1f1b`` (one stage per rank), ``interleaved1f1b`` (loop: stage s on rank
 s % pp), ``zbv`` (V: rank r holds stages r and 2pp-1-r). CPU runs use gloo and static shapes.
@@ -45,12 +48,14 @@ class PPConfig:
     steps: int = 2
     draft: bool = True
     lam: float = 0.1
-    transport: str = "shm"
+    transport: str = "shm"  # TapChannel transport, or "inschedule" (negative control, see below)
     ring_depth: int | None = None  # default: n_microbatches
     seed: int = 0
     model: dict = field(default_factory=dict)  # tiny_qwen3_config overrides
 
     def __post_init__(self) -> None:
+        if self.transport == "inschedule" and self.schedule != "1f1b":
+            raise ValueError("transport 'inschedule' (the negative control) is wired for schedule '1f1b' only")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule {self.schedule!r}: expected one of {sorted(SCHEDULES)}")
         if self.pp < 2:
@@ -129,8 +134,11 @@ def run_pp_worker(rank: int, world: int, cfg: PPConfig) -> dict:
     s2r = cfg.stage_to_rank()
     mine = [s for s in range(cfg.num_stages) if s2r[s] == rank]
     layout = channel_layout(cfg, taps, mcfg.hidden_size) if cfg.draft else None
-    channel = TapChannel.setup(layout, cfg.transport, get_timeout_s=60, put_timeout_s=60) if layout else None
-    router = TapRouter(channel, cfg.n_microbatches, draft_stage=last)
+    inschedule = cfg.transport == "inschedule"
+    channel = (TapChannel.setup(layout, cfg.transport, get_timeout_s=60, put_timeout_s=60)
+               if layout and not inschedule else None)
+    router = TapRouter(channel, cfg.n_microbatches, draft_stage=last,
+                       inschedule_dst=s2r[last] if inschedule and layout else None)
     modules, pipe_stages = {}, []
     mb_shape = (cfg.mb_size, cfg.seq_len)
     # Static stage metadata; requires_grad on the examples tells the stage that activations carry
@@ -160,6 +168,13 @@ def run_pp_worker(rank: int, world: int, cfg: PPConfig) -> dict:
             per_mb.append(row)
             return lp
         feats = dict(router.local.pop(seq, {}))
+        if inschedule and layout is not None:  # negative control: blocking recv on the pipeline's group
+            for stage, specs in layout.sources.items():
+                for spec in specs:
+                    if s2r[stage] != rank:
+                        buf = torch.empty(*ids.shape, mcfg.hidden_size)
+                        dist.recv(buf, src=s2r[stage])
+                        feats[-1 if spec.name == "embed" else int(spec.name[1:])] = buf
         if channel is not None:
             for stage in layout.sources:
                 for name, t in channel.get_stage(stage, seq).items():

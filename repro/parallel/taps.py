@@ -4,7 +4,8 @@
 from wrapping ``PipelineStage.forward_one_chunk`` on the stage *instance* (the schedule classes are
 untouched) and is cross-checked against a per-stage forward counter. Taps produced on a source
 stage go out through ``TapChannel.put`` (detached, flattened to ``[tokens, hidden]``); taps produced
-on the draft's own stage stay in a local dict. Tap names: ``embed`` for the embedding (tap -1),
+on the draft's own stage stay in a local dict. With ``inschedule_dst`` set (the negative control,
+NeMo-RL's way today) taps are sent with blocking ``send`` on the pipeline's own group instead. Tap names: ``embed`` for the embedding (tap -1),
 ``L<l>`` for the output of decoder layer ``l``.
 """
 from __future__ import annotations
@@ -22,8 +23,10 @@ def tap_name(tap: int) -> str:
 class TapRouter:
     """Hooks on tap layers of this rank's stages; see the module docstring."""
 
-    def __init__(self, channel: TapChannel | None, n_microbatches: int, draft_stage: int):
+    def __init__(self, channel: TapChannel | None, n_microbatches: int, draft_stage: int,
+                 inschedule_dst: int | None = None):
         self.channel, self.n_mb, self.draft_stage = channel, n_microbatches, draft_stage
+        self.inschedule_dst = inschedule_dst  # negative control: blocking send on the pipeline's group
         self.step = 0
         self.current: dict[int, int] = {}
         self._count: dict[int, int] = {}
@@ -59,6 +62,11 @@ class TapRouter:
             seq = self.seq(stage_idx)
             if stage_idx == self.draft_stage:
                 self.local.setdefault(seq, {})[tap] = feat
+            elif self.inschedule_dst is not None:
+                if self.inschedule_dst == torch.distributed.get_rank():
+                    self.local.setdefault(seq, {})[tap] = feat
+                else:
+                    torch.distributed.send(feat.contiguous(), dst=self.inschedule_dst)
             else:
                 self.channel.put(stage_idx, name, seq, feat.reshape(-1, feat.shape[-1]))
 

@@ -62,3 +62,28 @@ def test_pp_matches_single_process(pp, schedule, transport):
     assert sorted(policy) == sorted(grads_off)
     assert all(torch.equal(grads[k], grads_off[k]) for k in policy)
     assert [r["policy_loss"] for r in per_mb_off] == [r["policy_loss"] for r in per_mb]
+
+
+def marked_worker(rank, world, cfg, marker_dir):
+    open(f"{marker_dir}/rank{rank}", "w").close()  # imports done, the schedule is about to run
+    return run_pp_worker(rank, world, cfg)
+
+
+@pytest.mark.timeout(120)
+def test_inschedule_blocking_negative_control(tmp_path):
+    """Taps sent with blocking send/recv on the pipeline's own group from inside the forward (how
+    NeMo-RL passes them today) share ordering with the schedule's own P2P: on gloo the run deadlocks
+    (it would corrupt activations where the messages matched instead). Either way it must not
+    reproduce the reference that TapChannel reproduces bit for bit."""
+    cfg = PPConfig(pp=2, schedule="1f1b", transport="inschedule", n_microbatches=2, steps=1)
+    try:
+        outs = spawn(marked_worker, 2, args=(cfg, str(tmp_path)), timeout_s=40)
+    except TimeoutError as exc:
+        assert "ranks [0, 1] of 2 still running" in str(exc)
+        assert {p.name for p in tmp_path.iterdir()} == {"rank0", "rank1"}, "timed out before the schedule ran"
+        return
+    ref = run_reference(cfg)
+    per_mb = sorted(sum((o["per_mb"] for o in outs), []), key=lambda r: r["seq"])
+    same = all(a["policy_loss"] == b["policy_loss"] and a["draft_loss"] == b["draft_loss"]
+               for a, b in zip(per_mb, ref["per_mb"]))
+    assert not same, "in-schedule blocking taps matched the reference; the hazard did not show"

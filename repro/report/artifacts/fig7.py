@@ -73,17 +73,18 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
         raise ValueError("no fig7 rows (pp=<n>/<layout>/T=<T>[/<transport>]) in the tidy table")
     fig, (ax_t, ax_s, ax_d) = plt.subplots(1, 3, figsize=(7.2, 2.6))
     singles = cfg[cfg["transport"].notna() & (cfg["transport"] != "")]
+    hws = sorted({measured_label(hw, label) for hw, label in zip(cfg["hardware"], cfg["hardware_label"])})
     for (hw, label, layout, transport), g in singles.groupby(["hardware", "hardware_label", "layout", "transport"]):
         g = g.sort_values("message_mb")
+        tag = f"{transport}, {layout}" + (f" ({hw})" if len(hws) > 1 else "")
         ax_t.plot(g["message_mb"], g["fanin_s"] * 1e3, linestyle=TRANSPORT_STYLE.get(transport, "-"),
-                  marker=LAYOUT_MARK.get(layout, "^"), markersize=3,
-                  label=f"{transport}, {layout} — {measured_label(hw, label)}")
+                  marker=LAYOUT_MARK.get(layout, "^"), markersize=3, label=tag)
     ax_t.set(xscale="log", yscale="log", xlabel="fan-in message (MB)", ylabel="fan-in time (ms)")
     pairs = cfg[cfg["transport"].isna() | (cfg["transport"] == "")]
     for (hw, label, layout), g in pairs.groupby(["hardware", "hardware_label", "layout"]):
         g = g.sort_values("message_mb")
-        ax_s.plot(g["message_mb"], g["speedup_vs_host_staging"], marker=LAYOUT_MARK.get(layout, "^"),
-                  markersize=3, label=f"{layout} — {measured_label(hw, label)}")
+        ax_s.plot(g["message_mb"], g["speedup_vs_host_staging"], linestyle="-", marker=LAYOUT_MARK.get(layout, "^"),
+                  markersize=3, label=layout + (f" ({hw})" if len(hws) > 1 else ""))
     sp = paper[paper["metric"] == "speedup_vs_host_staging"]
     for v, hw in zip(sp["value"], sp["paper_hardware"]):
         ax_s.axhline(float(v), **paper_style("line"))
@@ -96,7 +97,7 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     for i, (hw, g) in enumerate(summ.groupby("measured on")):
         vals = dict(zip(g["metric"], g["measured (median)"]))
         ax_d.bar([c + 0.3 * i - 0.15 for c in range(3)], [vals.get(c, float("nan")) for c in cats], width=0.28,
-                 label=f"measured ({hw})")
+                 label="measured" + (f" ({hw})" if len(hws) > 1 else ""))
     for c, metric in enumerate(cats):
         p = paper[paper["metric"] == metric]
         if len(p):
@@ -107,8 +108,8 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     ax_d.set_ylabel("compute slowdown (%)")
     ax_d.axhline(0, color="0.6", linewidth=0.5)
     for ax in (ax_t, ax_s, ax_d):
-        ax.legend(fontsize=4.5, loc="best")
-    fig.suptitle("Figure 7: PP fan-in of target features, TapChannel vs host staging", fontsize=8)
+        ax.legend(fontsize=5, loc="upper center", bbox_to_anchor=(0.5, -0.28), frameon=False)
+    fig.suptitle("Figure 7: PP fan-in, TapChannel vs host staging — " + "; ".join(hws), fontsize=7)
     paths = save_figure(fig, out_dir / "fig7")
     notes = ["Medians over tap layouts (EAGLE-3 [emb,1,17,32], DFlash/DSpark [1,9,17,25,33] of a Qwen3-8B-shaped "
              "policy) and microbatch lengths; the range column is min-max over them.",
