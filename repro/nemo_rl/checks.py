@@ -25,6 +25,7 @@ from repro.nemo_rl.config import Paths
 from repro.nemo_rl.rows import RowSpec
 from repro.nemo_rl.skeleton import SkeletonError, typed_dict_keys
 from repro.report.profiles import missing_paths
+from repro.report.provenance import hardware
 
 DRAFT_DIR = "nemo_rl/models/megatron/draft"
 POLICY_INIT = "nemo_rl/models/policy/__init__.py"
@@ -32,11 +33,11 @@ TRAIN_PY = "nemo_rl/models/megatron/train.py"
 # Refusals the co-training stack raises today; present in a checkout = that checkout lacks the PR.
 REFUSALS = {
     "pp_block": (f"{DRAFT_DIR}/utils.py", "requires pipeline_model_parallel_size",
-                 "block drafts (DFlash/DSpark) under pipeline parallelism: NVIDIA-NeMo/RL PR 4060"),
+                 "NVIDIA-NeMo/RL PR 4060 (block drafts, DFlash/DSpark, under pipeline parallelism)"),
     "cp": (DRAFT_DIR, "requires context_parallel_size == 1",
-           "drafts under context parallelism: NVIDIA-NeMo/RL PR 4059"),
+           "NVIDIA-NeMo/RL PR 4059 (drafts under context parallelism)"),
     "packing": (TRAIN_PY, "not supported with sequence packing",
-                "draft training on packed sequences: NVIDIA-NeMo/RL PR 4059"),
+                "NVIDIA-NeMo/RL PR 4059 (draft training on packed sequences)"),
 }
 
 
@@ -54,7 +55,7 @@ def checkout_problems(spec: RowSpec, nemo: Path, launcher: str) -> list[str]:
     """What the checkout lacks for this row (files, then the draft stack's capabilities)."""
     out = []
     needed = [spec.workload.example, spec.workload.entry] + (["ray.sub"] if launcher == "ray-sub" else [])
-    out += [f"NeMo-RL checkout {nemo}: no {rel}" for rel in needed if not (nemo / rel).is_file()]
+    out += [f"{rel} in the NeMo-RL checkout {nemo}" for rel in needed if not (nemo / rel).is_file()]
     fam, lay = spec.family, spec.layout
     if fam is None:
         return out
@@ -62,19 +63,19 @@ def checkout_problems(spec: RowSpec, nemo: Path, launcher: str) -> list[str]:
         draft_cfg = set(typed_dict_keys(_read(nemo / POLICY_INIT), "DraftConfig"))
     except (SkeletonError, SyntaxError):
         draft_cfg = set()
-        out.append(f"NeMo-RL checkout {nemo}: {POLICY_INIT} has no DraftConfig (online draft training)")
+        out.append(f"DraftConfig (online draft training) in {nemo / POLICY_INIT}")
     if fam.method in ("dflash", "dspark"):
         if not (nemo / DRAFT_DIR / f"{fam.method}.py").is_file() or "method" not in draft_cfg:
             pr = "3712" if fam.method == "dflash" else "3713"
-            out.append(f"NeMo-RL checkout {nemo}: no {fam.name} co-training ({DRAFT_DIR}/{fam.method}.py and "
+            out.append(f"{fam.name} co-training in the NeMo-RL checkout {nemo} ({DRAFT_DIR}/{fam.method}.py and "
                        f"DraftConfig.method; NVIDIA-NeMo/RL PR {pr})")
     elif int(fam.settings.get("ttt_steps", 1)) > 1 and "ttt_steps" not in draft_cfg:
-        out.append(f"NeMo-RL checkout {nemo}: no multi-pass EAGLE-3 (DraftConfig.ttt_steps; NVIDIA-NeMo/RL PR 3699)")
+        out.append(f"multi-pass EAGLE-3 in the NeMo-RL checkout {nemo} (DraftConfig.ttt_steps; NVIDIA-NeMo/RL PR 3699)")
     uses = {"pp_block": fam.method in ("dflash", "dspark") and lay.pp > 1, "cp": lay.cp > 1, "packing": True}
     for key, (rel, text, what) in REFUSALS.items():
         if uses[key] and text in _read(nemo / rel):
-            out.append(f"NeMo-RL checkout {nemo} refuses {what} ({rel} raises '...{text}...'); row {spec.row!r} "
-                       f"needs TP/PP/CP = {lay.tp}/{lay.pp}/{lay.cp} with packed sequences")
+            out.append(f"{what} in the NeMo-RL checkout {nemo} ({rel} still raises '...{text}...'); row "
+                       f"{spec.row!r} needs TP/PP/CP = {lay.tp}/{lay.pp}/{lay.cp} with packed sequences")
     return out
 
 
@@ -96,13 +97,13 @@ def checkpoint_problems(spec: RowSpec, paths: Paths) -> list[str]:
     for key in keys:
         path = paths.checkpoint(spec, key)
         if path.is_dir() and not (path / "config.json").is_file():
-            out.append(f"checkpoint {key}: {path} has no config.json (expected a Hugging Face checkpoint folder)")
+            out.append(f"config.json in checkpoint {key} ({path}; expected a Hugging Face checkpoint folder)")
     if spec.block_size is not None:
         cfg = paths.checkpoint(spec, spec.draft_checkpoint) / "config.json"
         found = _block_size_in(cfg) if cfg.is_file() else None
         if found is not None and found != spec.block_size:
-            out.append(f"draft checkpoint {spec.draft_checkpoint}: {cfg} records block_size {found}, the profile "
-                       f"says {spec.block_size} (nemo_rl.drafts of profile {spec.profile})")
+            out.append(f"a draft checkpoint of the profile's block size: {cfg} records block_size {found}, the "
+                       f"profile says {spec.block_size} (nemo_rl.draft_checkpoints of profile {spec.profile})")
     return out
 
 
@@ -116,7 +117,7 @@ def dataset_problems(spec: RowSpec, paths: Paths) -> list[str]:
         if paths.dataset_root is None:
             return [(f"dataset_root (set --dataset-root to the folder holding {w['train_file']} and "
                      f"{w['validation_file']}, the NeMo Gym Workplace Assistant data)")]
-        return [f"dataset {paths.dataset_root / w[k]} does not exist" for k in ("train_file", "validation_file")
+        return [f"dataset {paths.dataset_root / w[k]} (no such file)" for k in ("train_file", "validation_file")
                 if not (paths.dataset_root / w[k]).is_file()]
     hf_ids = w.get("hf_datasets") or []
     if not hf_ids:
@@ -131,7 +132,7 @@ def dataset_problems(spec: RowSpec, paths: Paths) -> list[str]:
     for ds in hf_ids:
         org, _, name = ds.partition("/")
         if not any(_norm(org) in n and _norm(name) in n for n in names):
-            out.append(f"dataset {ds}: not in the Hugging Face cache {paths.hf_home} (hub/ or datasets/); {fetch}")
+            out.append(f"dataset {ds} in the Hugging Face cache {paths.hf_home} (hub/ or datasets/); {fetch}")
     return out
 
 
@@ -139,8 +140,8 @@ def gpu_problems(spec: RowSpec, profile: dict[str, Any], machine: dict[str, Any]
     """A local launch runs on this one node: it must hold the row's GPUs, of the profile's model."""
     lay, out = spec.layout, []
     if lay.nodes > 1:
-        return [(f"row {spec.row!r} needs {lay.nodes} nodes x {lay.gpus_per_node} GPUs; a local launch runs on "
-                 "one node (use --launcher ray-sub)")]
+        return [(f"a launcher for {lay.nodes} nodes x {lay.gpus_per_node} GPUs: a local launch runs on one node "
+                 "(use --launcher ray-sub)")]
     gpus = machine["gpus"]["devices"]
     if len(gpus) < lay.gpus:
         have = f"{len(gpus)} ({gpus[0]['name']})" if gpus else "none"
@@ -177,10 +178,7 @@ def problems(spec: RowSpec, profile: dict[str, Any], paths: Paths | None, launch
     on_disk += dataset_problems(spec, paths)
     here = []
     if launcher == "local":
-        if machine is None:
-            from repro.report.provenance import hardware
-            machine = hardware()
-        here += gpu_problems(spec, profile, machine)
+        here += gpu_problems(spec, profile, machine if machine is not None else hardware())
     here += launcher_problems(launcher, container)
     return on_disk, here
 

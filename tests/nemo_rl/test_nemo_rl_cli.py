@@ -111,15 +111,18 @@ def test_checkout_without_the_stack_is_named(world, tmp_path):
         world["data"]["paper-h100"]["checkpoint_root"], world["data"]["paper-h100"]["hf_home"])
     on_disk, _ = checks.problems(resolve("paper-h100", "table1", "Qwen3-8B/DFlash"), profile, paths, "local")
     text = "; ".join(on_disk)
-    assert "PR 4060" in text and "PR 4059" in text and "packed sequences" in text
+    assert "missing NVIDIA-NeMo/RL PR 4060 (block drafts, DFlash/DSpark, under pipeline parallelism) in the NeMo-RL " \
+        "checkout" in checks.describe(resolve("paper-h100", "table1", "Qwen3-8B/DFlash"), "local", on_disk)
+    assert "PR 4059 (drafts under context parallelism)" in text and "PR 4059 (draft training on packed" in text
     on_disk, _ = checks.problems(resolve("paper-h100", "table2", "DSpark"), profile, paths, "local")
-    assert any("no DSpark co-training" in p and "PR 3713" in p for p in on_disk)
+    assert any(p.startswith("DSpark co-training in the NeMo-RL checkout") and "PR 3713" in p for p in on_disk)
     on_disk, _ = checks.problems(resolve("paper-h100", "table2", "no draft"), profile, paths, "local")
     assert on_disk == []                                     # the baseline needs no draft stack
     main_only = Paths(make_checkout(tmp_path / "main", drop_draft_keys=("ttt_steps", "method", "gamma")),
                       paths.checkpoint_root, paths.hf_home)
     on_disk, _ = checks.problems(resolve("paper-h100", "table2", "EAGLE-3"), profile, main_only, "local")
-    assert any("no multi-pass EAGLE-3 (DraftConfig.ttt_steps; NVIDIA-NeMo/RL PR 3699)" in p for p in on_disk)
+    assert any("multi-pass EAGLE-3 in the NeMo-RL checkout" in p and "ttt_steps; NVIDIA-NeMo/RL PR 3699" in p
+               for p in on_disk)
 
 
 def test_block_size_and_datasets_are_checked(world, tmp_path):
@@ -129,7 +132,7 @@ def test_block_size_and_datasets_are_checked(world, tmp_path):
     on_disk, _ = checks.problems(spec, profile, Paths(world["nemo"], data["checkpoint_root"], tmp_path), "local")
     text = "; ".join(on_disk)
     assert "records block_size 8, the profile says 16" in text
-    assert "dataset BytedTsinghua-SIA/DAPO-Math-17k: not in the Hugging Face cache" in text
+    assert "dataset BytedTsinghua-SIA/DAPO-Math-17k in the Hugging Face cache" in text
     on_disk, _ = checks.problems(resolve("paper-h100", "fig4", "DFlash"), profile,
                                  Paths(world["nemo"], data["checkpoint_root"]), "local")
     assert any(p.startswith("dataset_root (set --dataset-root") for p in on_disk)
@@ -150,7 +153,7 @@ def test_gpu_count_and_model_are_checked(world, monkeypatch):
     with pytest.raises(checks.CheckError, match=r"GPU model H100 \(detected: NVIDIA A100"):
         checks.check_row(spec, profile, paths, "local", machine=_machine(8, "NVIDIA A100-SXM4-80GB"))
     big = resolve("paper-gb200", "table1", "GPT-OSS-120B/DFlash")
-    with pytest.raises(checks.CheckError, match="needs 8 nodes x 4 GPUs; a local launch runs on one node"):
+    with pytest.raises(checks.CheckError, match="a launcher for 8 nodes x 4 GPUs: a local launch runs on one node"):
         checks.check_row(big, load_profile("paper-gb200"), paths, "local", machine=_machine(4, "NVIDIA GB200"))
     with pytest.raises(checks.CheckError, match="container"):
         checks.check_row(big, load_profile("paper-gb200"), paths, "ray-sub")
