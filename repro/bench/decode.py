@@ -90,7 +90,11 @@ def identity_check(policy, drafts: dict, preset: dict, prompts) -> dict[str, flo
     return out
 
 
-def run(profile_name: str, out: Path, overrides: dict) -> list[dict]:
+def run(profile_name: str, out: Path, overrides: dict, deadline_s: float | None = None) -> list[dict]:
+    """Run the benchmark into ``out``. With ``deadline_s`` (seconds from now), points not yet started when
+    it passes are skipped (listed in the run's config) so the run still ends cleanly with its bench.json."""
+    t_start = time.monotonic()
+    late = lambda: deadline_s is not None and time.monotonic() - t_start > deadline_s  # noqa: E731
     profile = load_profile(profile_name)
     if profile_name not in PRESETS:
         raise SystemExit(f"decode has no workload for profile {profile_name!r}; expected one of {sorted(PRESETS)}")
@@ -112,6 +116,8 @@ def run(profile_name: str, out: Path, overrides: dict) -> list[dict]:
     train_prompts = lang.sample(preset["train_prompts"], preset["prompt_len"], seed=1).tolist()
     eval_prompts = lang.sample(max(preset["batch_sizes"]), preset["prompt_len"], seed=2).tolist()
     temp = preset["temperature"]
+    skipped: list[str] = []
+    config["skipped_for_deadline"] = skipped      # shared with BenchRun's (shallow) copy of the config
     with BenchRun(out, artifact="decode", profile=profile_name, config=config) as bench:
         t0 = time.perf_counter()
         losses = pretrain_policy(policy, lang, steps=preset["pretrain_steps"], batch_size=preset["pretrain_batch"],
@@ -140,6 +146,9 @@ def run(profile_name: str, out: Path, overrides: dict) -> list[dict]:
         for fam, frac in ident.items():
             bench.record(f"identity/{fam}", {"family": fam, "rows": 4}, extra={"greedy_identical_frac": frac})
         for B in preset["batch_sizes"]:
+            if late():
+                skipped.append(f"b{B}")
+                continue
             prompts = eval_prompts[:B]
             base = None
             for fam in ("plain", *families):
@@ -168,6 +177,9 @@ def run(profile_name: str, out: Path, overrides: dict) -> list[dict]:
                              samples, extra=extra)
         # acceptance under greedy decoding, batch 8: acceptance only, one run each
         for fam in families:
+            if late():
+                skipped.append(f"{fam}/greedy")
+                continue
             policy.set_taps(drafts[fam].tap_spec)
             r = RolloutEngine(policy, proposer_for(fam, drafts[fam], preset)).generate(
                 eval_prompts[:8], max_new_tokens=preset["new_tokens"], greedy=True)

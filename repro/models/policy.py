@@ -103,11 +103,10 @@ def load_policy(path: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16,
         raise FileNotFoundError(f"policy checkpoint {str(p)!r} not found: expected a local HF folder with "
                                 "config.json and *.safetensors (download it first; nothing is fetched)")
     from transformers import AutoConfig, AutoModelForCausalLM
-    model_type = AutoConfig.from_pretrained(p).model_type
-    family = model_type if model_type in FAMILIES else model_type
+    model_type = AutoConfig.from_pretrained(p).model_type     # any HF causal LM; FAMILIES are the tested ones
     model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype, attn_implementation="sdpa"
                                                  if model_type != "gpt_oss" else "eager")
-    return Policy(model.to(device).eval(), family=family, tap_spec=tap_spec)
+    return Policy(model.to(device).eval(), family=model_type, tap_spec=tap_spec)
 
 
 @dataclass

@@ -65,3 +65,14 @@ def test_configs_and_missing_checkpoint(tmp_path):
         policy_config("mamba", "tiny")
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "Qwen3-8B")):
         load_policy(tmp_path / "Qwen3-8B")
+
+
+@pytest.mark.timeout(60)
+def test_load_policy_from_a_local_checkpoint(tmp_path):
+    pol = build_policy("qwen3", "tiny", seed=9)
+    pol.model.save_pretrained(tmp_path / "ckpt")
+    loaded = load_policy(tmp_path / "ckpt", dtype=torch.float32, tap_spec=TapSpec.eagle3_default(8))
+    assert loaded.family == "qwen3" and loaded.tap_spec.layers == (1, 3, 4)
+    x = torch.randint(0, 128, (1, 9))
+    torch.testing.assert_close(loaded.forward_train(x).logits, pol.forward_train(x, want_taps=False).logits,
+                               rtol=0, atol=1e-6)
