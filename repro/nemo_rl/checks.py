@@ -46,9 +46,12 @@ class CheckError(ValueError):
 
 
 def _read(path: Path) -> str:
+    """Python source of a file (or of a folder's modules), implicitly concatenated strings joined."""
     if path.is_dir():
-        return "\n".join(p.read_text(errors="replace") for p in sorted(path.glob("*.py")))
-    return path.read_text(errors="replace") if path.is_file() else ""
+        text = "\n".join(p.read_text(errors="replace") for p in sorted(path.glob("*.py")))
+    else:
+        text = path.read_text(errors="replace") if path.is_file() else ""
+    return re.sub(r"([\"'])\s*\n\s*\1", "", text)
 
 
 def checkout_problems(spec: RowSpec, nemo: Path, launcher: str) -> list[str]:

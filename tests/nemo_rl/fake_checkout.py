@@ -79,10 +79,11 @@ def make_checkout(root: Path, *, refusals: tuple[str, ...] = (), missing: tuple[
                 "nemo_rl/__init__.py", f"{checks.DRAFT_DIR}/dflash.py", f"{checks.DRAFT_DIR}/dspark.py",
                 f"{checks.DRAFT_DIR}/utils.py", checks.TRAIN_PY):
         files.setdefault(rel, "")
-    for key in refusals:
+    for key in refusals:   # written as NeMo-RL writes them: one message split over two string literals
         rel, text, _ = checks.REFUSALS[key]
         rel = rel if rel.endswith(".py") else f"{rel}/utils.py"
-        files[rel] += f'raise ValueError("... {text} ...")\n'
+        head, tail = text.rsplit(" ", 1)
+        files[rel] += f'raise ValueError(\n    "... {head} "\n    "{tail} ..."\n)\n'
     for rel, text in files.items():
         if rel in missing:
             continue
