@@ -188,3 +188,27 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="needs policy taps"):
         pol.recorder = None
         RolloutEngine(pol, BlockProposer(d))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_drafts_satisfy_the_pp_tap_contract(policy64, family):
+    """Each draft is a ``TapDraft``: fed HF hidden states through the PP harness's contract it gives the
+    same loss as when fed from its own tap hooks."""
+    from repro.parallel.draft_interface import TapDraft, features_from_hidden_states
+    d, _ = make_draft(family, policy64)
+    assert isinstance(d, TapDraft)
+    policy64.set_taps(d.tap_spec)
+    seqs = [torch.randint(0, 127, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (19, 19)]
+    feats, batch = policy_batch(policy64, seqs, [4, 6])
+    with torch.no_grad():
+        hs = policy64.model(batch.input_ids, output_hidden_states=True).hidden_states
+    via_contract = features_from_hidden_states(hs, d.tap_layers)
+    for fam_feats in (feats, via_contract):
+        torch.manual_seed(0)
+        batch.extras["anchor_generator"] = torch.Generator().manual_seed(4)
+        loss = d.draft_loss(fam_feats, batch)
+        assert torch.isfinite(loss)
+        if fam_feats is feats:
+            ref = loss
+    torch.testing.assert_close(loss, ref, rtol=0, atol=1e-12)
