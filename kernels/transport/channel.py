@@ -105,7 +105,6 @@ class TapChannel:
         """Spin, then sleep with backoff, until ``ready()`` returns non-None; watch the peer."""
         t0 = time.monotonic()
         next_live = t0 + self.liveness_interval_s
-        nap = 0.0
         while True:
             out = ready()
             if out is not None:
@@ -118,9 +117,10 @@ class TapChannel:
                 next_live = now + self.liveness_interval_s
             if now - t0 > timeout_s:
                 raise TapTimeoutError(f"{what}: no progress within {timeout_s:g} s; {describe()}")
-            if nap:
-                time.sleep(nap)
-            nap = min(max(nap * 2, 2e-6), 1e-3)
+            # Yield for the first 0.2 ms, then nap briefly (fine latency for ms transfers), then back
+            # off to 1 ms so a long wait (a slow peer) does not burn a shared core.
+            waited = now - t0
+            time.sleep(0 if waited < 2e-4 else 2e-5 if waited < 5e-3 else min(1e-3, waited / 20))
 
     # -- producer --------------------------------------------------------------------------------
     def put(self, stage: int, name: str, seq: int, tensor: torch.Tensor) -> None:
