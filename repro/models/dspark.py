@@ -10,7 +10,9 @@ Loss: weights ``w_s = exp(-s/gamma)`` on a contiguous supervised prefix (``cumpr
 ``a+s+1 < S``, ``loss_mask[a+s]``, block kept); ``0.1 CE + 0.9 TV + 1.0 BCE`` with
 ``TV = ||p_draft - p_policy||_1`` against the policy's logits at ``a+s`` and the soft confidence
 target ``c* = clamp(1 - TV/2, 0, 1)`` (detached); each term normalised by its weight sum.
-Inference: one backbone pass, then sequential Markov sampling over the B slots: B proposals.
+Inference: one backbone pass, then sequential Markov sampling over the B slots: B proposals; with
+``confidence_threshold > 0`` each chain is cut at its first slot whose confidence is below it (the
+static schedule; the calibrated, hardware-aware scheduler of the DSpark paper is not implemented).
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ class DSparkDraft(nn.Module):
         nn.init.zeros_(self.markov_out.weight)          # starts as the plain backbone
         self.confidence = nn.Linear(cfg.target_hidden + markov_rank, 1)
         self.attn_backend = "auto"        # kernels.attention backend used by draft_loss
+        self.confidence_threshold = 0.0   # > 0: cut each chain at the first slot whose confidence is below
         if policy is not None:
             self.attach(policy)
 
@@ -115,9 +118,13 @@ class DSparkDraft(nn.Module):
         return total, parts
 
     def sample_block(self, hidden, last_token, *, greedy, temperature, generator):
+        """B chain proposals by sequential Markov sampling; with a confidence threshold also the number
+        of leading proposals to verify (static schedule: cut at the first slot with confidence < thr)."""
         base = self.backbone.head(hidden).float()                              # [B, Bs, V]
-        prev, toks, qs = last_token, [], []
+        prev, toks, qs, confs = last_token, [], [], []
         for s in range(base.shape[1]):
+            if self.confidence_threshold > 0:
+                confs.append(self.conf(hidden[:, s], prev))
             logits = self.markov_logits(base[:, s], prev)
             if greedy:
                 t, q = logits.argmax(-1), None
@@ -127,4 +134,8 @@ class DSparkDraft(nn.Module):
             toks.append(t)
             qs.append(q)
             prev = t
-        return torch.stack(toks, 1), (None if greedy else torch.stack(qs, 1))
+        toks, qs = torch.stack(toks, 1), (None if greedy else torch.stack(qs, 1))
+        if self.confidence_threshold > 0:
+            keep = (torch.stack(confs, 1) >= self.confidence_threshold).long().cumprod(1)
+            return toks, qs, keep.sum(1)
+        return toks, qs

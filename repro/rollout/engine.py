@@ -40,10 +40,10 @@ class AcceptanceCounters:
         if not self.accepted_per_pos:
             self.accepted_per_pos = [0] * self.num_proposals
 
-    def add(self, accepted: torch.Tensor) -> None:
+    def add(self, accepted: torch.Tensor, num_valid: torch.Tensor | None = None) -> None:
         k = self.num_proposals
         self.verify_steps += int(accepted.numel())
-        self.draft_tokens += k * int(accepted.numel())
+        self.draft_tokens += k * int(accepted.numel()) if num_valid is None else int(num_valid.sum())
         self.accepted += int(accepted.sum())
         if k:
             per = (accepted.view(-1, 1) > torch.arange(k, device=accepted.device)).sum(0).tolist()
@@ -151,8 +151,12 @@ class RolloutEngine:
                 if self.proposer is not None:
                     self.proposer.select(keep)
             nb = rows.numel()
+            n_valid = None
             if self.proposer is not None:
-                d, q = self.proposer.propose(last_tok, last_pos, greedy=greedy, temperature=temp, generator=gen)
+                prop = self.proposer.propose(last_tok, last_pos, greedy=greedy, temperature=temp, generator=gen)
+                d, q = prop[0], prop[1]
+                if len(prop) > 2:                               # the draft cut some chains short
+                    n_valid = prop[2]
             else:
                 d, q = last_tok.new_zeros(nb, 0), None
             inp = torch.cat([last_tok[:, None], d], dim=1)
@@ -160,9 +164,9 @@ class RolloutEngine:
             start = table.length
             out = pol.decode_step(inp, qpos, cache, table, want_taps=want_taps)
             forwards += 1
-            v = verify(out.logits, d, q, greedy=greedy, temperature=temp, generator=gen)
+            v = verify(out.logits, d, q, greedy=greedy, temperature=temp, generator=gen, num_valid=n_valid)
             a = v.accepted
-            counters.add(a)
+            counters.add(a, n_valid)
             # committed tokens of this step: d_1..d_a then the policy's token
             j = torch.arange(k + 1, device=dev).unsqueeze(0)
             committed = torch.cat([d, d.new_zeros(nb, 1)], dim=1)

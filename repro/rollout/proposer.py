@@ -10,7 +10,8 @@ Per verify step the engine calls ``propose`` once and then ``observe`` once:
 * ``propose(last_token, last_pos)`` returns ``k`` chain proposals for positions ``last_pos+1 ..
   last_pos+k``, where ``last_token`` (at ``last_pos``) is the newest committed token, which the
   policy has not processed yet; plus the distributions they were drawn from (target vocabulary),
-  or ``None`` for deterministic (greedy) proposals.
+  or ``None`` for deterministic (greedy) proposals; optionally a third value ``num_valid [B]`` when
+  the draft cuts some rows' chains short (only the leading ``num_valid`` proposals are verified).
 * ``select(rows)`` keeps only the given batch rows (finished rows leave the batch).
 
 An oracle proposer (tests) and the three drafts (``repro.models.{eagle3,dflash,dspark}``) implement it.

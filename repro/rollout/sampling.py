@@ -35,11 +35,14 @@ def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def verify(policy_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, *,
-           greedy: bool, temperature: float = 1.0, generator: torch.Generator | None = None) -> Verdict:
+           greedy: bool, temperature: float = 1.0, generator: torch.Generator | None = None,
+           num_valid: torch.Tensor | None = None) -> Verdict:
     """Accept a prefix of ``draft_tokens [B, k]`` against ``policy_logits [B, k+1, V]``.
 
     ``draft_probs [B, k, V]`` are the distributions the proposals were sampled from (target vocab);
-    ``None`` means the proposals are deterministic (one-hot).
+    ``None`` means the proposals are deterministic (one-hot). ``num_valid [B]`` (default k) says how
+    many leading proposals of each row are real (a draft may cut its chain, e.g. DSpark's confidence
+    schedule): after ``num_valid`` acceptances the extra token is the bonus from ``p[num_valid]``.
     """
     B, k1, V = policy_logits.shape
     k = k1 - 1
@@ -49,10 +52,16 @@ def verify(policy_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs:
         raise ValueError(f"draft_probs must be [B={B}, k={k}, V={V}], got {tuple(draft_probs.shape)}")
     dev = policy_logits.device
     rows = torch.arange(B, device=dev)
+    if num_valid is not None:
+        if num_valid.shape != (B,) or bool(((num_valid < 0) | (num_valid > k)).any()):
+            raise ValueError(f"num_valid must be [B={B}] with values in [0, {k}], got {num_valid.tolist()}")
+        num_valid = num_valid.to(dev, torch.long)
+    else:
+        num_valid = torch.full((B,), k, dtype=torch.long, device=dev)
     if greedy:
         target = policy_logits.argmax(dim=-1)                      # [B, k+1]
         ok = (draft_tokens == target[:, :k]).long()
-        accepted = ok.cumprod(dim=1).sum(dim=1)
+        accepted = torch.minimum(ok.cumprod(dim=1).sum(dim=1), num_valid)
         return Verdict(accepted, target[rows, accepted])
 
     p = probs_from_logits(policy_logits, temperature)              # [B, k+1, V]
@@ -66,10 +75,10 @@ def verify(policy_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs:
         q_d = draft_probs.float().gather(2, draft_tokens.unsqueeze(2)).squeeze(2)
     u = torch.rand(B, k, device=dev, generator=generator)
     ok = (u * q_d < p_d).long()                                      # u < p/q without dividing by q
-    accepted = ok.cumprod(dim=1).sum(dim=1)                           # [B]
-    # distribution of the extra token: residual at the first rejection, p_k after full acceptance
+    accepted = torch.minimum(ok.cumprod(dim=1).sum(dim=1), num_valid)  # [B]
+    # distribution of the extra token: residual at the first rejection, bonus after all valid accepted
     p_a = p[rows, accepted]                                           # [B, V]
-    rejected = accepted < k
+    rejected = accepted < num_valid
     a_clamped = accepted.clamp(max=k - 1)
     if draft_probs is None:
         q_a = torch.zeros_like(p_a)

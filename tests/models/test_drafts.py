@@ -148,6 +148,23 @@ def test_trained_draft_is_lossless_and_accepts(trained, family):
         torch.testing.assert_close(torch.tensor(lp), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.timeout(60)
+def test_dspark_confidence_schedule_cuts_chains_losslessly(trained):
+    pol, prompts, drafts = trained
+    d, make, _ = drafts["dspark"]
+    pol.set_taps(d.tap_spec)
+    plain = RolloutEngine(pol).generate(prompts[:4], max_new_tokens=16, greedy=True)
+    d.confidence_threshold = 0.5
+    try:
+        spec = RolloutEngine(pol, make()).generate(prompts[:4], max_new_tokens=16, greedy=True)
+    finally:
+        d.confidence_threshold = 0.0
+    assert spec.tokens == plain.tokens
+    c = spec.counters
+    assert c.draft_tokens < c.verify_steps * c.num_proposals      # some chains were cut
+    assert c.accepted <= c.draft_tokens
+
+
 def test_eagle3_reduced_vocab_proposes_only_kept_tokens(trained):
     pol, prompts, drafts = trained
     d, make, _ = drafts["eagle3"]

@@ -85,3 +85,23 @@ def test_engine_sampling_matches_policy_distribution():
     h23 = torch.bincount(toks[:, 1] * V + toks[:, 2], minlength=V * V)
     assert chi2_pvalue(h12, joint12) > ALPHA
     assert chi2_pvalue(h23, joint23) > ALPHA
+
+
+@pytest.mark.timeout(30)
+def test_verify_with_cut_chains_is_exact():
+    """Rows whose draft proposes fewer than k tokens (num_valid): residual or bonus at the cut, still exact."""
+    g = torch.Generator().manual_seed(3)
+    V, k, N = 5, 3, 60000
+    logits = torch.randn(1, k + 1, V, generator=g) * 1.5
+    q = torch.softmax(torch.randn(1, k, V, generator=g), -1).expand(N, -1, -1)
+    d = torch.stack([torch.multinomial(q[0, i].expand(N, V), 1, generator=g)[:, 0] for i in range(k)], 1)
+    nv = torch.randint(0, k + 1, (N,), generator=g)
+    v = verify(logits.expand(N, -1, -1), d, q, greedy=False, generator=g, num_valid=nv)
+    assert bool((v.accepted <= nv).all())
+    first = torch.where(v.accepted > 0, d[:, 0], v.next_token)
+    assert chi2_pvalue(torch.bincount(first, minlength=V), torch.softmax(logits[0, 0], -1)) > ALPHA
+    for n in range(k + 1):          # after all valid proposals accepted the bonus comes from p[n]
+        rows = (nv == n) & (v.accepted == n)
+        assert chi2_pvalue(torch.bincount(v.next_token[rows], minlength=V), torch.softmax(logits[0, n], -1)) > ALPHA
+    with pytest.raises(ValueError, match="num_valid must be"):
+        verify(logits, d[:1], q[:1], greedy=False, num_valid=torch.tensor([4]))
