@@ -34,8 +34,10 @@ Public API (signatures are stable; ``group=None`` means one rank, a process grou
 
 ``stats`` (a ``RingStats``) collects bytes/messages/visible pairs per rank; ``return_lse`` also
 returns the joint lse ([T, H] fp32/fp64, not differentiable). Out is differentiable w.r.t. every
-tensor input. Backends: "auto", "torch" (pure torch, fp64 oracle kernel), "sdpa_cpu",
-"sdpa_cuda" (torch's flash kernels), "torch_bf16".
+tensor input. Backends (kernels/attention/backends): "auto", "torch" (pure torch, the fp64 oracle's
+kernel), "sdpa_cpu" (torch's fused CPU kernels), "sdpa_cuda" (torch's bundled flash-attention 2,
+varlen), "cudnn" (torch's cuDNN attention, per segment), "prefix_full[<name>]" (DFlash/DSpark prefix
+masks on a full-segment kernel), "torch_bf16".
 
 Examples (single rank; pass ``group`` and sharded tensors for CP):
 

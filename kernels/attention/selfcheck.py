@@ -11,7 +11,7 @@ for the caller to assert on. Used by tests/attention (gloo, CPU) and repro/bench
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -40,7 +40,6 @@ class Case:
     device: str = "cpu"
     scheme: str = "zigzag"              # "sequential": the basic ring (must agree with zigzag)
     usp: tuple = ()                     # (U, R): run the USP baseline instead (family "ttt" only)
-    extra: dict = field(default_factory=dict)
 
 
 def _tensors(case: Case, cu: torch.Tensor):
