@@ -37,11 +37,15 @@ os.makedirs(log_dir, exist_ok=True)
 run = wandb.init(**cfg["logger"]["wandb"], dir=log_dir,
                  settings=wandb.Settings(console="off", x_disable_stats=True, x_disable_meta=True))
 samples = cfg["grpo"]["num_prompts_per_step"] * cfg["grpo"]["num_generations_per_prompt"]
+drafted = cfg["policy"]["draft"]["enabled"]
 for step in range(1, cfg["grpo"]["max_num_steps"] + 1):
     run.log({"train/reward": 0.1 * step, "train/mean_gen_tokens_per_sample": 100.0}, step=step)
-    run.log({"performance/samples_per_sec": samples / 10.0}, step=step)
-    run.log({"timing/train/generation": 6.0, "timing/train/policy_training": 3.0,
-             "timing/train/total_step_time": 10.0}, step=step, commit=True)
+    run.log({"train/gen_kl_error": 6e-4, "train/vllm/spec_num_drafts": 50.0 if drafted else 0.0,
+             "train/vllm/spec_acceptance_length": 2.5 if drafted else 1.0}, step=step)
+    step_s = 8.0 if drafted else 10.0
+    run.log({"performance/samples_per_sec": samples / step_s}, step=step)
+    run.log({"timing/train/generation": 4.0 if drafted else 6.0, "timing/train/policy_training": 3.0,
+             "timing/train/total_step_time": step_s}, step=step, commit=True)
 run.finish()
 print("fake NeMo-RL: done", file=sys.stderr)
 """

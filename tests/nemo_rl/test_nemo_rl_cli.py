@@ -201,7 +201,8 @@ def test_a_local_launch_runs_the_printed_command_and_finishes(world, tmp_path, m
     assert "wrote" in capsys.readouterr().out
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == list(range(1, 11))          # table2: 10 steps
-    assert steps[0]["train/rollout_time_s"] == 6.0 and steps[0]["train/gen_tokens"] == 100.0 * 64 * 32
+    assert steps[0]["train/rollout_time_s"] == 4.0 and steps[0]["train/gen_tokens"] == 100.0 * 64 * 32
+    assert steps[0]["train/acceptance_length"] == 2.5
     env = json.loads((out / "env.json").read_text())
     assert env["engine"] == "nemo-rl" and "generated_on" in env      # runtime_env ran where NeMo-RL ran
     assert json.loads((out / "run.json").read_text())["steps"] == 10
