@@ -91,12 +91,10 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: 
     G = k.shape[1]
     if H % G:
         raise ValueError(f"query heads {H} must be a multiple of key/value heads {G}")
-    rep = H // G
-    kk = k.repeat_interleave(rep, dim=1) if rep > 1 else k
-    vv = v.repeat_interleave(rep, dim=1) if rep > 1 else v
     any_key = visible.any(-1, keepdim=True)                                  # [B, q, 1]
     vis = visible | ~any_key                                                  # keep SDPA NaN-free
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, attn_mask=vis.unsqueeze(1))
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=vis.unsqueeze(1),
+                                         enable_gqa=H != G)
     return out.transpose(1, 2) * any_key.unsqueeze(-1).to(out.dtype)
 
 
