@@ -7,6 +7,10 @@ NeMo-RL is never imported: the suite meets it at its config and metric boundarie
     checks.py    everything a run needs (checkout and its draft stack, checkpoints, datasets, GPUs), checked
                  before anything is launched or submitted
     launch.py    the launch command: local ``uv run`` in the user's checkout, or SLURM through NeMo-RL's ray.sub
-    metrics.py   NeMo-RL's W&B metric names -> the suite's tidy names (registered with repro.report.collect)
+    runtime_env.py  the first step of a launch: env.json records the machine that runs NeMo-RL
+    metrics.py   NeMo-RL's W&B metric names -> the suite's per-step names (registered with repro.report.collect)
+    finish.py    after a run: the suite's per-step metrics.jsonl and the run.json marker
     run.py       the CLI: ``python -m repro.nemo_rl.run --artifact table1 --row Qwen3-8B/DFlash ...``
+
+    python -m repro.nemo_rl.run --list        # every paper row and its launch command
 """

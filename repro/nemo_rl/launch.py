@@ -9,6 +9,8 @@ the run folder and the local caches:
 ``ray-sub`` submits NeMo-RL's own ray.sub (it starts a Ray cluster across the nodes of the
 allocation and runs the steps on the head node) with ``sbatch --wait``, so the call returns when the
 run ends. The command is one shell line: what --dry-run prints is exactly what runs.
+
+    python -m repro.nemo_rl.run --list --profile paper-gb200      # the ray-sub commands of the GB200 rows
 """
 from __future__ import annotations
 
