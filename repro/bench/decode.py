@@ -56,16 +56,21 @@ PRESETS = {
 
 
 def make_draft(family: str, policy, preset: dict):
-    """A fresh draft of ``family`` sized from the policy, and a factory of its proposer."""
+    """A fresh draft of ``family`` sized from the policy, and a factory of its proposer.
+
+    The draft's parameters are ``preset["draft_dtype"]`` (fp32 master weights by default: AdamW on
+    bf16 parameters loses small updates); it reads bf16 taps and rides the bf16 policy's head.
+    """
     torch.manual_seed(0)
+    ddtype = DTYPES[preset.get("draft_dtype", "float32")]
     if family == "eagle3":
         d = Eagle3Draft(Eagle3Config.from_policy(policy, ttt_steps=preset["eagle_k"]))
-        d = d.to(device=policy.device, dtype=policy.dtype)
+        d = d.to(device=policy.device, dtype=ddtype)
         d.init_from_policy(policy)
         return d, (lambda dd=d: Eagle3Proposer(dd, preset["eagle_k"]))
     cfg = BlockDraftConfig.from_policy(policy, num_layers=preset["block_layers"], block_size=preset["block_size"])
     cls = DFlashDraft if family == "dflash" else DSparkDraft
-    d = cls(cfg, policy).to(device=policy.device, dtype=policy.dtype)
+    d = cls(cfg, policy).to(device=policy.device, dtype=ddtype)
     return d, (lambda dd=d: BlockProposer(dd))
 
 
@@ -136,7 +141,7 @@ def run(profile_name: str, out: Path, overrides: dict, deadline_s: float | None 
             t0 = time.perf_counter()
             losses = train_draft(d, policy, seqs, plens, steps=preset["train_steps"], lr=preset["lr"],
                                  batch_size=preset["train_batch"],
-                                 fallback_backend="torch_bf16" if dtype == torch.bfloat16 else "torch")
+                                 fallback_backend="torch")
             k = max(1, len(losses) // 10)
             bench.record(f"train/{fam}", {"family": fam, "steps": len(losses), "attn_backend": d.attn_backend},
                          extra={"train_time_s": time.perf_counter() - t0,
