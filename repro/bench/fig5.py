@@ -9,8 +9,9 @@ method's alone:
     usp U=.. R=..   SpecForge's USP on the padded batch, every (U, R) with U*R = C that divides
                     the head counts
 and times forward + backward of the 3 passes (wall: slowest rank per sample; and each rank's CPU time
-per step: with more ranks than cores the wall time measures the machine's total work, so the
-speedup then uses the critical path = largest per-rank CPU time; both are logged). Logged rows (metric names
+per step: on CPUs (few shared cores, often fewer than ranks) wall time measures the machine's total
+work and other load, so CPU runs compute the speedup from the critical path = largest per-rank CPU
+time per step; the wall-time speedup is logged beside it). Logged rows (metric names
 of experiments/paper_numbers.csv): "cp=<C>": speedup_vs_best_usp, peak_mem_ratio_usp_over_zigzag,
 usp_pad_factor; "all": the same pooled (smallest speedup and ratio), longest_seq_tokens.
 CPU results are cpu-emulated: compare the ratios, not the times.
@@ -142,7 +143,7 @@ def run_method(cfg: dict, C: int, timeout_s: float) -> dict:
     samples = res[0]["samples"]                    # already the slowest rank per sample
     peaks = [r["peak_gb"] for r in res]
     crit = critical_path(res)
-    emulated = cfg["device"] == "cpu" and C > usable_cores()
+    emulated = cfg["device"] == "cpu"     # one basis on CPUs, robust to other load on a shared machine
     return {"samples": samples, "wall_median": summarize(samples)["median"], "cpu_critical": crit,
             "cpu_critical_median": summarize(crit)["median"], "emulated": emulated,
             "median": summarize(crit if emulated else samples)["median"], "peak_gb_max": max(peaks),
@@ -199,7 +200,7 @@ def main(argv=None) -> int:
             pooled_speedup.append(speedup)
             pooled_mem.append(mem_ratio)
             best_wall = min(u["wall_median"] for u in usp.values())
-            timing = "cpu critical path (ranks > cores)" if z["emulated"] else "wall, slowest rank"
+            timing = "cpu critical path (largest per-rank CPU time)" if z["emulated"] else "wall, slowest rank"
             bench.record(f"cp={C}", {"cp": C, "best_usp": [bU, bR], "same_run": True, "speedup_timing": timing},
                          extra={"speedup_vs_best_usp": speedup, "peak_mem_ratio_usp_over_zigzag": mem_ratio,
                                 "speedup_vs_best_usp_wall": best_wall / z["wall_median"],
