@@ -76,9 +76,15 @@ class RolloutEngine:
         self.policy = policy
         self.proposer = proposer
         self.k = proposer.num_proposals if proposer is not None else 0
-        if proposer is not None and proposer.needs_taps and policy.recorder is None:
-            raise ValueError("the draft needs policy taps but the policy has no TapSpec; call "
-                             "policy.set_taps(draft.tap_spec)")
+        if proposer is not None and proposer.needs_taps:
+            if policy.recorder is None:
+                raise ValueError("the draft needs policy taps but the policy has no TapSpec; call "
+                                 "policy.set_taps(draft.tap_spec)")
+            want = getattr(proposer, "tap_spec", None)
+            have = policy.tap_spec
+            if want is not None and have.as_output_layers() != want.as_output_layers():
+                raise ValueError(f"the policy taps layers {have.as_output_layers()} but the draft was trained on "
+                                 f"{want.as_output_layers()} (output convention); call policy.set_taps(draft.tap_spec)")
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         self.max_model_len = max_model_len

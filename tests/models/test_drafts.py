@@ -202,7 +202,11 @@ def test_bad_inputs_raise():
         d.backbone.context(torch.zeros(1, 3, 64))
     with pytest.raises(RuntimeError, match="call draft.attach"):
         DFlashDraft(BlockDraftConfig.from_policy(pol)).backbone.embed(torch.zeros(1, dtype=torch.long))
+    pol.set_taps(TapSpec.eagle3_default(pol.num_layers))
+    with pytest.raises(ValueError, match=r"taps layers \(1, 3, 4\) but the draft was trained on \(1, 5\)"):
+        RolloutEngine(pol, BlockProposer(d))
     with pytest.raises(ValueError, match="needs policy taps"):
+        pol.recorder.remove()
         pol.recorder = None
         RolloutEngine(pol, BlockProposer(d))
 
