@@ -1,0 +1,94 @@
+"""Summary rows and the Table 1/2, Figure 3/4 builders on synthetic run folders and tidy tables
+(numbers chosen so every summary value can be checked by hand).
+
+    .venv/bin/python -m pytest -q tests/rl/test_summary.py
+"""
+import json
+
+import pandas as pd
+import pytest
+
+from repro.report.artifacts import fig3, table1
+from repro.report.paper import load_paper_numbers
+from repro.rl.summary import run_dir_name, summarize
+
+
+def _write_run(root, row, steps):
+    d = root / run_dir_name(row)
+    d.mkdir(parents=True)
+    with open(d / "metrics.jsonl", "w") as f:
+        for s in steps:
+            f.write(json.dumps({"row": row, **s}) + "\n")
+
+
+def _steps(n, rollout, update, tokens, al=None):
+    out = []
+    for i in range(n):
+        s = {"step": i, "train/rollout_time_s": rollout, "train/update_time_s": update,
+             "train/step_time_s": rollout + update, "train/gen_tokens": tokens, "train/reward": 0.5,
+             "train/train_inference_kl": 1e-7}
+        if al is not None:
+            s["train/acceptance_length"] = al + i
+        out.append(s)
+    return out
+
+
+def test_table2_summary_by_hand(tmp_path):
+    rows = {"no draft": {"policy": "dense"}, "DFlash": {"policy": "dense", "draft": "dflash", "baseline": "no draft"}}
+    _write_run(tmp_path, "no draft", _steps(13, rollout=4.0, update=1.0, tokens=100))
+    steps = _steps(13, rollout=2.0, update=1.25, tokens=100, al=2.0)
+    crashed = {**steps[1], "train/rollout_time_s": 99.0}        # logged, then the run crashed and resumed:
+    _write_run(tmp_path, "DFlash", [steps[0], crashed] + steps[1:])   # the re-logged (later) step 1 wins
+    s = summarize("table2", rows, tmp_path, skip_steps=1)
+    d = s["DFlash"]
+    assert d["rollout_speedup"] == pytest.approx(2.0)
+    assert d["rollout_time_s"] == pytest.approx(2.0)
+    assert d["update_overhead_pct"] == pytest.approx(25.0)
+    assert d["e2e_speedup"] == pytest.approx(5.0 / 3.25)
+    # first 10 updates after the skipped warm-up step: AL = 2 + (1..10) -> mean 7.5
+    assert d["acceptance_length"] == pytest.approx(7.5)
+    assert s["no draft"]["rollout_speedup"] == 1.0 and s["no draft"]["rollout_share_of_step_pct"] == pytest.approx(80)
+
+
+def test_table1_summary_normalises_per_token(tmp_path):
+    rows = {"A/no draft": {}, "A/DSpark": {"draft": "dspark", "baseline": "A/no draft"}}
+    _write_run(tmp_path, "A/no draft", _steps(4, rollout=4.0, update=1.0, tokens=100))
+    _write_run(tmp_path, "A/DSpark", _steps(4, rollout=4.0, update=1.0, tokens=300, al=3.0))
+    s = summarize("table1", rows, tmp_path)
+    assert s["A/DSpark"]["rollout_speedup"] == pytest.approx(3.0)     # 3x the tokens in the same time
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl: missing"):
+        summarize("table1", {"B/x": {}}, tmp_path)
+    with pytest.raises(ValueError, match="no steps left"):
+        summarize("table1", rows, tmp_path, skip_steps=4)
+
+
+def _tidy(rows):
+    base = {"artifact": "table1", "profile": "cpu-tiny", "hardware": "cpu-2c", "hardware_label": "cpu-emulated",
+            "engine": "suite"}
+    return pd.DataFrame([{**base, **r} for r in rows])
+
+
+def test_table1_builder_lists_every_paper_row(tmp_path):
+    tidy = _tidy([{"run": "s", "row": "Qwen3-8B/DFlash", "step": 0, "metric": m, "value": v}
+                  for m, v in (("acceptance_length", 2.5), ("rollout_speedup", 1.4), ("e2e_speedup", 1.2))])
+    paper = load_paper_numbers()
+    table1.build(tidy, paper[paper["artifact"] == "table1"], tmp_path)
+    df = pd.read_csv(tmp_path / "table1.csv")
+    assert len(df) == 7
+    r = df[df["row"] == "Qwen3-8B/DFlash"].iloc[0]
+    assert (r["AL (ours)"], r["rollout (ours)"], r["E2E (paper)"]) == (2.5, 1.4, 1.88)
+    assert df[df["row"] == "GPT-OSS-120B/DFlash"]["AL (ours)"].isna().all()
+
+
+def test_fig3_builder_draws_curves_and_summary(tmp_path):
+    rows = []
+    for run, row in (("a", "no draft"), ("b", "DFlash")):
+        for step in range(3):
+            rows.append({"run": run, "row": row, "step": step, "metric": "train/reward", "value": 0.1 * step})
+            rows.append({"run": run, "row": row, "step": step, "metric": "train/train_inference_kl", "value": 1e-7})
+    rows.append({"run": "s", "row": "all", "step": 0, "metric": "train_inference_kl", "value": 1e-7})
+    paper = load_paper_numbers()
+    paths = fig3.build(_tidy(rows), paper[paper["artifact"] == "fig3"], tmp_path)
+    assert {p.suffix for p in paths} == {".pdf", ".png", ".csv", ".md"}
+    md = (tmp_path / "fig3.md").read_text()
+    assert "train_inference_kl" in md and "0.0006-0.0007" in md
