@@ -92,8 +92,9 @@ def _history_of(run_dir: Path, env: dict[str, Any]) -> tuple[list[dict[str, Any]
         raise FileNotFoundError(f"{run_dir}: env.json says W&B mode {env.get('wandb_mode')!r} but there is "
                                 "no wandb/*/run-*.wandb log (was the run killed before W&B started?)")
     rows, finished = [], False
-    for log in logs:   # several logs = a resumed run; later rows win on (row, step)
-        run = read_wandb_log(log)
+    # Several logs = a resumed run; replay them in start order (folder names and mtimes do not
+    # survive same-second restarts or a git clone) so later rows win on (row, step).
+    for run in sorted((read_wandb_log(log) for log in logs), key=lambda r: r.start_time):
         rows.extend(run.history)
         finished = run.finished
     return rows, finished, "wandb-offline"

@@ -117,8 +117,31 @@ class MetricsLogger:
             self._sidecar.close()
             self._sidecar = None
         if self._wandb_run is not None:
+            run_id = self._wandb_run.id
             self._wandb_run.finish(exit_code=exit_code)
             self._wandb_run = None
+            if self.mode == "offline":
+                self._wait_for_log(run_id)
+
+    def _wait_for_log(self, run_id: str, timeout_s: float = 60.0) -> None:
+        """wandb-core may still be flushing the transaction log when finish() returns; wait until the
+        newest log of this run holds its exit record, so readers never see a half-written log."""
+        import time
+
+        from repro.report.wandb_reader import WandbLogError, read_wandb_log
+        deadline = time.monotonic() + timeout_s
+        while True:
+            logs = sorted((self.run_dir / "wandb").glob(f"*run-*/run-{run_id}.wandb"),
+                          key=lambda p: p.stat().st_mtime_ns)
+            try:
+                if logs and read_wandb_log(logs[-1]).finished:
+                    return
+            except WandbLogError:
+                pass   # still being written
+            if time.monotonic() > deadline:
+                warnings.warn(f"{self.run_dir}: W&B log of run {run_id} incomplete after {timeout_s:.0f} s")
+                return
+            time.sleep(0.05)
 
     # -- logging -----------------------------------------------------------------------------------
     def log(self, metrics: Mapping[str, float], *, row: str = "", step: int | None = None) -> None:

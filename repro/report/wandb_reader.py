@@ -45,6 +45,7 @@ class WandbRun:
     summary: dict[str, Any] = field(default_factory=dict)
     finished: bool = False
     exit_code: int | None = None
+    start_time: float = 0.0     # seconds since the epoch, from the run record
 
 
 def _records(path: Path) -> Iterator[bytes]:
@@ -124,6 +125,7 @@ def read_wandb_log(path: str | Path) -> WandbRun:
             r = rec.run
             run.run_id, run.project, run.group = r.run_id, r.project, r.run_group
             run.job_type, run.name, run.tags = r.job_type, r.display_name, list(r.tags)
+            run.start_time = r.start_time.seconds + r.start_time.nanos / 1e9
             for item in r.config.update:
                 run.config[_key(item)] = json.loads(item.value_json)
         elif kind == "config":
