@@ -108,9 +108,13 @@ def missing_paths(profile: dict[str, Any], config: dict[str, Any]) -> list[str]:
     return missing
 
 
-def check_servable(profile: dict[str, Any], config: dict[str, Any]) -> None:
-    """Raise one ProfileError listing everything this machine lacks to serve ``profile``."""
-    missing = missing_hardware(profile) + missing_paths(profile, config)
+def check_servable(profile: dict[str, Any], config: dict[str, Any], *, jobs_run_here: bool = True) -> None:
+    """Raise one ProfileError listing everything this machine lacks to serve ``profile``.
+
+    With ``jobs_run_here=False`` (a cluster executor: jobs run on compute nodes, not on this login
+    node) only the local paths are checked; the scheduler places the GPUs.
+    """
+    missing = (missing_hardware(profile) if jobs_run_here else []) + missing_paths(profile, config)
     if missing:
         raise ProfileError(f"profile {profile['name']!r} cannot run on this machine "
                            f"({hardware()['tag']}): missing " + "; ".join(missing))

@@ -55,7 +55,8 @@ COMPARE_CMD = (f"{PY} -m repro.report.compare --profile {PROFILE_NAME} --tidy {T
 
 onstart:
     # The profile's hardware and local paths are checked before any job runs (dry runs plan freely).
+    # Under a cluster executor (SLURM) jobs run on compute nodes: only local paths are checked here.
     try:
-        check_servable(PROFILE, config)
+        check_servable(PROFILE, config, jobs_run_here=workflow.local_exec)
     except ProfileError as exc:
         raise WorkflowError(str(exc))
