@@ -16,7 +16,11 @@ except ProfileError as exc:
     raise WorkflowError(str(exc))
 
 PROFILE_NAME = PROFILE["name"]
-HW = hardware()["tag"]
+# Run folders are named after the detected machine when jobs run here. Under a cluster executor the
+# Snakefile is parsed on the login node and again inside each job on a compute node, so the folder
+# name must not depend on either machine; env.json inside records the hardware that ran the job.
+HW = (hardware()["tag"] if workflow.local_exec and not workflow.remote_exec
+      else f"cluster-{PROFILE_NAME}")
 # The interpreter Snakemake runs under is the suite's environment.
 PY = sys.executable
 RUNS = f"results/{HW}/{PROFILE_NAME}"
