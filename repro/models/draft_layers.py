@@ -23,9 +23,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * y.to(x.dtype)) if x.dtype != torch.float32 else self.weight * y
+        return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
 
 class SwiGLU(nn.Module):
@@ -48,13 +46,23 @@ class Rotary(nn.Module):
             raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
         inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
         self.register_buffer("inv_freq", inv.float(), persistent=False)
+        self._memo: tuple | None = None   # (positions, dtype, cos, sin) of the last call
+
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
+        # q and k of a layer, and every layer of a forward, share one positions tensor: compute once
+        m = self._memo
+        if m is not None and m[0] is positions and m[1] == dtype:
+            return m[2], m[3]
+        cdt = torch.float64 if dtype == torch.float64 else torch.float32
+        ang = positions.to(cdt).unsqueeze(-1) * self.inv_freq.to(cdt)       # [..., T, D/2]
+        emb = torch.cat([ang, ang], dim=-1).unsqueeze(-2)                      # [..., T, 1, D]
+        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        self._memo = (positions, dtype, cos, sin)
+        return cos, sin
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``x [..., T, H, D]`` rotated at ``positions [..., T]`` (broadcast over heads)."""
-        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        ang = positions.to(cdt).unsqueeze(-1) * self.inv_freq.to(cdt)       # [..., T, D/2]
-        emb = torch.cat([ang, ang], dim=-1).unsqueeze(-2)                      # [..., T, 1, D]
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        cos, sin = self._cos_sin(positions, x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 

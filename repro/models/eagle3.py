@@ -233,6 +233,7 @@ class Eagle3Proposer:
             raise ValueError(f"num_proposals must be >= 1, got {num_proposals}")
         self.draft, self.num_proposals = draft, num_proposals
         self.target_ids = draft_to_target_ids(draft.d2t)
+        self.full_vocab = draft.cfg.draft_vocab_size == draft.cfg.vocab_size   # identity maps: no scatter
 
     @property
     def tap_spec(self) -> TapSpec:
@@ -277,9 +278,12 @@ class Eagle3Proposer:
     def _sample(self, g, greedy, temperature, generator):
         logits = self.draft.logits(g).float()
         if greedy:
-            return self.target_ids[logits.argmax(-1)], None
+            idx = logits.argmax(-1)
+            return (idx if self.full_vocab else self.target_ids[idx]), None
         qd = probs_from_logits(logits, temperature)
         idx = torch.multinomial(qd, 1, generator=generator)[:, 0]
+        if self.full_vocab:
+            return idx, qd
         q = qd.new_zeros(qd.shape[0], self.draft.cfg.vocab_size)
         q[:, self.target_ids] = qd
         return self.target_ids[idx], q
