@@ -105,3 +105,44 @@ def test_verify_with_cut_chains_is_exact():
         assert chi2_pvalue(torch.bincount(v.next_token[rows], minlength=V), torch.softmax(logits[0, n], -1)) > ALPHA
     with pytest.raises(ValueError, match="num_valid must be"):
         verify(logits, d[:1], q[:1], greedy=False, num_valid=torch.tensor([4]))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("family", ["eagle3_reduced_vocab", "dflash", "dspark"])
+def test_real_drafts_sample_the_policy_distribution(family):
+    """The drafts' own proposal distributions (reduced-vocabulary EAGLE-3 mapped to the target
+    vocabulary, DFlash's per-slot head, DSpark's sequential Markov chain) keep sampling exact."""
+    from repro.models.block_draft import BlockDraftConfig, BlockProposer
+    from repro.models.dflash import DFlashDraft
+    from repro.models.dspark import DSparkDraft
+    from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
+    from repro.models.vocab import build_draft_vocab
+
+    V, prompt, N, temp = 12, [3, 1, 4], 2000, 1.0
+    pol = build_policy("qwen3", "tiny", seed=8, vocab_size=V, init_std=0.2)
+    torch.manual_seed(0)
+    if family.startswith("eagle3"):
+        d2t, t2d = build_draft_vocab(torch.arange(V, 0, -1).float(), 8)
+        d = Eagle3Draft(Eagle3Config.from_policy(pol, draft_vocab_size=8), d2t=d2t, t2d=t2d)
+        d.init_from_policy(pol)
+        prop = Eagle3Proposer(d, 3)
+    else:
+        cfg = BlockDraftConfig.from_policy(pol, num_layers=1, block_size=3)
+        d = (DFlashDraft if family == "dflash" else DSparkDraft)(cfg, pol)
+        if family == "dspark":
+            torch.nn.init.normal_(d.markov_out.weight, std=0.5)    # make the Markov bias matter
+        prop = BlockProposer(d)
+    pol.set_taps(d.tap_spec)
+    out = RolloutEngine(pol, prop).generate([prompt] * N, max_new_tokens=3, temperature=temp, seed=12)
+    assert 1.05 < out.counters.acceptance_length < prop.num_proposals + 1
+    toks = torch.tensor(out.tokens)
+    with torch.no_grad():
+        seqs = torch.cartesian_prod(torch.arange(V), torch.arange(V))
+        full = torch.cat([torch.tensor(prompt).expand(V * V, -1), seqs], 1)
+        lp = torch.log_softmax(pol.model(full).logits.double() / temp, -1)
+    n0 = len(prompt)
+    p1 = lp[::V, n0 - 1].exp()[0]
+    joint12 = p1[:, None] * lp[::V, n0].exp()
+    joint23 = (joint12[:, :, None] * lp[:, n0 + 1].exp().view(V, V, V)).sum(0)
+    assert chi2_pvalue(torch.bincount(toks[:, 0] * V + toks[:, 1], minlength=V * V), joint12) > ALPHA
+    assert chi2_pvalue(torch.bincount(toks[:, 1] * V + toks[:, 2], minlength=V * V), joint23) > ALPHA
