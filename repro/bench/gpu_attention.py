@@ -147,7 +147,8 @@ def bench_sdpa(bench: BenchRun, tag: str, T: int, repeats: int, kernel: str = "f
     mode = {"gqa": "enable_gqa"}
 
     allowed = {"flash": [SDPBackend.FLASH_ATTENTION], "cudnn": [SDPBackend.CUDNN_ATTENTION],
-               "default": list(SDPBackend)}[kernel]
+               "default": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                           SDPBackend.MATH]}[kernel]
 
     def step():
         with sdpa_kernel(allowed):
