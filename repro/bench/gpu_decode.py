@@ -13,6 +13,8 @@ Each stage writes its own run folder (bench.json, metrics.jsonl, env.json); a fa
 its traceback and the other still runs.
 
     PYTHONUNBUFFERED=1 WANDB_MODE=disabled python -m repro.bench.gpu_decode --out $OUT
+    # a second call, smoke already seen passing: ~5 min with its bench.json written
+    python -m repro.bench.gpu_decode --out $OUT --skip-smoke --new-tokens 64 --budget-s 240
 """
 from __future__ import annotations
 
@@ -66,13 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="timed repeats per point in stage 2")
     ap.add_argument("--new-tokens", type=int, default=None, help="override stage 2 tokens per row")
     ap.add_argument("--smoke-only", action="store_true", help="run stage 1 only")
+    ap.add_argument("--skip-smoke", action="store_true", help="run stage 2 only")
     ap.add_argument("--budget-s", type=float, default=300.0,
                     help="stage 2 starts no new timed point after this many seconds of the whole script, so it "
                          "ends with its bench.json inside the device call's limit (default 300)")
     args = ap.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
     t0 = time.monotonic()
-    report = [stage("smoke", lambda: decode.run(args.profile, args.out / "smoke", SMOKE))]
+    if args.smoke_only and args.skip_smoke:
+        raise SystemExit("--smoke-only and --skip-smoke exclude each other")
+    report = [] if args.skip_smoke else [stage("smoke", lambda: decode.run(args.profile, args.out / "smoke", SMOKE))]
     if not args.smoke_only:
         over = {"train_steps": args.train_steps, "repeats": args.repeats, "new_tokens": args.new_tokens}
         left = args.budget_s - (time.monotonic() - t0)
