@@ -235,7 +235,8 @@ class TapChannel:
     # -- lifecycle -------------------------------------------------------------------------------
     def flush(self) -> None:
         """Wait until this rank's puts and releases are visible on the other side."""
-        self.transport.flush()
+        if self.member:
+            self.transport.flush()
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Collective over the channel's ranks; call before destroying the process groups."""

@@ -162,3 +162,14 @@ def test_taps_are_detached():
         assert not got.requires_grad and torch.equal(got, x.detach())
     finally:
         ch.close()
+
+
+def test_rank_outside_the_layout_is_a_quiet_member():
+    layout = ChannelLayout(sources={0: [TapSpec("a", (2, 2))]}, stage_to_rank={0: 1, 1: 2}, consumer_rank=2,
+                           ring_depth=1)
+    ch = TapChannel(layout, "cuda_ipc", rank=0)  # rank 0 runs no source and no draft: nothing is opened
+    assert not ch.member
+    ch.flush()
+    ch.close()
+    with pytest.raises(TapChannelError, match="after close"):
+        ch.put(0, "a", 0, torch.ones(2, 2))
