@@ -99,7 +99,7 @@ def run(profile_name: str, out: Path, overrides: dict, deadline_s: float | None 
     """Run the benchmark into ``out``. With ``deadline_s`` (seconds from now), points not yet started when
     it passes are skipped (listed in the run's config) so the run still ends cleanly with its bench.json."""
     t_start = time.monotonic()
-    late = lambda: deadline_s is not None and time.monotonic() - t_start > deadline_s  # noqa: E731
+    late = lambda: deadline_s is not None and time.monotonic() - t_start > deadline_s
     profile = load_profile(profile_name)
     if profile_name not in PRESETS:
         raise SystemExit(f"decode has no workload for profile {profile_name!r}; expected one of {sorted(PRESETS)}")
@@ -162,7 +162,7 @@ def run(profile_name: str, out: Path, overrides: dict, deadline_s: float | None 
                 eng = RolloutEngine(policy, None if fam == "plain" else proposer_for(fam, drafts[fam], preset))
                 result = {}
 
-                def go():
+                def go(eng=eng, prompts=prompts, result=result):
                     result["r"] = eng.generate(prompts, max_new_tokens=preset["new_tokens"], temperature=temp)
 
                 samples = time_samples(go, warmup=1, repeats=preset["repeats"], device=device)

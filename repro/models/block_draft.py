@@ -19,8 +19,15 @@ import torch
 from torch import nn
 
 from kernels.attention import block_draft_attention, block_mask, dense_attention
-from repro.models.draft_layers import (DraftKV, RMSNorm, Rotary, SwiGLU, batch_to_packed, cache_attention,
-                                       row_cu_seqlens)
+from repro.models.draft_layers import (
+    DraftKV,
+    RMSNorm,
+    Rotary,
+    SwiGLU,
+    batch_to_packed,
+    cache_attention,
+    row_cu_seqlens,
+)
 from repro.models.taps import TapSpec
 from repro.rollout.kv import SlotTable
 
@@ -59,7 +66,7 @@ class BlockDraftConfig:
 
     @classmethod
     def from_policy(cls, policy, num_layers: int = 2, tap_spec: TapSpec | None = None,
-                    mask_token_id: int | None = None, **kw) -> "BlockDraftConfig":
+                    mask_token_id: int | None = None, **kw) -> BlockDraftConfig:
         """Draft shaped like the policy; the MASK id defaults to the last vocabulary id (reserved there)."""
         c = policy.config
         kw.setdefault("num_heads", c.num_attention_heads)

@@ -95,7 +95,7 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: 
 
     Rows that see no key return 0 (never NaN).
     """
-    B, Q, H, D = q.shape
+    H = q.shape[2]
     G = k.shape[1]
     if H % G:
         raise ValueError(f"query heads {H} must be a multiple of key/value heads {G}")

@@ -27,8 +27,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import dense_attention, eagle3_ttt_attention, eagle3_ttt_mask
-from repro.models.draft_layers import (DraftKV, RMSNorm, Rotary, SwiGLU, batch_to_packed, cache_attention,
-                                       row_cu_seqlens)
+from repro.models.draft_layers import (
+    DraftKV,
+    RMSNorm,
+    Rotary,
+    SwiGLU,
+    batch_to_packed,
+    cache_attention,
+    row_cu_seqlens,
+)
 from repro.models.taps import TapSpec
 from repro.models.vocab import check_vocab_maps, draft_to_target_ids, full_draft_vocab
 from repro.rollout.kv import SlotTable
@@ -68,7 +75,7 @@ class Eagle3Config:
             raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
 
     @classmethod
-    def from_policy(cls, policy, tap_spec: TapSpec | None = None, **kw) -> "Eagle3Config":
+    def from_policy(cls, policy, tap_spec: TapSpec | None = None, **kw) -> Eagle3Config:
         c = policy.config
         kw.setdefault("num_heads", c.num_attention_heads)
         kw.setdefault("num_kv_heads", c.num_key_value_heads)

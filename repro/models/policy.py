@@ -80,7 +80,7 @@ def policy_config(family: str, scale: str, *, vocab_size: int | None = None, **o
 
 def build_policy(family: str, scale: str = "tiny", *, seed: int = 0, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", init_std: float | None = None,
-                 tap_spec: TapSpec | None = None, **config_overrides: Any) -> "Policy":
+                 tap_spec: TapSpec | None = None, **config_overrides: Any) -> Policy:
     """A random-initialised policy of ``family`` at ``scale`` (seeded; same seed, same weights)."""
     _, model_cls = _classes(family)
     cfg = policy_config(family, scale, **config_overrides)
@@ -96,7 +96,7 @@ def build_policy(family: str, scale: str = "tiny", *, seed: int = 0, dtype: torc
 
 
 def load_policy(path: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16,
-                device: str | torch.device = "cpu", tap_spec: TapSpec | None = None) -> "Policy":
+                device: str | torch.device = "cpu", tap_spec: TapSpec | None = None) -> Policy:
     """A real checkpoint (HF folder with config.json and weights) from a local ``path``."""
     p = Path(path)
     if not (p / "config.json").is_file():
@@ -214,7 +214,7 @@ class Policy(nn.Module):
         from transformers import DynamicCache
         return DynamicCache()  # full layers only: sliding windows are applied by our masks
 
-    def copy_as(self, dtype: torch.dtype) -> "Policy":
+    def copy_as(self, dtype: torch.dtype) -> Policy:
         """A deep copy in ``dtype`` with its own tap hooks (this policy's hooks are not copied)."""
         spec = self.tap_spec
         if self.recorder is not None:

@@ -20,8 +20,9 @@ detached: a draft loss never reaches the policy.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 import torch
 from torch import nn
@@ -80,14 +81,14 @@ class TapSpec:
 
     # -- the families' defaults ------------------------------------------------------------------------
     @classmethod
-    def eagle3_default(cls, num_layers: int) -> "TapSpec":
+    def eagle3_default(cls, num_layers: int) -> TapSpec:
         """EAGLE-3 low/mid/high taps ``[1, N//2-1, N-4]`` (output convention; == input ``[2, N//2, N-3]``)."""
         if num_layers < 5:
             raise ValueError(f"EAGLE-3 default taps need >= 5 policy layers, got {num_layers}")
         return cls((1, num_layers // 2 - 1, num_layers - 4), "output", num_layers)
 
     @classmethod
-    def dflash_default(cls, num_layers: int, num_draft_layers: int) -> "TapSpec":
+    def dflash_default(cls, num_layers: int, num_draft_layers: int) -> TapSpec:
         """DFlash/DSpark taps: ``num_draft_layers`` layers evenly from 1 to N-3, rounded (output convention)."""
         if num_draft_layers < 1:
             raise ValueError(f"num_draft_layers must be >= 1, got {num_draft_layers}")
@@ -97,7 +98,7 @@ class TapSpec:
             return cls((num_layers // 2,), "output", num_layers)
         start, end = 1, num_layers - 3
         span = end - start
-        ids = [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+        ids = [round(start + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
         return cls(tuple(ids), "output", num_layers)
 
 
@@ -137,7 +138,7 @@ class TapRecorder:
         return hook
 
     class _Capture:
-        def __init__(self, rec: "TapRecorder"):
+        def __init__(self, rec: TapRecorder):
             self.rec, self.taps = rec, []
 
         def __enter__(self) -> list[torch.Tensor]:
@@ -154,7 +155,7 @@ class TapRecorder:
                     raise RuntimeError(f"tap layers {missing} did not run in this forward")
                 self.taps.extend(got[l] for l in self.rec.spec.layers)
 
-    def capture(self) -> "TapRecorder._Capture":
+    def capture(self) -> TapRecorder._Capture:
         return TapRecorder._Capture(self)
 
     def remove(self) -> None:

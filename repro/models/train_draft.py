@@ -11,7 +11,7 @@ at position t counts).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -17,13 +17,13 @@ as vLLM and the paper count them: ``acceptance_length = 1 + accepted / verify_st
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
 from repro.models.policy import Policy
-from repro.rollout.kv import SlotTable, trim_hf_cache, select_hf_cache_rows
+from repro.rollout.kv import SlotTable, select_hf_cache_rows, trim_hf_cache
 from repro.rollout.proposer import Proposer
 from repro.rollout.sampling import verify
 
@@ -114,7 +114,7 @@ class RolloutEngine:
         gen = torch.Generator(device=dev)
         gen.manual_seed(seed)
         B, P = len(prompts), max(lens)
-        stop = torch.tensor(sorted(set(int(s) for s in stop_tokens)), dtype=torch.long, device=dev)
+        stop = torch.tensor(sorted({int(s) for s in stop_tokens}), dtype=torch.long, device=dev)
 
         # -- prefill (left padding; pads are dead slots) -------------------------------------------------
         ids = torch.zeros(B, P, dtype=torch.long, device=dev)
