@@ -5,9 +5,17 @@ if "RL_RULES_INCLUDED" not in globals():
     include: "rl.smk"
 
 
-register_artifact("fig4", rl_run_markers("fig4") + [f"{RUNS}/fig4/summary/summary.json"], [f"{FIGS}/fig4.md"])
+if rl_rows("fig4"):
 
+    register_artifact("fig4", rl_run_markers("fig4") + [f"{RUNS}/fig4/summary/summary.json"], [f"{FIGS}/fig4.md"])
 
-rule fig4:
-    input:
-        f"{FIGS}/fig4.md",
+    rule fig4:
+        input:
+            f"{FIGS}/fig4.md",
+
+else:
+
+    rule fig4:
+        # a profile without fig4 rows: say so instead of planning an empty experiment
+        shell:
+            "echo 'profile {PROFILE_NAME} has no fig4 rows (experiments/profiles/{PROFILE_NAME}.yaml)' >&2; exit 1"

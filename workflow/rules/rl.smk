@@ -60,8 +60,11 @@ def rl_run_cmd(wildcards):
         if not NEMO_RL_RUN.is_file():
             return ("echo 'profile " + PROFILE_NAME + " runs its end-to-end rows through NeMo-RL, whose "
                     "driver (repro/nemo_rl/run.py) is not in this checkout; this rule only plans' >&2; exit 2")
+        paths = "".join(f" --{flag} {config[key]}" for flag, key in (("nemo-rl-dir", "nemo_rl_dir"),
+                                                                      ("checkpoint-root", "checkpoint_root"))
+                        if config.get(key))
         return (f"{PY} -m repro.nemo_rl.run --artifact {wildcards.artifact} --row '{row}' "
-                f"--profile {PROFILE_NAME} --out {out}")
+                f"--profile {PROFILE_NAME} --out {out}{paths}")
     return (f"{PY} -m repro.rl.run --artifact {wildcards.artifact} --row '{row}' --profile {PROFILE_NAME} "
             f"--warm-start {rl_warm_dir(wildcards)} --out {out} --seed {config['seed']} --threads 1")
 
