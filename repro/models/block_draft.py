@@ -223,6 +223,7 @@ class BlockProposer:
     ``[newest token, MASK x (B-1)]``, context keys/values cached across steps."""
 
     needs_taps = True
+    compact_min_waste = 64        # squeeze dead cache slots out once this many columns would go
 
     def __init__(self, draft):
         self.draft = draft
@@ -253,6 +254,10 @@ class BlockProposer:
             self.table.trim(self.table.length - tail)
             for kv in self.kvs:
                 kv.trim(self.table.length)
+        order = self.table.compact(self.compact_min_waste)
+        if order is not None:
+            for kv in self.kvs:
+                kv.gather(order)
 
     @torch.no_grad()
     def block_hidden(self, last_token: torch.Tensor, last_pos: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from repro.rollout.kv import SlotTable
+from repro.rollout.kv import SlotTable, gather_slots
 
 
 class RMSNorm(nn.Module):
@@ -88,6 +88,11 @@ class DraftKV:
     def select(self, rows: torch.Tensor) -> None:
         if self.k is not None:
             self.k, self.v = self.k[rows], self.v[rows]
+
+    def gather(self, order: torch.Tensor) -> None:
+        """Apply a ``SlotTable.compact`` order."""
+        if self.k is not None:
+            self.k, self.v = gather_slots(self.k, order), gather_slots(self.v, order)
 
 
 def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:

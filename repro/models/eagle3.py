@@ -234,6 +234,7 @@ class Eagle3Proposer:
     """Chain proposals of k tokens from an ``Eagle3Draft`` for ``repro.rollout.engine.RolloutEngine``."""
 
     needs_taps = True
+    compact_min_waste = 64        # squeeze dead cache slots out once this many columns would go
 
     def __init__(self, draft: Eagle3Draft, num_proposals: int):
         if num_proposals < 1:
@@ -276,6 +277,9 @@ class Eagle3Proposer:
         if tail:
             self.table.trim(self.table.length - tail)
             self.kv.trim(self.table.length)
+        order = self.table.compact(self.compact_min_waste)
+        if order is not None:
+            self.kv.gather(order)
         self.trunk_len = self.table.length
         cols = torch.arange(valid.shape[1], device=valid.device)
         last = (valid.long() * (cols + 1)).max(1).values - 1          # last live column per row

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from repro.models.policy import Policy
-from repro.rollout.kv import SlotTable, select_hf_cache_rows, trim_hf_cache
+from repro.rollout.kv import SlotTable, gather_hf_cache, select_hf_cache_rows, trim_hf_cache
 from repro.rollout.proposer import Proposer
 from repro.rollout.sampling import verify
 
@@ -67,6 +67,8 @@ class RolloutResult:
     finish_reason: list[str]          # "stop" or "length"
     counters: AcceptanceCounters
     policy_forwards: int
+    cache_compactions: int = 0        # times the policy cache's dead slots were squeezed out
+    cache_slots: int = 0              # policy cache length at the end
 
 
 class RolloutEngine:
@@ -88,6 +90,8 @@ class RolloutEngine:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         self.max_model_len = max_model_len
+        self.compact_every = 16           # verify steps between checks for dead slots to squeeze out
+        self.compact_min_waste = 64       # ... and the fewest columns worth a compaction
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, greedy: bool = False,
@@ -143,10 +147,12 @@ class RolloutEngine:
         counters = AcceptanceCounters(k)
         rows = torch.arange(B, device=dev)               # active row -> original index
         last_tok, last_pos = first_tok, plen.clone()      # newest committed token, its position
+        step = compactions = 0
         done = self._commit(rows, first_tok[:, None], lp_first[:, None], torch.ones(B, dtype=torch.long,
                             device=dev), toks, lps, reason, max_new_tokens, stop)
 
         while True:
+            step += 1
             keep = (~done).nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
@@ -184,12 +190,17 @@ class RolloutEngine:
             if tail:
                 table.trim(table.length - tail)
                 trim_hf_cache(cache, table.length)
+            if step % self.compact_every == 0:              # rows that accepted less leave holes
+                order = table.compact(self.compact_min_waste)
+                if order is not None:
+                    gather_hf_cache(cache, order)
+                    compactions += 1
             if self.proposer is not None:
                 self.proposer.observe(committed, out.taps, qpos, j < n_new[:, None])
             last_tok = committed.gather(1, a[:, None])[:, 0]
             last_pos = last_pos + n_new
             done = self._commit(rows, committed, lp, n_new, toks, lps, reason, max_new_tokens, stop)
-        return RolloutResult(toks, lps, reason, counters, forwards)
+        return RolloutResult(toks, lps, reason, counters, forwards, compactions, table.length)
 
     @staticmethod
     def _commit(rows, committed, lp, n_new, toks, lps, reason, max_new, stop) -> torch.Tensor:

@@ -64,6 +64,21 @@ class SlotTable:
     def trim(self, length: int) -> None:
         self.pos = self.pos[:, :length]
 
+    def compact(self, min_waste: int = 64) -> torch.Tensor | None:
+        """Squeeze out dead slots when at least ``max(min_waste, length // 4)`` columns would go.
+
+        Returns the gather order ``[B, L]`` (each row's live slots first, in their original order; L the
+        largest live count) that the caller applies to its caches, or None when not worth it. Masks
+        depend on positions only, so moving slots changes no attention result.
+        """
+        live = self.pos >= 0
+        L = int(live.sum(1).max()) if self.length else 0
+        if self.length - L < max(min_waste, self.length // 4, 1):
+            return None
+        order = torch.argsort((~live).to(torch.int8), dim=1, stable=True)[:, :L]
+        self.pos = self.pos.gather(1, order)
+        return order
+
     def select(self, rows: torch.Tensor) -> None:
         self.pos = self.pos[rows]
 
@@ -98,6 +113,20 @@ def trim_hf_cache(cache, length: int) -> None:
         if getattr(layer, "keys", None) is not None and layer.keys.numel():
             layer.keys = layer.keys[:, :, :length]
             layer.values = layer.values[:, :, :length]
+
+
+def gather_slots(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``x [B, heads, S, d]`` at slots ``order [B, L]`` -> ``[B, heads, L, d]``."""
+    idx = order[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3])
+    return x.gather(2, idx)
+
+
+def gather_hf_cache(cache, order: torch.Tensor) -> None:
+    """Apply a ``SlotTable.compact`` order to every layer of an HF ``DynamicCache``."""
+    for layer in hf_cache_layers(cache):
+        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            layer.keys = gather_slots(layer.keys, order)
+            layer.values = gather_slots(layer.values, order)
 
 
 def select_hf_cache_rows(cache, rows: torch.Tensor) -> None:

@@ -133,7 +133,9 @@ def test_trained_draft_is_lossless_and_accepts(trained, family):
     for batch in (1, 5):
         ps = prompts[:batch]
         plain = RolloutEngine(pol).generate(ps, max_new_tokens=20, greedy=True)
-        spec = RolloutEngine(pol, make()).generate(ps, max_new_tokens=20, greedy=True)
+        prop = make()
+        prop.compact_min_waste = 1                      # exercise the draft caches' compaction too
+        spec = RolloutEngine(pol, prop).generate(ps, max_new_tokens=20, greedy=True)
         assert spec.tokens == plain.tokens
         for a, b in zip(spec.logprobs, plain.logprobs):    # fp32, logits ~50x a default init's: the
             torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-5)   # 1e-5

@@ -90,3 +90,20 @@ def test_bad_input_raises(policy64):
         RolloutEngine(policy64).generate([[1, 999]], max_new_tokens=2, greedy=True)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         RolloutEngine(policy64).generate([[1]], max_new_tokens=2, temperature=0.0)
+
+
+@pytest.mark.timeout(60)
+def test_cache_compaction_keeps_outputs_and_bounds_memory(policy64):
+    """Rows that accept less leave dead slots; squeezing them out changes no token and bounds the cache."""
+    prompts = PROMPTS
+    plain = RolloutEngine(policy64).generate(prompts, max_new_tokens=40, greedy=True)
+    outs = {}
+    for every, waste in ((1, 1), (10**9, 10**9)):
+        eng = RolloutEngine(policy64, OracleProposer(policy64, k=4, prompts=prompts, noise=3.0))
+        eng.compact_every, eng.compact_min_waste = every, waste
+        outs[every] = eng.generate(prompts, max_new_tokens=40, greedy=True)
+    on, off = outs[1], outs[10**9]
+    assert on.tokens == plain.tokens == off.tokens
+    assert on.cache_compactions > 0 and off.cache_compactions == 0
+    longest = max(len(p) + len(t) for p, t in zip(prompts, on.tokens))
+    assert on.cache_slots <= longest + 4 < off.cache_slots
