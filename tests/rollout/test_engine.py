@@ -107,3 +107,16 @@ def test_cache_compaction_keeps_outputs_and_bounds_memory(policy64):
     assert on.cache_compactions > 0 and off.cache_compactions == 0
     longest = max(len(p) + len(t) for p, t in zip(prompts, on.tokens))
     assert on.cache_slots <= longest + 4 < off.cache_slots
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("family", ["gpt_oss", "qwen3_moe", "llama"])
+def test_speculative_greedy_other_families(family):
+    """Sliding-window layers (GPT-OSS, window 16 < 30 tokens), MoE routing and Llama keep greedy lossless."""
+    pol = build_policy(family, "tiny", seed=2, dtype=torch.float64, init_std=0.3)
+    prompts = PROMPTS[:3]
+    plain = RolloutEngine(pol).generate(prompts, max_new_tokens=26, greedy=True)
+    spec = RolloutEngine(pol, OracleProposer(pol, k=3, prompts=prompts, noise=2.0)).generate(
+        prompts, max_new_tokens=26, greedy=True)
+    assert spec.tokens == plain.tokens
+    assert 1.0 < spec.counters.acceptance_length < 4.0
