@@ -245,7 +245,7 @@ def summarize_rows(per_rank: list[dict], cfg: Fig7Config) -> list[dict]:
                     "bandwidth_gbps": draft["bytes"] / fan / 1e9,
                     "source_slowdown_pct": statistics.mean(slowdown_pct(r) for r in sources),
                     "draft_slowdown_pct": slowdown_pct(draft),
-                    "all_ranks_slowdown_pct": statistics.mean(slowdown_pct(r) for r in rows),
+                    "all_ranks_slowdown_pct": statistics.mean(slowdown_pct(r) for r in [*sources, draft]),
                     "per_rank": rows, "mismatches": sum(r["mismatches"] for r in rows)})
     return out
 

@@ -17,6 +17,8 @@ s % pp), ``zbv`` (V: rank r holds stages r and 2pp-1-r). CPU runs use gloo and s
     from kernels.launch import spawn
     from repro.parallel.harness import PPConfig, run_pp_worker
     out = spawn(run_pp_worker, 4, args=(PPConfig(pp=4, schedule="1f1b"),))
+
+    python -m repro.parallel.harness --pp 4 --schedule zbv     # prints the per-microbatch tap report
 """
 from __future__ import annotations
 
@@ -249,3 +251,36 @@ def channel_report(channel: TapChannel, cfg: PPConfig) -> list[dict]:
         r["transfer_s_max"] = max(r["transfer_s_max"], g["transfer_s"])
         r["slack_s"][g["stage"]] = min(r["slack_s"].get(g["stage"], float("inf")), g["slack_s"])
     return [rows[k] for k in sorted(rows)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the harness on CPU (gloo) and print the per-microbatch tap report of the draft's rank."""
+    import argparse
+
+    from kernels.launch import spawn
+
+    ap = argparse.ArgumentParser(description="PP harness with TapChannel on CPU; prints the per-microbatch report.")
+    ap.add_argument("--pp", type=int, default=2)
+    ap.add_argument("--schedule", default="1f1b", choices=sorted(SCHEDULES))
+    ap.add_argument("--transport", default="shm", help="shm | gloo | host_staging")
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=2)
+    args = ap.parse_args(argv)
+    cfg = PPConfig(pp=args.pp, schedule=args.schedule, transport=args.transport,
+                   n_microbatches=args.microbatches, steps=args.steps)
+    outs = spawn(run_pp_worker, cfg.pp, args=(cfg,), timeout_s=600)
+    report = next(o["tap_report"] for o in outs if o["tap_report"])
+    losses = {r["seq"]: r for o in outs for r in o["per_mb"]}
+    print(f"{'step':>4} {'mb':>3} {'bytes':>8} {'tap wait ms':>11} {'transfer ms':>11}  slack ms by source stage   "
+          f"policy loss  draft loss")
+    for r in report:
+        slack = " ".join(f"{s}:{v * 1e3:.2f}" for s, v in sorted(r["slack_s"].items()))
+        lr = losses[r["seq"]]
+        print(f"{r['step']:>4} {r['mb']:>3} {r['bytes']:>8} {r['tap_wait_s'] * 1e3:>11.3f} "
+              f"{r['transfer_s_max'] * 1e3:>11.3f}  {slack:<26} {lr['policy_loss']:>11.5f} {lr['draft_loss']:>11.5f}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Figure 7's pure pieces: the real tap layouts placed on PP stages, the per-config summary of the
+ranks' raw samples, and the figure/table maker on collected rows (no processes, no timing).
+
+    .venv/bin/python -m pytest -q tests/transport/test_fig7_pieces.py
+"""
+import pandas as pd
+import pytest
+
+from repro.bench.fig7 import Fig7Config, fanin_layout, summarize_rows
+from repro.report.paper import load_paper_numbers
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_real_tap_layouts_on_pp4():
+    cfg = Fig7Config(pp=4, hidden=4096, tokens=(4096,))
+    eagle = fanin_layout(cfg, "eagle3", 4096)  # Qwen3-8B: 36 layers, 9 per stage; L32 stays on the draft's stage
+    assert {s: [t.name for t in v] for s, v in eagle.sources.items()} == {0: ["embed", "L1"], 1: ["L17"]}
+    dflash = fanin_layout(cfg, "dflash", 4096)  # L33 stays local
+    assert {s: [t.name for t in v] for s, v in dflash.sources.items()} == {0: ["L1"], 1: ["L9", "L17"], 2: ["L25"]}
+    assert dflash.consumer_rank == 3 and dflash.rings[0].tap.max_nbytes == 4096 * 4096 * 2
+    with pytest.raises(ValueError, match="layouts \\['medusa'\\]"):
+        Fig7Config(layouts=("medusa",))
+
+
+def _rank(rank, role, transport, base, with_tx, fanin=()):
+    return {"rank": rank, "rows": [{"layout": "eagle3", "tokens": 64, "transport": transport, "rank": rank,
+                                    "role": role, "bytes": 1_000_000, "n_taps": 3, "fanin_s": list(fanin),
+                                    "compute_s": base, "compute_with_transfer_s": with_tx, "compute_iters": 1,
+                                    "mismatches": 0}]}
+
+
+def test_summary_of_raw_samples():
+    ranks = [_rank(0, "source", "shm", [1.0, 1.0, 1.0], [1.1, 1.1, 1.1]),
+             _rank(1, "source", "shm", [1.0, 1.0, 1.0], [1.3, 1.3, 1.3]),
+             _rank(2, "idle", "shm", [1.0] * 3, [1.0] * 3),
+             _rank(3, "draft", "shm", [2.0, 2.0, 2.0], [2.0, 2.2, 2.4], fanin=[0.002, 0.001, 0.003])]
+    (rec,) = summarize_rows(ranks, Fig7Config())
+    assert rec["fanin_s"] == 0.002 and rec["bandwidth_gbps"] == pytest.approx(0.5)
+    assert rec["source_slowdown_pct"] == pytest.approx(20.0)   # mean of +10 % and +30 %
+    assert rec["draft_slowdown_pct"] == pytest.approx(10.0)    # medians 2.2 / 2.0
+    assert rec["all_ranks_slowdown_pct"] == pytest.approx(50.0 / 3)  # sources and draft; the idle rank is out
+
+
+def test_report_builds_from_tidy_rows(tmp_path):
+    from repro.report.artifacts.fig7 import build, summary_table
+    rows = []
+    for transport, fan in (("cuda_ipc", 0.001), ("host_staging", 0.05)):
+        for metric, v in (("fanin_s", fan), ("message_mb", 100.0), ("bandwidth_gbps", 100 / fan / 1e3)):
+            rows.append(("pp=4/eagle3/T=4096/" + transport, metric, v))
+    for metric, v in (("message_mb", 100.0), ("speedup_vs_host_staging", 50.0)):
+        rows.append(("pp=4/eagle3/T=4096", metric, v))
+    for metric in ("write_bandwidth_gbps", "speedup_vs_host_staging", "source_slowdown_pct", "draft_slowdown_pct",
+                   "host_staging_slowdown_pct"):
+        rows += [("pp=4", metric, 1.5), ("pp=4", metric + "_min", 1.0), ("pp=4", metric + "_max", 2.0)]
+    tidy = pd.DataFrame([{"artifact": "fig7", "profile": "h200", "hardware": "1xh200", "hardware_label": "gpu",
+                          "run": "r", "row": r, "step": i, "metric": m, "value": v} for i, (r, m, v) in enumerate(rows)])
+    paper = load_paper_numbers()
+    paper = paper[paper["artifact"] == "fig7"]
+    table = summary_table(tidy, paper)
+    got = dict(zip(table["metric"], table["paper"]))
+    assert got["speedup_vs_host_staging"] == "4.5-8.5" and len(table) == 5
+    paths = build(tidy, paper, tmp_path)
+    assert {p.suffix for p in paths} == {".pdf", ".png", ".csv", ".md"} and all(p.exists() for p in paths)
