@@ -203,12 +203,15 @@ class Policy(nn.Module):
 
     def forward_train(self, input_ids: torch.Tensor, want_taps: bool = True,
                       attention_mask: torch.Tensor | None = None) -> StepOutput:
-        """A full forward over ``input_ids [B, T]`` (right padding given by ``attention_mask``), no cache."""
+        """A full forward over ``input_ids [B, T]`` (right padding given by ``attention_mask``), no cache.
+
+        HF builds the causal (and padding, sliding-window) masks itself here, so long training
+        sequences take its efficient path instead of a dense ``[T, T]`` mask.
+        """
         B, T = input_ids.shape
         pos = torch.arange(T, device=input_ids.device).expand(B, T)
-        table = SlotTable(B, input_ids.device)
-        table.append(pos, attention_mask.bool() if attention_mask is not None else None)
-        return self._run(input_ids, self._masks(table, pos), pos, None, want_taps)
+        mask = attention_mask.long() if attention_mask is not None else None
+        return self._run(input_ids, mask, pos, None, want_taps)
 
     def new_cache(self):
         from transformers import DynamicCache

@@ -76,3 +76,20 @@ def test_load_policy_from_a_local_checkpoint(tmp_path):
     x = torch.randint(0, 128, (1, 9))
     torch.testing.assert_close(loaded.forward_train(x).logits, pol.forward_train(x, want_taps=False).logits,
                                rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt_oss"])
+def test_right_padded_forward_equals_per_row(family):
+    pol = build_policy(family, "tiny", seed=4, dtype=torch.float64, tap_spec=TapSpec((1, 5), "output", 8))
+    a, b = torch.randint(0, 128, (7,)), torch.randint(0, 128, (20,))     # 20 > GPT-OSS window 16
+    ids = torch.zeros(2, 20, dtype=torch.long)
+    ids[0, :7], ids[1] = a, b
+    mask = torch.zeros(2, 20, dtype=torch.long)
+    mask[0, :7], mask[1] = 1, 1
+    out = pol.forward_train(ids, attention_mask=mask)
+    for r, x in enumerate((a, b)):
+        ref = pol.forward_train(x[None])
+        n = x.numel()
+        torch.testing.assert_close(out.logits[r, :n], ref.logits[0], rtol=0, atol=1e-10)
+        for t, rt in zip(out.taps, ref.taps):
+            torch.testing.assert_close(t[r, :n], rt[0], rtol=0, atol=1e-10)
