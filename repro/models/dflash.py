@@ -12,8 +12,6 @@ distribution through the policy's head.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -93,6 +91,3 @@ class DFlashDraft(nn.Module):
         toks = torch.multinomial(q.reshape(B * k, V), 1, generator=generator).view(B, k)
         return toks, q
 
-
-def decay_weights(n: int, gamma: float, start: int = 0) -> list[float]:
-    return [math.exp(-(s - start) / gamma) for s in range(start, start + n)]
