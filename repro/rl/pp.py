@@ -8,7 +8,7 @@ The last stage's loss per microbatch is GRPO's clipped loss (normalised by the g
 so microbatches sum to the full-batch loss) plus ``lambda`` times the draft's loss on the shipped
 (detached) taps. The policy's gradient norm is reduced across stages before clipping, the draft is
 clipped on its own; then each rank steps AdamW on its parameters, exactly as ``JointUpdate`` does in
-one process (tests/rl/test_pp.py checks that the two give the same parameters).
+one process (tests/rl/test_pp.py checks that the two give the same clipped gradients).
 
 The batch travels as one float64 ``target`` tensor ``[B, T, 4]`` = (token id, loss mask, rollout
 log-prob, advantage), which the schedule splits into microbatches like the input ids.
@@ -153,12 +153,16 @@ def pp_update_worker(rank: int, world: int, payload: dict) -> dict:
             p.grad.mul_(coef)
     if dparams:
         torch.nn.utils.clip_grad_norm_(dparams, cfg.draft.max_grad_norm)
+    grads = {_stage_to_hf(n): p.grad.detach().clone() for n, p in stage.named_parameters() if p.grad is not None}
+    dgrads = {n: p.grad.detach().clone() for n, p in draft.named_parameters() if p.grad is not None} \
+        if dparams else {}
     opt.step()
     update_s = time.perf_counter() - t0
     if channel is not None:
         channel.close()
     router.remove()
     out = {_stage_to_hf(n): p.detach().clone() for n, p in stage.named_parameters()}
-    return {"rank": rank, "policy": out, "policy_grad_norm": norm, "update_time_s": update_s,
+    return {"rank": rank, "policy": out, "grads": grads, "draft_grads": dgrads, "policy_grad_norm": norm,
+            "update_time_s": update_s,
             "draft": {k: v.clone() for k, v in draft.state_dict().items()} if draft is not None and rank == last
             else None, "tap_wait_s": tap_wait if rank == last else 0.0, "stats": stats}
