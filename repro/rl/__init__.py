@@ -6,9 +6,14 @@ Modules (each has its own docstring with how to run it):
     tasks/      single-turn math (DAPO-Math format) and the multi-turn workplace tool environment
     grpo        group-relative advantages, clipped policy loss, KL estimators
     joint       L = L_RL + lambda * L_draft(sg(taps)): optimizer groups, per-group clipping
+    drafts      the three draft families as the loop uses them (build, propose, stop-gradient view of the head)
     episodes    rollouts of both workloads through the speculative engine, as training batches
-    sft         the supervised warm start of the policy (and the drafts' warm start), cached
+    sft         the supervised warm start of the policy and the drafts' offline warm start, cached
+    warmstart   building a run's policy and drafts from scratch or from the cached warm start
+    checkpoint  atomic checkpoints and resume
     trainer     the co-training loop: rollout, reward, update, weight push, metrics, checkpoints
     run         command line entry of one training run (one table/figure row)
     summary     per-artifact summary rows (speedups, means of the first updates) from finished runs
+    pp          the joint update under pipeline parallelism (stages, TapChannel, draft on the last stage)
+    cp          the policy update under context parallelism (zigzag shards, ring attention)
 """

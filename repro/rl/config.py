@@ -145,7 +145,6 @@ class RunConfig:
     vocab_size: int = 512
     warm_start: str = ""               # folder of the cached SFT warm start ("" = random init)
     ckpt_every: int = 0                # 0: checkpoint only at the end
-    tap_transport: str = "local"       # local (one process) or a TapChannel transport under PP
 
     def validate(self) -> "RunConfig":
         _check(self.artifact in ARTIFACTS, "artifact", self.artifact, f"one of {ARTIFACTS}")

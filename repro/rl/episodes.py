@@ -4,7 +4,8 @@
 and scores them with DAPO's rule. ``workplace_rollout`` runs multi-turn episodes: each turn the
 engine generates until ``</call>`` or end of sequence; the calls of all live episodes are executed
 concurrently (each after the tool latency), their observations are appended as ``<obs>...</obs>``
-tokens that the policy did not write (loss mask 0), and the next turn continues the conversation.
+tokens that the policy did not write (loss mask 0), and the next turn continues the conversation
+(re-prefilled: the engine keeps no prefix cache across generate calls).
 
 The returned ``RolloutBatch`` holds right-padded token ids, the loss mask of policy-written tokens,
 the engine's log-probabilities of those tokens (for the importance ratio and the train-inference
