@@ -40,9 +40,31 @@ def run_dir_name(row: str) -> str:
     return re.sub(r"[^a-z0-9.-]+", "_", row.lower()).strip("_")
 
 
+# per-step names other engines' collect mappers give (repro/nemo_rl/metrics.py) -> the suite's run names
+ENGINE_ALIASES = {"reward": "train/reward", "rollout_time_s": "train/rollout_time_s",
+                  "update_time_s": "train/update_time_s", "step_time_s": "train/step_time_s",
+                  "train_inference_kl": "train/train_inference_kl", "acceptance_length": "train/acceptance_length",
+                  "draft_loss": "train/draft_loss", "validation_accuracy": "val/accuracy",
+                  "throughput_tokens_per_s": "train/throughput_tok_s"}
+
+
+def _steps_from_engine_logs(run_dir: Path) -> list[dict]:
+    """Per-step rows of a run logged by another engine (W&B logs read through collect's mapper)."""
+    from repro.report.collect import collect_run
+    rows, _ = collect_run(run_dir, run_dir.parent)
+    steps: dict[int, dict] = {}
+    for r in rows:
+        name = ENGINE_ALIASES.get(r["metric"])
+        if name is not None:
+            steps.setdefault(int(r["step"]), {"step": int(r["step"])})[name] = r["value"]
+    return [steps[s] for s in sorted(steps)]
+
+
 def read_steps(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
+        if (run_dir / "env.json").is_file():
+            return _steps_from_engine_logs(run_dir)
         raise FileNotFoundError(f"{path}: missing; run the row first (python -m repro.rl.run ...)")
     latest: dict[int, dict] = {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -66,11 +88,12 @@ def _col(steps: list[dict], key: str) -> list[float]:
 
 
 def _per_token(steps: list[dict], time_key: str) -> float:
-    tok = sum(_col(steps, "train/gen_tokens"))
+    """Generated tokens per second of ``time_key``; steps per second when tokens are not logged."""
     t = sum(_col(steps, time_key))
     if t <= 0:
         raise ValueError(f"no {time_key} logged")
-    return tok / t
+    tokens = _col(steps, "train/gen_tokens")
+    return (sum(tokens) if len(tokens) == len(steps) else len(steps)) / t
 
 
 def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int = 0) -> dict[str, dict[str, float]]:
