@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -41,16 +41,6 @@ from repro.parallel.partition import split_layers, stage_of_tap
 QWEN3_8B = {"num_layers": 36, "hidden": 4096, "params": 8.2e9}
 TAP_LAYOUTS = {"eagle3": (-1, 1, 17, 32), "dflash": (1, 9, 17, 25, 33)}
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-
-# Per-profile defaults; a profile may override them under a ``fig7:`` key.
-DEFAULTS = {
-    "cpu-tiny": {"device": "cpu", "transports": ["shm", "host_staging"], "hidden": 1024, "tokens": [256, 1024],
-                 "dtype": "bfloat16", "compute_scale": 1e-4, "repeats": 5, "warmup": 1},
-    "h200": {"device": "cuda", "transports": ["cuda_ipc", "host_staging"], "hidden": 4096,
-             "tokens": [4096, 8192, 16384, 20480], "dtype": "bfloat16", "compute_scale": 1.0, "repeats": 5,
-             "warmup": 1},
-}
-
 
 @dataclass(frozen=True)
 class Fig7Config:
@@ -66,7 +56,6 @@ class Fig7Config:
     warmup: int = 1
     ring_depth: int = 2
     check: bool = True
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         bad = [l for l in self.layouts if l not in TAP_LAYOUTS]
@@ -302,20 +291,21 @@ def run(cfg: Fig7Config, out: Path, profile: str, timeout_s: float = 1800) -> li
 
 
 def config_for(profile: str, overrides: dict | None = None) -> Fig7Config:
-    try:
-        from repro.report.profiles import load_profile
-        section = load_profile(profile).get("fig7", {})
-    except Exception:  # noqa: BLE001 - profiles are optional on a bare GPU image
-        section = {}
-    if profile not in DEFAULTS and not section:
-        raise ValueError(f"profile {profile!r} has no fig7 settings; known: {sorted(DEFAULTS)}")
-    base = dict(DEFAULTS.get(profile, DEFAULTS["cpu-tiny"]))
-    base.update(section)
-    base.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    """The ``fig7:`` section of experiments/profiles/<profile>.yaml, with command-line overrides."""
+    from repro.report.profiles import load_profile
+    section = dict(load_profile(profile).get("fig7") or {})
+    if not section:
+        raise ValueError(f"profile {profile!r} has no fig7: section (experiments/profiles/{profile}.yaml); "
+                         "profiles with one: cpu-tiny, h200")
+    unknown = sorted(set(section) - set(Fig7Config.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"profile {profile!r}, fig7: unknown keys {unknown}; expected some of "
+                         f"{sorted(Fig7Config.__dataclass_fields__)}")
+    section.update({k: v for k, v in (overrides or {}).items() if v is not None})
     for k in ("transports", "tokens", "layouts"):
-        if k in base:
-            base[k] = tuple(base[k])
-    return Fig7Config(**base)
+        if k in section:
+            section[k] = tuple(section[k])
+    return Fig7Config(**section)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 # fig7: PP fan-in of target features into the draft's stage, TapChannel vs host staging
-# (repro.bench.fig7; settings per profile in repro.bench.fig7.DEFAULTS or a profile's fig7: section),
+# (repro.bench.fig7; settings in the profile's fig7: section, experiments/profiles/<profile>.yaml),
 # then the figure and table with the paper's values beside ours (repro.report.artifacts.fig7).
 # On h200 the run comes from the one-GPU session (repro/bench/gpu_tapchannel.py), copied into results/.
 
