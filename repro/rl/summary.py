@@ -9,7 +9,9 @@ the paper's "mean of the first 10 updates" after that):
 * ``acceptance_length``: mean over steps of the run's acceptance length (1 + accepted / verify steps).
 * ``rollout_speedup`` / ``e2e_speedup``: generated tokens per second of rollout time / of step time,
   draft run over its no-draft run (a per-token ratio, so runs whose responses drift to different
-  lengths compare fairly; equal to the paper's time ratio at equal token counts).
+  lengths compare fairly; equal to the paper's time ratio at equal token counts). Time is wall time
+  on GPU profiles and process CPU time (+ tool latency) on CPU profiles, whose shared cores make
+  wall time noisy; the wall ratios are logged beside them (``*_wall``).
 * ``rollout_time_s``, ``update_time_s``: mean seconds per step; ``update_overhead_pct``:
   100 * (update time with the draft / without - 1); ``tap_wait_s``: mean TapChannel wait per update
   (only runs with a pipeline-parallel tap channel log it).
@@ -96,8 +98,21 @@ def _per_token(steps: list[dict], time_key: str) -> float:
     return (sum(tokens) if len(tokens) == len(steps) else len(steps)) / t
 
 
-def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int = 0) -> dict[str, dict[str, float]]:
-    """{row label: {metric: value}} for ``artifact`` from the run folders under ``runs``."""
+BASES = {"wall": ("train/rollout_time_s", "train/update_time_s", "train/step_time_s"),
+         "cpu": ("train/rollout_cpu_s", "train/update_cpu_s", "train/step_cpu_s")}
+
+
+def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int = 0,
+              basis: str = "wall") -> dict[str, dict[str, float]]:
+    """{row label: {metric: value}} for ``artifact`` from the run folders under ``runs``.
+
+    ``basis`` is the time the speedups and the update overhead are computed from: ``wall`` (GPUs,
+    dedicated machines) or ``cpu`` (process CPU seconds plus tool latency: shared CPU machines, where
+    other processes inflate wall time at random); with ``cpu`` the wall-time ratios are logged too
+    (``*_wall``). Absolute ``rollout_time_s``/``update_time_s`` are always wall seconds.
+    """
+    if basis not in BASES:
+        raise ValueError(f"basis {basis!r} is not one of {sorted(BASES)}")
     steps = {}
     for row in rows:
         s = read_steps(runs / run_dir_name(row))[skip_steps:]
@@ -123,14 +138,21 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
             al = _col(s, "train/acceptance_length")
             m["acceptance_length"] = _mean(al)
             m["acceptance_length_final"] = _mean(al[-3:])
-        if base is not None:
-            b = steps[base]
-            m["rollout_speedup"] = _per_token(s, "train/rollout_time_s") / _per_token(b, "train/rollout_time_s")
-            m["e2e_speedup"] = _per_token(s, "train/step_time_s") / _per_token(b, "train/step_time_s")
-            m["update_overhead_pct"] = 100.0 * (m["update_time_s"] / _mean(_col(b, "train/update_time_s")) - 1)
-        else:
-            m["rollout_share_of_step_pct"] = 100.0 * sum(_col(s, "train/rollout_time_s")) / sum(
-                _col(s, "train/step_time_s"))
+        if basis == "cpu":
+            m["rollout_cpu_s"] = _mean(_col(s, "train/rollout_cpu_s"))
+            m["update_cpu_s"] = _mean(_col(s, "train/update_cpu_s"))
+        names = [("", basis)] + ([("_wall", "wall")] if basis != "wall" else [])
+        for suffix, b_name in names:
+            r_key, u_key, s_key = BASES[b_name]
+            if not _col(s, r_key):
+                raise ValueError(f"row {row!r}: no {r_key} logged (time basis {b_name!r})")
+            if base is not None:
+                b = steps[base]
+                m["rollout_speedup" + suffix] = _per_token(s, r_key) / _per_token(b, r_key)
+                m["e2e_speedup" + suffix] = _per_token(s, s_key) / _per_token(b, s_key)
+                m["update_overhead_pct" + suffix] = 100.0 * (_mean(_col(s, u_key)) / _mean(_col(b, u_key)) - 1)
+            else:
+                m["rollout_share_of_step_pct" + suffix] = 100.0 * sum(_col(s, r_key)) / sum(_col(s, s_key))
         out[row] = m
     if artifact in ("fig3", "fig4"):
         drafted = [m for r, m in out.items() if rows[r].get("draft")]
@@ -155,22 +177,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="cpu-tiny")
     ap.add_argument("--runs", required=True, type=Path, help="folder holding one run folder per row")
     ap.add_argument("--out", type=Path, default=None, help="summary run folder (default: <runs>/summary)")
+    ap.add_argument("--basis", choices=sorted(BASES), default=None,
+                    help="time basis of speedups (default: cpu on CPU profiles, wall on GPU profiles)")
     args = ap.parse_args(argv)
     try:
         prof = load_profile(args.profile)
         rows = artifact_rows(prof, args.artifact)
         skip = int(prof[args.artifact].get("skip_steps", 0))
-        result = summarize(args.artifact, rows, args.runs, skip)
+        basis = args.basis or ("cpu" if prof["hardware"]["device"] == "cpu" else "wall")
+        result = summarize(args.artifact, rows, args.runs, skip, basis)
     except (ConfigError, ProfileError, FileNotFoundError, ValueError) as exc:
         print(f"summary: error: {exc}", file=sys.stderr)
         return 2
     out = args.out or args.runs / "summary"
     with MetricsLogger(out, artifact=args.artifact, profile=args.profile,
-                       config={"rows": rows, "skip_steps": skip, "runs": str(args.runs)}) as log:
+                       config={"rows": rows, "skip_steps": skip, "runs": str(args.runs), "basis": basis}) as log:
         for row, metrics in result.items():
             log.log(metrics, row=row, step=0)
     write_json_atomic(out / "summary.json", {"artifact": args.artifact, "profile": args.profile,
-                                             "skip_steps": skip, "rows": result})
+                                             "skip_steps": skip, "basis": basis, "rows": result})
     width = max(len(r) for r in result)
     for row, metrics in result.items():
         print(f"{row:<{width}}  " + "  ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))

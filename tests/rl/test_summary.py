@@ -21,12 +21,14 @@ def _write_run(root, row, steps):
             f.write(json.dumps({"row": row, **s}) + "\n")
 
 
-def _steps(n, rollout, update, tokens, al=None):
+def _steps(n, rollout, update, tokens, al=None, cpu=None):
     out = []
     for i in range(n):
         s = {"step": i, "train/rollout_time_s": rollout, "train/update_time_s": update,
              "train/step_time_s": rollout + update, "train/gen_tokens": tokens, "train/reward": 0.5,
              "train/train_inference_kl": 1e-7}
+        if cpu is not None:     # (rollout, update) CPU seconds
+            s.update({"train/rollout_cpu_s": cpu[0], "train/update_cpu_s": cpu[1], "train/step_cpu_s": sum(cpu)})
         if al is not None:
             s["train/acceptance_length"] = al + i
         out.append(s)
@@ -52,10 +54,13 @@ def test_table2_summary_by_hand(tmp_path):
 
 def test_table1_summary_normalises_per_token(tmp_path):
     rows = {"A/no draft": {}, "A/DSpark": {"draft": "dspark", "baseline": "A/no draft"}}
-    _write_run(tmp_path, "A/no draft", _steps(4, rollout=4.0, update=1.0, tokens=100))
-    _write_run(tmp_path, "A/DSpark", _steps(4, rollout=4.0, update=1.0, tokens=300, al=3.0))
+    _write_run(tmp_path, "A/no draft", _steps(4, rollout=4.0, update=1.0, tokens=100, cpu=(2.0, 1.0)))
+    _write_run(tmp_path, "A/DSpark", _steps(4, rollout=4.0, update=1.0, tokens=300, al=3.0, cpu=(3.0, 1.0)))
     s = summarize("table1", rows, tmp_path)
     assert s["A/DSpark"]["rollout_speedup"] == pytest.approx(3.0)     # 3x the tokens in the same time
+    c = summarize("table1", rows, tmp_path, basis="cpu")["A/DSpark"]
+    assert c["rollout_speedup"] == pytest.approx(2.0) and c["rollout_speedup_wall"] == pytest.approx(3.0)
+    assert c["e2e_speedup"] == pytest.approx(3.0 * 3 / 4)
     with pytest.raises(FileNotFoundError, match="metrics.jsonl: missing"):
         summarize("table1", {"B/x": {}}, tmp_path)
     with pytest.raises(ValueError, match="no steps left"):
