@@ -4,8 +4,24 @@ See ``kernels.transport.channel`` for the protocol, ``kernels.transport.transpor
 transports, ``kernels.transport.probe`` for the one-sided GPU capabilities of the installed torch.
 """
 from kernels.transport.channel import ChannelStats, TapChannel
-from kernels.transport.spec import (ChannelLayout, PeerDiedError, StampMismatchError, TapChannelError, TapSpec,
-                                    TapTimeoutError, sequence_stamp)
+from kernels.transport.spec import (
+                                    ChannelLayout,
+                                    PeerDiedError,
+                                    StampMismatchError,
+                                    TapChannelError,
+                                    TapSpec,
+                                    TapTimeoutError,
+                                    sequence_stamp,
+)
 
-__all__ = ["TapChannel", "ChannelStats", "ChannelLayout", "TapSpec", "sequence_stamp", "TapChannelError",
-           "StampMismatchError", "TapTimeoutError", "PeerDiedError"]
+__all__ = [
+                                    "ChannelLayout",
+                                    "ChannelStats",
+                                    "PeerDiedError",
+                                    "StampMismatchError",
+                                    "TapChannel",
+                                    "TapChannelError",
+                                    "TapSpec",
+                                    "TapTimeoutError",
+                                    "sequence_stamp",
+]

@@ -22,8 +22,8 @@ Transports: ``shm`` and ``host_staging`` (CPU/colocated), ``gloo`` (CPU, remote 
 """
 from __future__ import annotations
 
-import socket
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -31,8 +31,13 @@ import torch
 import torch.distributed as dist
 
 from kernels.transport.control import EMPTY, pid_alive
-from kernels.transport.spec import (ChannelLayout, PeerDiedError, RingId, StampMismatchError, TapChannelError,
-                                    TapTimeoutError)
+from kernels.transport.spec import (
+    ChannelLayout,
+    PeerDiedError,
+    StampMismatchError,
+    TapChannelError,
+    TapTimeoutError,
+)
 from kernels.transport.transports import make_transport
 from kernels.transport.transports.base import Transport
 
@@ -79,7 +84,7 @@ class TapChannel:
 
     @classmethod
     def setup(cls, layout: ChannelLayout, transport: str | Transport = "shm", *, world_group=None,
-              backend: str = "gloo", **kwargs) -> "TapChannel":
+              backend: str = "gloo", **kwargs) -> TapChannel:
         """Collective over ``world_group`` (default: the whole world): builds the channel's own group
         of the layout's ranks and opens the rings. Every rank of the world must call it."""
         world = dist.get_world_size(world_group)

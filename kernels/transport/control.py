@@ -32,19 +32,19 @@ class ControlBlock:
         return n_rings * depth * N_WORDS * 8
 
     @classmethod
-    def private(cls, n_rings: int, depth: int) -> "ControlBlock":
+    def private(cls, n_rings: int, depth: int) -> ControlBlock:
         words = np.full((n_rings, depth, N_WORDS), EMPTY, dtype=np.int64)
         return cls(words, None, owner=True)
 
     @classmethod
-    def create_shared(cls, n_rings: int, depth: int) -> "ControlBlock":
+    def create_shared(cls, n_rings: int, depth: int) -> ControlBlock:
         shm = shared_memory.SharedMemory(create=True, size=cls.nbytes(n_rings, depth))
         words = np.ndarray((n_rings, depth, N_WORDS), dtype=np.int64, buffer=shm.buf)
         words[...] = EMPTY
         return cls(words, shm, owner=True)
 
     @classmethod
-    def attach_shared(cls, name: str, n_rings: int, depth: int) -> "ControlBlock":
+    def attach_shared(cls, name: str, n_rings: int, depth: int) -> ControlBlock:
         shm = attach_shm(name)
         words = np.ndarray((n_rings, depth, N_WORDS), dtype=np.int64, buffer=shm.buf)
         return cls(words, shm, owner=False)

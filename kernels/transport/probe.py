@@ -28,8 +28,8 @@ def probe() -> dict:
         import torch.distributed._symmetric_memory as symm
         out["symm_mem"] = True
         out["symm_mem_put_signal"] = hasattr(symm, "put_signal") and hasattr(symm, "wait_signal")
-    except Exception:  # noqa: BLE001 - optional, alpha API
-        pass
+    except Exception as exc:  # noqa: BLE001 - optional, alpha API: report why it is missing
+        out["symm_mem_error"] = f"{type(exc).__name__}: {exc}"
     return out
 
 

@@ -8,8 +8,8 @@ length field says how many rows of dim 0 are valid. Stamps are derived independe
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import torch
 

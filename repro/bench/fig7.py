@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from kernels.transport import ChannelLayout, TapChannel, TapSpec, sequence_stamp
+from kernels.transport import ChannelLayout, TapChannel, TapSpec
 from repro.parallel.partition import split_layers, stage_of_tap
 
 QWEN3_8B = {"num_layers": 36, "hidden": 4096, "params": 8.2e9}

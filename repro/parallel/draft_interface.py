@@ -21,8 +21,9 @@ Features are detached (no autograd edge reaches the policy) and laid out ``[batc
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor

@@ -28,10 +28,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleZBVZeroBubble
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleInterleaved1F1B,
+    ScheduleZBVZeroBubble,
+)
 
 from kernels.transport import ChannelLayout, TapChannel, TapSpec, sequence_stamp
-from repro.parallel.draft_interface import DraftBatch, TargetFeatures, TapDraft
+from repro.parallel.draft_interface import DraftBatch, TapDraft, TargetFeatures
 from repro.parallel.eagle_draft import TinyEagleDraft
 from repro.parallel.model import build_policy, build_stages, split_layers, stage_of_tap, tiny_qwen3_config
 from repro.parallel.taps import TapRouter, tap_name
@@ -131,7 +136,7 @@ def run_pp_worker(rank: int, world: int, cfg: PPConfig) -> dict:
     if world != cfg.pp:
         raise ValueError(f"world size {world} != cfg.pp {cfg.pp}")
     torch.manual_seed(cfg.seed)
-    mcfg, stages, draft, ranges, taps = build(cfg)
+    mcfg, stages, draft, _ranges, taps = build(cfg)
     last = cfg.num_stages - 1
     s2r = cfg.stage_to_rank()
     mine = [s for s in range(cfg.num_stages) if s2r[s] == rank]

@@ -6,8 +6,14 @@ model, the draft contract (tap convention, detached features) and config validat
 import pytest
 import torch
 
-from repro.parallel.draft_interface import (EMBED_TAP, DraftBatch, TapDraft, TargetFeatures, check_tap_layers,
-                                            features_from_hidden_states)
+from repro.parallel.draft_interface import (
+    EMBED_TAP,
+    DraftBatch,
+    TapDraft,
+    TargetFeatures,
+    check_tap_layers,
+    features_from_hidden_states,
+)
 from repro.parallel.eagle_draft import TinyEagleDraft
 from repro.parallel.harness import PPConfig
 from repro.parallel.model import build_policy, build_stages, split_layers, stage_of_tap, tiny_qwen3_config
@@ -16,9 +22,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_split_layers():
-    assert split_layers(8, 4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
-    assert split_layers(10, 3, first=2, last=2) == [range(0, 2), range(2, 8), range(8, 10)]
-    assert split_layers(7, 3) == [range(0, 3), range(3, 5), range(5, 7)]
+    assert split_layers(8, 4) == [range(2), range(2, 4), range(4, 6), range(6, 8)]
+    assert split_layers(10, 3, first=2, last=2) == [range(2), range(2, 8), range(8, 10)]
+    assert split_layers(7, 3) == [range(3), range(3, 5), range(5, 7)]
     with pytest.raises(ValueError, match="cannot fill"):
         split_layers(3, 4)
     assert stage_of_tap(EMBED_TAP, split_layers(8, 4)) == 0 and stage_of_tap(5, split_layers(8, 4)) == 2

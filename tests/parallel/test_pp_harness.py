@@ -7,9 +7,10 @@ policy's gradients are identical with the channel (and draft) on or off.
 
     .venv/bin/python -m pytest -q tests/parallel/test_pp_harness.py
 """
+from dataclasses import replace
+
 import pytest
 import torch
-from dataclasses import replace
 
 from kernels.launch import spawn
 from repro.parallel.harness import PPConfig, run_pp_worker
@@ -83,7 +84,7 @@ def test_inschedule_blocking_negative_control(tmp_path):
         assert {p.name for p in tmp_path.iterdir()} == {"rank0", "rank1"}, "timed out before the schedule ran"
         return
     ref = run_reference(cfg)
-    per_mb = sorted(sum((o["per_mb"] for o in outs), []), key=lambda r: r["seq"])
+    per_mb = sorted((r for o in outs for r in o["per_mb"]), key=lambda r: r["seq"])
     same = all(a["policy_loss"] == b["policy_loss"] and a["draft_loss"] == b["draft_loss"]
                for a, b in zip(per_mb, ref["per_mb"]))
     assert not same, "in-schedule blocking taps matched the reference; the hazard did not show"

@@ -10,7 +10,6 @@ import zlib
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from kernels.launch import WorkerError, spawn
 from kernels.transport import ChannelLayout, PeerDiedError, TapChannel, TapSpec, sequence_stamp

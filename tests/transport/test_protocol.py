@@ -9,8 +9,15 @@ import time
 import pytest
 import torch
 
-from kernels.transport import (ChannelLayout, StampMismatchError, TapChannel, TapChannelError, TapSpec,
-                               TapTimeoutError, sequence_stamp)
+from kernels.transport import (
+    ChannelLayout,
+    StampMismatchError,
+    TapChannel,
+    TapChannelError,
+    TapSpec,
+    TapTimeoutError,
+    sequence_stamp,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

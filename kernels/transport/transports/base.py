@@ -15,7 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 from abc import ABC, abstractmethod
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -63,7 +63,7 @@ class Completer:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, event: "torch.cuda.Event | None", fn: Callable[[], None], keep=None) -> None:
+    def submit(self, event: torch.cuda.Event | None, fn: Callable[[], None], keep=None) -> None:
         if self._error is not None:
             raise RuntimeError(f"transport helper thread failed earlier: {self._error!r}")
         self._q.put((event, fn, keep))
@@ -79,7 +79,7 @@ class Completer:
                 if event is not None:
                     event.synchronize()
                 fn()
-            except BaseException as exc:  # surfaced on the next submit/flush
+            except BaseException as exc:  # noqa: BLE001 - any failure is surfaced on the next submit/flush
                 self._error = exc
             finally:
                 self._q.task_done()

@@ -65,7 +65,7 @@ class GlooTransport(Transport):
     def _guard(self, fn, *args) -> None:
         try:
             fn(*args)
-        except BaseException as exc:  # surfaced on the next call from the main thread
+        except BaseException as exc:  # noqa: BLE001 - surfaced on the next call from the main thread
             self._error = exc
 
     def _send_loop(self) -> None:

@@ -14,7 +14,16 @@ from multiprocessing import shared_memory
 
 import torch
 
-from kernels.transport.control import LENGTH, PUBLISH_NS, PUT_NS, STAMP, CREDIT, ControlBlock, attach_shm, close_shm
+from kernels.transport.control import (
+    CREDIT,
+    LENGTH,
+    PUBLISH_NS,
+    PUT_NS,
+    STAMP,
+    ControlBlock,
+    attach_shm,
+    close_shm,
+)
 from kernels.transport.spec import ChannelLayout, RingId
 from kernels.transport.transports.base import Transport, arena_offsets, broadcast_object, slot_view
 

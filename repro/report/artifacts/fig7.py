@@ -15,8 +15,8 @@ import re
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-from matplotlib.ticker import NullFormatter
 import pandas as pd
+from matplotlib.ticker import NullFormatter
 
 from repro.report.style import measured_label, paper_label, paper_style, save_figure
 from repro.report.tables import write_table
@@ -114,15 +114,15 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.legend(fontsize=5, loc="upper center", bbox_to_anchor=(0.5, -0.28), frameon=False)
     fig.suptitle("Figure 7: PP fan-in, TapChannel vs host staging — " + "; ".join(hws), fontsize=7)
     paths = save_figure(fig, out_dir / "fig7")
-    notes = ["Medians over tap layouts (EAGLE-3 [emb,1,17,32], DFlash/DSpark [1,9,17,25,33] of a Qwen3-8B-shaped "
-             "policy) and microbatch lengths; the range column is min-max over them.",
-             "One-GPU runs put all four pipeline processes on one device: the fan-in is an intra-device copy "
+    notes = [("Medians over tap layouts (EAGLE-3 [emb,1,17,32], DFlash/DSpark [1,9,17,25,33] of a Qwen3-8B-shaped "
+             "policy) and microbatch lengths; the range column is min-max over them."),
+             ("One-GPU runs put all four pipeline processes on one device: the fan-in is an intra-device copy "
              "(HBM), not the paper's NVLink/InfiniBand link, so bandwidth and speedup are not expected to match "
-             "the paper's; CPU runs (cpu-emulated) compare shared memory with staging and show ratios only.",
-             "Slowdown = a rank's compute-loop time with transfers over without, A/B interleaved. With every rank on "
+             "the paper's; CPU runs (cpu-emulated) compare shared memory with staging and show ratios only."),
+             ("Slowdown = a rank's compute-loop time with transfers over without, A/B interleaved. With every rank on "
              "one GPU (or on 2 shared CPU cores) the ranks time-share the device: a rank blocked in host staging "
              "hands the device to the others, so the host-staging slowdown here is not the paper's quantity, "
-             "and differences of a few percent are within run-to-run noise."]
+             "and differences of a few percent are within run-to-run noise.")]
     paths += write_table(summ, out_dir / "fig7", title="Figure 7: PP=4 fan-in, TapChannel vs host staging",
                          notes=notes)
     return paths
