@@ -58,8 +58,13 @@ Examples (single rank; pass ``group`` and sharded tensors for CP):
 
     # CP: lay = make_layout(cu, group); q_local = lay.shard(q_global); same call with group=group.
 """
-from kernels.attention.api import (block_draft_attention, causal_attention, dflash_block_attention,
-                                   dspark_block_attention, eagle3_ttt_attention)
+from kernels.attention.api import (
+                                   block_draft_attention,
+                                   causal_attention,
+                                   dflash_block_attention,
+                                   dspark_block_attention,
+                                   eagle3_ttt_attention,
+)
 from kernels.attention.layout import Layout, make_layout, pad_varlen
 from kernels.attention.merge import merge
 from kernels.attention.reference import block_mask, causal_mask, dense_attention, eagle3_ttt_mask

@@ -5,7 +5,7 @@ communication starts; a bad value raises ValueError/TypeError naming it and what
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -67,7 +67,7 @@ def eagle3_ttt_attention(q: torch.Tensor, k_passes: Sequence[torch.Tensor], v_pa
     if len(k_passes) < 1 or len(k_passes) != len(v_passes):
         raise ValueError(f"k_passes and v_passes must be equally long and non-empty (pass 0 is the trunk), "
                          f"got {len(k_passes)} and {len(v_passes)}")
-    T, H, D = q.shape
+    T, _H, D = q.shape
     if T != lay.num_local:
         raise ValueError(f"q has {T} rows but this rank holds {lay.num_local} rows of the packed batch "
                          f"(cu_seqlens[-1]={lay.num_real}, cp_size={lay.cp_size}); shard with make_layout")
@@ -116,7 +116,7 @@ def block_draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx
         raise ValueError(f"slot_valid has shape {tuple(slot_valid.shape)}, expected {(Nb, B)}")
     if tuple(block_valid.shape) != (Nb,):
         raise ValueError(f"block_valid has shape {tuple(block_valid.shape)}, expected {(Nb,)}")
-    doc, pos, owner, local, back = lay.locate(anchors)
+    doc, _pos, owner, local, back = lay.locate(anchors)
     if bool((owner != lay.rank).any()):
         bad = anchors.cpu()[owner != lay.rank][:8].tolist()
         raise ValueError(f"anchors {bad} are owned by other ranks (rank {lay.rank} of {lay.cp_size}); "
@@ -126,7 +126,7 @@ def block_draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx
     inv = torch.empty_like(order)
     inv[order] = torch.arange(Nb)
     od = order.to(q.device)
-    rows = lambda x: x.repeat_interleave(B)  # noqa: E731
+    rows = lambda x: x.repeat_interleave(B)
     plan = prefix_plan(lay, rows(doc[order]), rows(local[order]), rows(back[order]),
                        rows(block_valid.cpu()[order]), q.device)
     branch = BlockBranch(B, (slot_valid & block_valid.unsqueeze(1)).index_select(0, od))

@@ -63,5 +63,5 @@ def usp_a2a_bytes(batch: int, local_tokens: int, heads: int, kv_heads: int, head
     """Forward all-to-all bytes a rank sends per pass: q, k, v in and out back, (U-1)/U of each."""
     if U == 1:
         return 0
-    per_tensor = lambda h: batch * local_tokens * h * head_dim * elem_bytes * (U - 1) // U  # noqa: E731
+    per_tensor = lambda h: batch * local_tokens * h * head_dim * elem_bytes * (U - 1) // U
     return per_tensor(heads) + 2 * per_tensor(kv_heads) + per_tensor(heads)

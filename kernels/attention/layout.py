@@ -99,7 +99,7 @@ class Layout:
         out[keep] = x[g[keep]]
         return out
 
-    def unshard(self, parts: list[torch.Tensor], layouts: list["Layout"] | None = None) -> torch.Tensor:
+    def unshard(self, parts: list[torch.Tensor], layouts: list[Layout] | None = None) -> torch.Tensor:
         """Reassemble the global real stream from every rank's local tensor (rank order)."""
         layouts = layouts or [make_layout(self.cu_seqlens, None, scheme=self.scheme, cp_size=self.cp_size,
                                           rank=r) for r in range(self.cp_size)]
@@ -175,7 +175,7 @@ def make_layout(cu_seqlens: torch.Tensor, group=None, *, scheme: str = "zigzag",
             back.append(torch.arange(lo + c, lo + 2 * c))
         else:
             front.append(torch.arange(lo, lo + rows.numel()))
-    cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, dtype=torch.int64)  # noqa: E731
+    cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, dtype=torch.int64)
     index, doc_id, position = cat(idx), cat(docs), cat(pos)
     half = chunk if (C > 1 and scheme == "zigzag") else local_len
     cu_half = torch.cat([torch.zeros(1, dtype=torch.int64), half.cumsum(0)])

@@ -56,7 +56,7 @@ def _cu_from_docs(doc: torch.Tensor, num_docs: int) -> torch.Tensor:
 
 def causal_plan(layout: Layout, device=None) -> RingPlan:
     """Causal main-sequence attention; queries are the local trunk rows."""
-    mv = lambda t: t.to(device) if device is not None else t  # noqa: E731
+    mv = lambda t: t.to(device) if device is not None else t
     diag = StepPlan(None, None, MaskSpec.causal(layout.cu_local))
     lower = upper = None
     if layout.cp_size > 1 and layout.scheme == "zigzag":
@@ -79,7 +79,7 @@ def prefix_plan(layout: Layout, doc: torch.Tensor, key_end: torch.Tensor, is_bac
     S = layout.num_docs
     rows = torch.nonzero(valid.cpu()).flatten()
     cu_q = _cu_from_docs(doc[rows], S)
-    mv = lambda t: t.to(device) if device is not None else t  # noqa: E731
+    mv = lambda t: t.to(device) if device is not None else t
     diag = StepPlan(mv(rows), None, MaskSpec.prefix(cu_q, layout.cu_local, mv(key_end[rows])))
     lower = upper = None
     if layout.cp_size > 1 and layout.scheme == "zigzag":

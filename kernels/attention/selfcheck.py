@@ -45,7 +45,7 @@ class Case:
 def _tensors(case: Case, cu: torch.Tensor):
     g = torch.Generator().manual_seed(case.seed)
     T, H, G, D = int(cu[-1]), case.heads, case.kv_heads, case.dim
-    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
     if case.family == "ttt":
         K = case.passes
         return {"q": r(T, H, D), "ks": [r(T, G, D) for _ in range(K)], "vs": [r(T, G, D) for _ in range(K)],
@@ -105,8 +105,8 @@ def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _scale_of(ref_out, ref_g) -> dict:
-    m = lambda x: float(x.detach().abs().max()) if x.numel() else 0.0  # noqa: E731
-    flat = lambda v: v if isinstance(v, list) else [v]  # noqa: E731
+    m = lambda x: float(x.detach().abs().max()) if x.numel() else 0.0
+    flat = lambda v: v if isinstance(v, list) else [v]
     return {"out": m(ref_out), **{f"d{k}": max(m(t) for t in flat(v)) for k, v in ref_g.items()}}
 
 
@@ -123,7 +123,7 @@ def run_case(rank: int, world: int, case: Case) -> dict:
     lay = make_layout(cu, group, scheme=case.scheme)
     dt = getattr(torch, case.dtype)
     dev = torch.device(case.device)
-    mv = lambda x: x.to(dev, dt).requires_grad_()  # noqa: E731
+    mv = lambda x: x.to(dev, dt).requires_grad_()
     stats = RingStats()
     err = {}
     if case.family == "ttt":
@@ -143,7 +143,7 @@ def run_case(rank: int, world: int, case: Case) -> dict:
     else:
         _, _, owner, _, _ = lay.locate(t["anchors"])
         mine = torch.nonzero(owner == lay.rank).flatten()
-        sel = lambda x: x.index_select(0, mine)  # noqa: E731
+        sel = lambda x: x.index_select(0, mine)
         q, bk, bv = mv(sel(t["q"])), mv(sel(t["bk"])), mv(sel(t["bv"]))
         ck, cv = mv(lay.shard(t["ck"])), mv(lay.shard(t["cv"]))
         out, lse = block_draft_attention(q, bk, bv, ck, cv, sel(t["anchors"]), lay, group,
@@ -168,7 +168,7 @@ def _run_usp(rank: int, case: Case, cu: torch.Tensor, t: dict, ref_out, ref_g) -
     batch = UspBatch(case.lengths, U * R, ttt_length=case.passes)
     g = groups.rank
     dt = getattr(torch, case.dtype)
-    loc = lambda x: batch.local(batch.pad(x), g).to(case.device, dt).requires_grad_()  # noqa: E731
+    loc = lambda x: batch.local(batch.pad(x), g).to(case.device, dt).requires_grad_()
     K = case.passes
     gen = torch.Generator().manual_seed(case.seed + 1)
     ks, vs = [loc(k) for k in t["ks"]], [loc(v) for v in t["vs"]]
@@ -181,7 +181,7 @@ def _run_usp(rank: int, case: Case, cu: torch.Tensor, t: dict, ref_out, ref_g) -
         out = usp_eagle3_ttt_attention(qp, ks[p], vs[p], cache, groups, backend=case.backend, stats=stats)
     grads = torch.autograd.grad(out, [qp, *ks, *vs], loc(t["dout"]).detach())
     real = batch.local(batch.pad(torch.ones(int(cu[-1]), dtype=torch.bool)), g)
-    ref = lambda x: batch.local(batch.pad(x), g)  # noqa: E731
+    ref = lambda x: batch.local(batch.pad(x), g)
     err = {"out": _maxdiff(out[real], ref(ref_out)[real]), "dq": _maxdiff(grads[0][real], ref(ref_g["q"])[real]),
            "dk": max(_maxdiff(a[real], ref(b)[real]) for a, b in zip(grads[1:1 + K], ref_g["ks"])),
            "dv": max(_maxdiff(a[real], ref(b)[real]) for a, b in zip(grads[1 + K:], ref_g["vs"]))}

@@ -67,16 +67,16 @@ class MaskSpec:
             raise ValueError(f"key_end has {self.key_end.numel()} entries, expected Tq = {self.num_q}")
 
     @staticmethod
-    def causal(cu: torch.Tensor) -> "MaskSpec":
+    def causal(cu: torch.Tensor) -> MaskSpec:
         cu = check_cu(cu, None)
         return MaskSpec("causal", cu, cu)
 
     @staticmethod
-    def full(cu_q: torch.Tensor, cu_k: torch.Tensor) -> "MaskSpec":
+    def full(cu_q: torch.Tensor, cu_k: torch.Tensor) -> MaskSpec:
         return MaskSpec("full", check_cu(cu_q, None, "cu_q"), check_cu(cu_k, None, "cu_k"))
 
     @staticmethod
-    def prefix(cu_q: torch.Tensor, cu_k: torch.Tensor, key_end: torch.Tensor) -> "MaskSpec":
+    def prefix(cu_q: torch.Tensor, cu_k: torch.Tensor, key_end: torch.Tensor) -> MaskSpec:
         return MaskSpec("prefix", check_cu(cu_q, None, "cu_q"), check_cu(cu_k, None, "cu_k"),
                         key_end.to(torch.int64))
 

@@ -194,7 +194,7 @@ def usp_eagle3_ttt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     lay = make_layout(cu, None, scheme="sequential", cp_size=R, rank=groups.ring_rank)
     plan = causal_plan(lay, q.device)
     P = len(cache) - 1
-    flat = lambda x: x.reshape(B * M, x.shape[2], D)  # noqa: E731
+    flat = lambda x: x.reshape(B * M, x.shape[2], D)
     branch = TTTBranch(P) if P > 0 else None
     bt = (*[flat(c[0]) for c in cache[1:]], *[flat(c[1]) for c in cache[1:]])
     out, _ = trunk_branch_attention(flat(qa), flat(cache[0][0]), flat(cache[0][1]), plan, groups.ring, branch, bt,

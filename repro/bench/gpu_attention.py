@@ -40,7 +40,7 @@ DEVICE = "cuda"          # --device cpu runs a smoke test of this script's logic
 
 
 def run_checks(out: Path) -> dict:
-    big = dict(heads=H, kv_heads=G, dim=D, dtype="bfloat16", device=DEVICE)
+    big = {"heads": H, "kv_heads": G, "dim": D, "dtype": "bfloat16", "device": DEVICE}
     lengths = (5, 300, 77, 1000)
     cases = {
         "ttt1": Case("ttt", lengths=lengths, passes=1, **big),
@@ -71,7 +71,7 @@ def run_checks(out: Path) -> dict:
             rel = {k: v / denom for k, v in r["err"].items()}
             res[name] = {"ok": all(v <= REL_TOL for v in rel.values()), "rel_err": rel, "abs_err": r["err"],
                          "ref_max": r["ref_max"], "seconds": time.perf_counter() - t0}
-        except Exception as exc:  # keep going: the report says which check failed and why
+        except Exception as exc:  # noqa: BLE001 -- keep going: the report says which check failed and why
             res[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
         print(f"[check] {name}: {res[name].get('ok')} {res[name].get('rel_err', res[name].get('error'))}",
               flush=True)
@@ -185,7 +185,7 @@ def _kernel_profile(step) -> dict:
                and str(e.device_type).endswith("CUDA")]
         busy = sum(getattr(e, "device_time", getattr(e, "cuda_time", 0.0)) for e in evs) / 1e6
         return {"cuda_kernels": float(len(evs)), "kernel_busy_s": busy, "profiled_wall_s": wall}
-    except Exception as exc:  # profiler unavailable on this runtime: report without it
+    except Exception as exc:  # noqa: BLE001 -- profiler unavailable on this runtime: report without it
         print(f"[profile] unavailable: {exc}", flush=True)
         return {}
 
@@ -273,7 +273,7 @@ def main(argv=None) -> int:
                     bench_ttt(bench, tag, T, args.passes, repeats=3 if T < 262144 else 2, backend=ttt_backend)
                 else:
                     bench_sdpa(bench, tag, T, repeats=2, kernel=kind.split(":")[1])
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 -- one failed config (e.g. out of memory) must not lose the others
                 print(f"[error] {kind} {tag}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}", flush=True)
                 bench.record(f"{kind} {tag} cp=1", {"error": f"{type(exc).__name__}: {exc}"}, extra={"failed": 1.0})
             if DEVICE == "cuda":

@@ -28,7 +28,7 @@ def _specs():
 
 def _qkv(spec, H=4, G=2, D=8, seed=1):
     g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
     return r(spec.num_q, H, D), r(spec.num_k, G, D), r(spec.num_k, G, D), r(spec.num_q, H, D)
 
 

@@ -98,12 +98,12 @@ def test_usp_pad_factor_reported(world):
 
 @pytest.mark.timeout(600)
 def test_bad_input_raises_before_communication(world):
-    C, w = world
+    _C, w = world
     for per_rank in w["bad"]:
         for name, err, msg, comm_calls in per_rank:
             assert err is not None, f"{name}: no error raised"
             assert comm_calls == 0, f"{name}: {comm_calls} communication calls before the error"
-    msgs = dict((n, m) for n, _, m, _ in w["bad"][0])
+    msgs = {n: m for n, _, m, _ in w["bad"][0]}
     assert "must be a multiple of key/value heads" in msgs["heads_not_divisible"]
     assert "group has size" in msgs["wrong_group_size"]
     assert "owned by other ranks" in msgs["block_anchor_not_owned"]

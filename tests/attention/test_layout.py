@@ -84,7 +84,7 @@ def test_block_prefix_plan_covers_block_mask(C):
     """DFlash trunk visibility [doc start, anchor) is covered exactly once by the zigzag steps."""
     anchors = torch.tensor([0, 2, 3, 20, 39, 40, 41, 63, 64, 92])
     lays = [make_layout(CU, None, cp_size=C, rank=r) for r in range(C)]
-    doc, pos, owner, local, back = lays[0].locate(anchors)
+    doc, _pos, owner, local, back = lays[0].locate(anchors)
     Tr = int(CU[-1])
     got = torch.zeros(anchors.numel(), Tr, dtype=torch.int64)
     for r, lay in enumerate(lays):
@@ -109,7 +109,7 @@ def test_block_prefix_plan_covers_block_mask(C):
 
 def test_locate_owner_and_bad_tokens():
     lay = make_layout(CU, None, cp_size=2, rank=0)
-    doc, pos, owner, local, back = lay.locate(torch.tensor([0, 40, 92]))
+    doc, pos, _owner, _local, _back = lay.locate(torch.tensor([0, 40, 92]))
     assert doc.tolist() == [0, 2, 4] and pos.tolist() == [0, 0, 28]
     for r in range(2):
         lr = make_layout(CU, None, cp_size=2, rank=r)

@@ -7,8 +7,13 @@ Run: .venv/bin/python -m pytest -q tests/attention/test_single_rank.py
 import pytest
 import torch
 
-from kernels.attention import (block_draft_attention, causal_attention, dflash_block_attention,
-                               dspark_block_attention, eagle3_ttt_attention)
+from kernels.attention import (
+    block_draft_attention,
+    causal_attention,
+    dflash_block_attention,
+    dspark_block_attention,
+    eagle3_ttt_attention,
+)
 from kernels.attention.selfcheck import Case, run_case
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,10 +34,10 @@ def test_ttt_matches_reference(backend, passes):
 
 @pytest.mark.parametrize("backend", ["torch", "sdpa_cpu", "prefix_full[sdpa_cpu]"])
 @pytest.mark.parametrize("case", [
-    dict(),                                                        # anchors at start, middle, end of each doc
-    dict(invalid_blocks=(0, 3), slot_drop=0.5),                    # fully masked blocks, partly invalid slots
-    dict(anchors=(0, 5, 42, 64, 67), slot_drop=1.0),               # no block keys: doc-start anchors see nothing
-    dict(heads=4, kv_heads=1, block=1),                            # MQA, B = 1
+    {},                                                        # anchors at start, middle, end of each doc
+    {"invalid_blocks": (0, 3), "slot_drop": 0.5},                    # fully masked blocks, partly invalid slots
+    {"anchors": (0, 5, 42, 64, 67), "slot_drop": 1.0},               # no block keys: doc-start anchors see nothing
+    {"heads": 4, "kv_heads": 1, "block": 1},                            # MQA, B = 1
 ])
 def test_blocks_match_reference(backend, case):
     _assert(run_case(0, 1, Case("block", lengths=LENGTHS, backend=backend, **case)), 1e-10)
@@ -63,8 +68,9 @@ def test_aliases_and_causal_front_end():
 
 
 def test_bad_inputs_single_rank():
-    from kernels.attention.selfcheck import check_bad_inputs
     import torch.distributed as dist
+
+    from kernels.attention.selfcheck import check_bad_inputs
     assert not dist.is_initialized()
     cu = torch.tensor([0, 10, 26])
     q, k = torch.randn(26, 4, 8), torch.randn(26, 2, 8)

@@ -59,4 +59,4 @@ def select(name: str | Backend, spec: MaskSpec, device: torch.device, dtype: tor
     raise ValueError(f"no backend for {spec.kind!r} on {device.type} with {dtype}")
 
 
-__all__ = ["Backend", "MaskSpec", "NAMES", "acc_dtype", "check_qkv", "get", "select"]
+__all__ = ["NAMES", "Backend", "MaskSpec", "acc_dtype", "check_qkv", "get", "select"]

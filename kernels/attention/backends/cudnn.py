@@ -45,7 +45,7 @@ class CudnnBackend(Backend):
             _bhld(q), _bhld(self._kv(k, H)), _bhld(self._kv(v, H)), None, True, 0.0, causal, False, scale=scale)
 
     def forward(self, q, k, v, spec, scale):
-        T, H, D = q.shape
+        T, H, _D = q.shape
         out = torch.zeros_like(q)
         lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
         causal = spec.kind == "causal"

@@ -98,7 +98,7 @@ class PrefixAsFull(Backend):
             return dq, torch.zeros(k.shape, dtype=acc, device=q.device), torch.zeros(v.shape, dtype=acc,
                                                                                       device=q.device)
         idx_d = idx.to(q.device)
-        sel = lambda x: x.index_select(0, idx_d)  # noqa: E731
+        sel = lambda x: x.index_select(0, idx_d)
         gq, gk, gv = self.inner.backward(sel(dout), sel(q), k, v, sel(out), sel(lse), full, scale)
         dq.index_add_(0, idx_d, gq.to(acc))
         return dq, gk, gv

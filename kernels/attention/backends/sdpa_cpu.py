@@ -81,7 +81,9 @@ class SdpaCpuBackend(Backend):
         lse_safe = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse).to(q.dtype)
         for _, q0, q1, k0, k1 in spec.segments():
             rows, mask, causal = self._rows_and_mask(spec, q0, q1, k0, k1, q.dtype)
-            sel = (lambda x: x[q0:q1]) if rows is None else (lambda x: x[q0:q1].index_select(0, rows))
+
+            def sel(x, q0=q0, q1=q1, rows=rows):
+                return x[q0:q1] if rows is None else x[q0:q1].index_select(0, rows)
             qs = sel(q)
             if qs.shape[0] == 0:
                 continue

@@ -57,7 +57,7 @@ class TorchBackend(Backend):
 
     def forward(self, q, k, v, spec, scale):
         T, H, D = q.shape
-        G = k.shape[1]
+        k.shape[1]
         acc = acc_dtype(q.dtype)
         cd = self.compute_dtype or acc
         out = torch.zeros(T, H, D, dtype=acc, device=q.device)

@@ -109,10 +109,10 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.legend(fontsize=4.5, loc="best")
     fig.suptitle("Figure 6: draft-training attention at fixed global length", fontsize=8)
     paths = save_figure(fig, out_dir / "fig6")
-    notes = ["TTT: EAGLE-3, 3 passes, one document, fwd+bwd; trunk: the same passes without the branch keys, "
+    notes = [("TTT: EAGLE-3, 3 passes, one document, fwd+bwd; trunk: the same passes without the branch keys, "
              "same run; sdpa: one causal pass through torch SDPA (the floor per pass). Block: 64 anchors x 16 "
              "slots. Qwen3-8B draft attention shape (32/8 heads, dim 128, bf16) on GPUs; CPU runs are "
-             "cpu-emulated with scaled lengths and small heads (compare ratios only).",
+             "cpu-emulated with scaled lengths and small heads (compare ratios only)."),
              "Peak memory includes the inputs; gradients are consumed as they arrive (freed after accumulation).",
              "CPU runs plot and compare the critical path (cpu_critical_s: largest per-rank CPU time per step)."]
     paths += write_table(summary_table(tidy, paper), out_dir / "fig6",
