@@ -18,6 +18,7 @@ checkpoints. Here both are built locally and cached as one workflow artifact fol
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
-from repro.report.provenance import provenance, write_json_atomic
+from repro.report.provenance import provenance, write_atomic, write_json_atomic
 from repro.rl.config import ConfigError, DraftSpec, PolicySpec, SFTSpec, WORKLOADS
 from repro.rl.drafts import build_draft, trainable_parameters
 from repro.rl.episodes import chat_prompt, math_rollout, workplace_rollout
@@ -139,6 +140,12 @@ def warm_start_drafts(policy, tok, workload: str, specs: list[DraftSpec], spec: 
     return drafts, losses
 
 
+def _save_atomic(obj, path: Path) -> None:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    write_atomic(path, buf.getvalue())
+
+
 def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sft: SFTSpec,
                      drafts: list[DraftSpec], *, vocab_size: int, seed: int = 0, device: str = "cpu") -> dict:
     if workload not in WORKLOADS:
@@ -159,12 +166,11 @@ def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sf
     policy.requires_grad_(False)
     models, dlosses = warm_start_drafts(policy, tok, workload, drafts, sft, seed) if drafts else ({}, {})
     for ds in drafts:
-        path = draft_file(out, ds.family)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"family": ds.family, "options": dict(ds.options),
-                    "state_dict": models[ds.family].state_dict()}, path)
-    torch.save({"family": policy_spec.family, "scale": policy_spec.scale, "overrides": dict(policy_spec.overrides),
-                "vocab_size": tok.vocab_size, "state_dict": policy.model.state_dict()}, out / "policy.pt")
+        _save_atomic({"family": ds.family, "options": dict(ds.options),
+                      "state_dict": models[ds.family].state_dict()}, draft_file(out, ds.family))
+    # policy.pt last: the workflow's marker that the warm start is complete
+    _save_atomic({"family": policy_spec.family, "scale": policy_spec.scale, "overrides": dict(policy_spec.overrides),
+                  "vocab_size": tok.vocab_size, "state_dict": policy.model.state_dict()}, out / "policy.pt")
     summary = {"workload": workload, "policy": vars(policy_spec), "sft": vars(sft), "seed": seed,
                "sft_loss_first": losses[0], "sft_loss_last": losses[-1], "sft_losses": losses,
                "heldout_accuracy": acc, "drafts": {f: {"loss_first": l[0], "loss_last": l[-1]} for f, l in
