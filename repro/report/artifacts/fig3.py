@@ -56,12 +56,15 @@ def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: s
     hw = steps["hardware"].iloc[0] if len(steps) else "-"
     label = steps["hardware_label"].iloc[0] if len(steps) else ""
     fig, axes = plt.subplots(2, 3, figsize=(7.0, 3.9))
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()
+    # one fixed style per row (a panel without the baseline, e.g. acceptance length, keeps the colours)
+    styles = {row: {k: v[i % len(v)] for k, v in cycle.items()} for i, row in enumerate(ROWS)}
     for ax, (metric, ylabel) in zip(axes.flat, PANELS):
         for row in ROWS:
             d = steps[(steps["row"] == row) & (steps["metric"] == metric)].sort_values(["run", "step"])
             d = d.groupby("step", as_index=False).last()
             if len(d):
-                ax.plot(d["step"], d["value"], marker=".", markersize=3, label=row)
+                ax.plot(d["step"], d["value"], marker=".", markersize=3, label=row, **styles[row])
         pm = PAPER_ON_PANEL.get(metric)
         if pm:
             for v, phw in _paper_range(paper, pm):
