@@ -28,12 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleInterleaved1F1B,
-    ScheduleZBVZeroBubble,
-)
+from torch.distributed import pipelining
+from torch.distributed.pipelining import PipelineStage
 
 from kernels.transport import ChannelLayout, TapChannel, TapSpec, sequence_stamp
 from repro.parallel.draft_interface import DraftBatch, TapDraft, TargetFeatures
@@ -41,8 +37,19 @@ from repro.parallel.eagle_draft import TinyEagleDraft
 from repro.parallel.model import build_policy, build_stages, split_layers, stage_of_tap, tiny_qwen3_config
 from repro.parallel.taps import TapRouter, tap_name
 
-SCHEDULES = {"1f1b": (Schedule1F1B, 1, "loop"), "interleaved1f1b": (ScheduleInterleaved1F1B, 2, "loop"),
-             "zbv": (ScheduleZBVZeroBubble, 2, "v")}
+# name -> (torch.distributed.pipelining class, stages per rank, placement); a class the installed torch
+# lacks is refused with a clear error when asked for, not at import.
+SCHEDULES = {"1f1b": ("Schedule1F1B", 1, "loop"), "interleaved1f1b": ("ScheduleInterleaved1F1B", 2, "loop"),
+             "zbv": ("ScheduleZBVZeroBubble", 2, "v")}
+
+
+def schedule_class(name: str):
+    cls_name = SCHEDULES[name][0]
+    cls = getattr(pipelining, cls_name, None)
+    if cls is None:
+        raise RuntimeError(f"schedule {name!r} needs torch.distributed.pipelining.{cls_name}, which torch "
+                           f"{torch.__version__} does not provide")
+    return cls
 
 
 @dataclass(frozen=True)
@@ -197,7 +204,7 @@ def run_pp_worker(rank: int, world: int, cfg: PPConfig) -> dict:
     if channel is not None and last in mine:
         _release_after_backward(next(p for p in pipe_stages if p.stage_index == last), channel, layout, router)
 
-    sched_cls, per_rank, _ = SCHEDULES[cfg.schedule]
+    sched_cls, per_rank = schedule_class(cfg.schedule), SCHEDULES[cfg.schedule][1]
     stage_arg = pipe_stages[0] if per_rank == 1 else pipe_stages
     schedule = sched_cls(stage_arg, cfg.n_microbatches, loss_fn=loss_fn, scale_grads=False)
     for step in range(cfg.steps):
