@@ -40,6 +40,7 @@ class Case:
     device: str = "cpu"
     scheme: str = "zigzag"              # "sequential": the basic ring (must agree with zigzag)
     usp: tuple = ()                     # (U, R): run the USP baseline instead (family "ttt" only)
+    usp_ring: str = "sequential"        # USP's ring: "sequential" (SpecForge) or "zigzag" (USP-zigzag)
 
 
 def _tensors(case: Case, cu: torch.Tensor):
@@ -165,7 +166,7 @@ def _run_usp(rank: int, case: Case, cu: torch.Tensor, t: dict, ref_out, ref_g) -
     from kernels.attention.usp import UspBatch, make_usp_groups, usp_eagle3_ttt_attention
     U, R = case.usp
     groups = make_usp_groups(U, R)
-    batch = UspBatch(case.lengths, U * R, ttt_length=case.passes)
+    batch = UspBatch(case.lengths, U * R, ttt_length=case.passes, ulysses=U, ring=case.usp_ring)
     g = groups.rank
     dt = getattr(torch, case.dtype)
     loc = lambda x: batch.local(batch.pad(x), g).to(case.device, dt).requires_grad_()
@@ -178,7 +179,8 @@ def _run_usp(rank: int, case: Case, cu: torch.Tensor, t: dict, ref_out, ref_g) -
     for p in range(K):
         qp = t["q"] if p == K - 1 else torch.randn(t["q"].shape, generator=gen, dtype=torch.float64)
         qp = loc(qp)
-        out = usp_eagle3_ttt_attention(qp, ks[p], vs[p], cache, groups, backend=case.backend, stats=stats)
+        out = usp_eagle3_ttt_attention(qp, ks[p], vs[p], cache, groups, backend=case.backend, ring=case.usp_ring,
+                                       stats=stats)
     grads = torch.autograd.grad(out, [qp, *ks, *vs], loc(t["dout"]).detach())
     real = batch.local(batch.pad(torch.ones(int(cu[-1]), dtype=torch.bool)), g)
     ref = lambda x: batch.local(batch.pad(x), g)

@@ -14,7 +14,7 @@ Faithful to SpecForge's ``LlamaUSPFlashAttention`` / ``_USPRingFlashCachedMergeF
 * the head-divisibility constraint (H % U == 0 and G % U == 0) as a clear error.
 
     groups = make_usp_groups(U, R)                         # collective: every rank calls it
-    batch = UspBatch(lengths, cp=U*R, ttt_length=3)        # padding and pad factor
+    batch = UspBatch(lengths, cp=U*R, ttt_length=3, ulysses=U)   # padding and pad factor
     cache = []                                             # post-all-to-all K/V of earlier passes
     out = usp_eagle3_ttt_attention(q, k, v, cache, groups) # q [B, S_loc, H, D] -> out like q
 """
@@ -78,17 +78,29 @@ def make_usp_groups(U: int, R: int) -> UspGroups:
 
 
 class UspBatch:
-    """SpecForge's padded layout for a list of sequence lengths on C = U*R ranks."""
+    """SpecForge's padded layout for a list of sequence lengths on C = U*R ranks.
 
-    def __init__(self, lengths, cp: int, ttt_length: int = 0, force_pad_factor: float | None = None):
+    ``ring="sequential"`` (SpecForge): rank g holds the contiguous slice g of every row.
+    ``ring="zigzag"`` (yunchang's zigzag ring inside USP, "USP-zigzag"; ours, not SpecForge's): every
+    row is cut into 2R chunks, ring rank r gets chunks r and 2R-1-r, and its Ulysses group splits
+    those contiguously; rows are padded to a multiple of 2C.
+    """
+
+    def __init__(self, lengths, cp: int, ttt_length: int = 0, force_pad_factor: float | None = None,
+                 ulysses: int = 1, ring: str = "sequential"):
         self.lengths = [int(x) for x in lengths]
         if not self.lengths or min(self.lengths) < 1:
             raise ValueError(f"lengths must be positive, got {self.lengths}")
-        self.cp, self.ttt_length = cp, ttt_length
+        if ring not in ("sequential", "zigzag"):
+            raise ValueError(f"ring must be 'sequential' or 'zigzag', got {ring!r}")
+        if ulysses < 1 or cp % ulysses:
+            raise ValueError(f"ulysses={ulysses} must divide cp={cp}")
+        self.cp, self.ttt_length, self.U, self.ring = cp, ttt_length, ulysses, ring
         s_max = max(self.lengths)
         if force_pad_factor is not None:       # pad the batch to a target factor (e.g. the paper's 2.25)
             s_max = max(s_max, int(force_pad_factor * sum(self.lengths) / len(self.lengths)))
-        self.s_pad = -(-s_max // cp) * cp
+        mult = 2 * cp if ring == "zigzag" else cp
+        self.s_pad = -(-s_max // mult) * mult
         self.chunk = self.s_pad // cp
 
     @property
@@ -121,12 +133,22 @@ class UspBatch:
     def unpad(self, xb: torch.Tensor) -> torch.Tensor:
         return torch.cat([xb[b, :L] for b, L in enumerate(self.lengths)])
 
-    def local(self, xb: torch.Tensor, rank: int) -> torch.Tensor:
-        """Rank's contiguous slice [B, chunk, ...] of a padded batch (attended rows; no overlap)."""
-        return xb[:, rank * self.chunk:(rank + 1) * self.chunk]
-
     def position_ids(self, rank: int) -> torch.Tensor:
-        return rank * self.chunk + torch.arange(self.chunk)
+        """Positions (columns of the padded batch) that ``rank`` holds, in its local order."""
+        if self.ring == "sequential":
+            return rank * self.chunk + torch.arange(self.chunk)
+        R = self.cp // self.U
+        r, u = rank // self.U, rank % self.U
+        half = self.s_pad // (2 * R)
+        cols = torch.cat([torch.arange(r * half, (r + 1) * half),
+                          torch.arange((2 * R - 1 - r) * half, (2 * R - r) * half)])
+        return cols[u * self.chunk:(u + 1) * self.chunk]
+
+    def local(self, xb: torch.Tensor, rank: int) -> torch.Tensor:
+        """Rank's rows [B, chunk, ...] of a padded batch (attended rows; no overlap)."""
+        if self.ring == "sequential":
+            return xb[:, rank * self.chunk:(rank + 1) * self.chunk]
+        return xb.index_select(1, self.position_ids(rank).to(xb.device))
 
 
 class _SeqAllToAll(torch.autograd.Function):
@@ -168,13 +190,16 @@ def seq_all_to_all(x: torch.Tensor, group, U: int, scatter_heads: bool = True, s
 
 
 def usp_eagle3_ttt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: list, groups: UspGroups,
-                             *, scale: float | None = None, backend="auto",
+                             *, scale: float | None = None, backend="auto", ring: str = "sequential",
                              stats: RingStats | None = None) -> torch.Tensor:
     """One TTT pass under USP; pass index = len(cache) before the call (pass 0 fills the trunk).
 
-    q [B, S_loc, H, D], k/v [B, S_loc, G, D]: this rank's contiguous slice of the padded batch.
-    ``cache`` holds the post-all-to-all (k, v) of earlier passes and is appended to.
+    q [B, S_loc, H, D], k/v [B, S_loc, G, D]: this rank's rows of the padded batch (UspBatch.local
+    with the same ``ring``). ``cache`` holds the post-all-to-all (k, v) of earlier passes and is
+    appended to. ``ring``: "sequential" (SpecForge's basic ring) or "zigzag" (USP-zigzag, ours).
     """
+    if ring not in ("sequential", "zigzag"):
+        raise ValueError(f"ring must be 'sequential' or 'zigzag', got {ring!r}")
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2]:
         raise ValueError(f"USP expects q [B,S,H,D] and k/v [B,S,G,D], got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
@@ -191,7 +216,7 @@ def usp_eagle3_ttt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     cache.append((ka, va))
     M = U * S
     cu = torch.arange(B + 1, dtype=torch.int64) * (R * M)
-    lay = make_layout(cu, None, scheme="sequential", cp_size=R, rank=groups.ring_rank)
+    lay = make_layout(cu, None, scheme=ring, cp_size=R, rank=groups.ring_rank)
     plan = causal_plan(lay, q.device)
     P = len(cache) - 1
     flat = lambda x: x.reshape(B * M, x.shape[2], D)

@@ -8,6 +8,8 @@ method's alone:
     zigzag          packed THD, zigzag ring trunk + rank-local branch (kernels.attention)
     usp U=.. R=..   SpecForge's USP on the padded batch, every (U, R) with U*R = C that divides
                     the head counts
+    usp-zigzag ..   the same with yunchang's zigzag ring instead of the basic one (R > 1; ours)
+the best USP row over all of them is the baseline
 and times forward + backward of the 3 passes (wall: slowest rank per sample; and each rank's CPU time
 per step: on CPUs (few shared cores, often fewer than ranks) wall time measures the machine's total
 work and other load, so CPU runs compute the speedup from the critical path = largest per-rank CPU
@@ -89,7 +91,7 @@ def worker(rank: int, world: int, cfg: dict) -> dict:
         else:
             U, R = cfg["usp"]
             groups = make_usp_groups(U, R)
-            batch = UspBatch(lengths, world, ttt_length=P)
+            batch = UspBatch(lengths, world, ttt_length=P, ulysses=U, ring=cfg["usp_ring"])
             shp = (len(lengths), batch.chunk)
             qs = [consumed_leaf((*shp, H, D), dtype, device, gen) for _ in range(P)]
             ks = [consumed_leaf((*shp, G, D), dtype, device, gen) for _ in range(P)]
@@ -99,7 +101,7 @@ def worker(rank: int, world: int, cfg: dict) -> dict:
             def step():
                 cache: list = []
                 outs = [usp_eagle3_ttt_attention(qs[p], ks[p], vs[p], cache, groups, backend=cfg["backend"],
-                                                 stats=stats) for p in range(P)]
+                                                 ring=cfg["usp_ring"], stats=stats) for p in range(P)]
                 torch.autograd.backward(outs, [dout] * P)
             tokens = shp[0] * shp[1]
         step()                                     # first step inside the memory window
@@ -172,7 +174,8 @@ def main(argv=None) -> int:
                          f"found {torch.cuda.device_count()}")
     lengths = workload(d["scale"])
     out = args.out or Path("results") / hardware()["tag"] / args.profile / "fig5"
-    base = {"heads": d["heads"], "kv_heads": d["kv_heads"], "head_dim": d["head_dim"], "dtype": d["dtype"],
+    base = {"usp_ring": "sequential", "heads": d["heads"], "kv_heads": d["kv_heads"], "head_dim": d["head_dim"],
+            "dtype": d["dtype"],
             "passes": args.passes, "lengths": lengths, "device": device, "backend": args.backend,
             "repeats": d["repeats"], "warmup": d["warmup"]}
     config = {**base, "cp": cps, "scale": d["scale"], "workload": "8 rollouts, fixed fractions of the longest",
@@ -187,21 +190,24 @@ def main(argv=None) -> int:
                                               "cpu_critical_s": z["cpu_critical_median"]})
             usp = {}
             for U, R in usp_splits(C, d["heads"], d["kv_heads"]):
-                u = run_method({**base, "method": "usp", "usp": (U, R)}, C, args.timeout_s)
-                usp[(U, R)] = u
-                bench.record(f"usp U={U} R={R} cp={C}", {"cp": C, "method": "usp", "U": U, "R": R,
-                                                         "cpu_critical_samples": u["cpu_critical"]}, u["samples"],
-                             extra={"peak_mem_gb": u["peak_gb_max"], "local_tokens": u["local_tokens"],
-                                    "cpu_critical_s": u["cpu_critical_median"]})
-            (bU, bR), best = min(usp.items(), key=lambda kv: kv[1]["median"])
-            pad = UspBatch(lengths, C, ttt_length=args.passes)
+                for ring in ("sequential", "zigzag") if R > 1 else ("sequential",):
+                    u = run_method({**base, "method": "usp", "usp": (U, R), "usp_ring": ring}, C, args.timeout_s)
+                    usp[(U, R, ring)] = u
+                    name = "usp" if ring == "sequential" else "usp-zigzag"
+                    bench.record(f"{name} U={U} R={R} cp={C}", {"cp": C, "method": name, "U": U, "R": R,
+                                                                "ring": ring,
+                                                                "cpu_critical_samples": u["cpu_critical"]},
+                                 u["samples"], extra={"peak_mem_gb": u["peak_gb_max"], "local_tokens": u["local_tokens"],
+                                                      "cpu_critical_s": u["cpu_critical_median"]})
+            (bU, bR, bring), best = min(usp.items(), key=lambda kv: kv[1]["median"])
+            pad = UspBatch(lengths, C, ttt_length=args.passes)     # SpecForge's padding (sequential ring)
             speedup = best["median"] / z["median"]
             mem_ratio = best["peak_gb_max"] / z["peak_gb_max"]
             pooled_speedup.append(speedup)
             pooled_mem.append(mem_ratio)
             best_wall = min(u["wall_median"] for u in usp.values())
             timing = "cpu critical path (largest per-rank CPU time)" if z["emulated"] else "wall, slowest rank"
-            bench.record(f"cp={C}", {"cp": C, "best_usp": [bU, bR], "same_run": True, "speedup_timing": timing},
+            bench.record(f"cp={C}", {"cp": C, "best_usp": [bU, bR, bring], "same_run": True, "speedup_timing": timing},
                          extra={"speedup_vs_best_usp": speedup, "peak_mem_ratio_usp_over_zigzag": mem_ratio,
                                 "speedup_vs_best_usp_wall": best_wall / z["wall_median"],
                                 "usp_pad_factor": pad.pad_factor,

@@ -32,8 +32,10 @@ def _cases(C: int) -> list:
     if C == 2:
         cases["usp_2_1"] = Case("ttt", lengths=LENGTHS, passes=3, usp=(2, 1))
         cases["usp_1_2"] = Case("ttt", lengths=LENGTHS, passes=3, usp=(1, 2))
+        cases["usp_zigzag_1_2"] = Case("ttt", lengths=LENGTHS, passes=2, usp=(1, 2), usp_ring="zigzag")
     if C == 4:
         cases["usp_2_2"] = Case("ttt", lengths=LENGTHS, passes=3, usp=(2, 2))
+        cases["usp_zigzag_2_2"] = Case("ttt", lengths=LENGTHS, passes=3, usp=(2, 2), usp_ring="zigzag")
     return cases
 
 
@@ -92,7 +94,8 @@ def test_usp_pad_factor_reported(world):
     for name, per_rank in w["res"].items():
         if w["cases"][name].usp:
             L = sum(LENGTHS)
-            s_pad = -(-max(LENGTHS) // C) * C
+            mult = 2 * C if w["cases"][name].usp_ring == "zigzag" else C
+            s_pad = -(-max(LENGTHS) // mult) * mult
             assert per_rank[0]["pad_factor"] == pytest.approx(len(LENGTHS) * s_pad / L)
 
 

@@ -128,3 +128,29 @@ def test_layout_errors():
         make_layout(CU, None, cp_size=2, rank=3)
     with pytest.raises(ValueError, match="shard expects 93 rows"):
         make_layout(CU, None, cp_size=2, rank=0).shard(torch.zeros(92, 1))
+
+
+@pytest.mark.parametrize("ring", ["sequential", "zigzag"])
+@pytest.mark.parametrize("U,R", [(1, 2), (2, 1), (2, 2), (1, 4), (2, 4)])
+def test_usp_batch_columns(ring, U, R):
+    """Every padded column is held by exactly one rank; after the Ulysses gather a ring rank holds
+    its contiguous block (sequential) or chunks r and 2R-1-r (zigzag), in increasing order."""
+    from kernels.attention.usp import UspBatch
+    C = U * R
+    b = UspBatch([37, 5, 64], C, ulysses=U, ring=ring)
+    assert b.s_pad % (2 * C if ring == "zigzag" else C) == 0 and b.s_pad >= 64
+    cols = [b.position_ids(g) for g in range(C)]
+    assert sorted(torch.cat(cols).tolist()) == list(range(b.s_pad))
+    half = b.s_pad // (2 * R)
+    for r in range(R):
+        gathered = torch.cat([cols[r * U + u] for u in range(U)])
+        if ring == "sequential":
+            want = torch.arange(r * b.s_pad // R, (r + 1) * b.s_pad // R)
+        else:
+            want = torch.cat([torch.arange(r * half, (r + 1) * half),
+                              torch.arange((2 * R - 1 - r) * half, (2 * R - r) * half)])
+        assert torch.equal(gathered, want)
+    xb = torch.arange(3 * b.s_pad).view(3, b.s_pad)
+    assert torch.equal(b.local(xb, C - 1)[0], cols[C - 1])
+    with pytest.raises(ValueError, match="ring must be"):
+        UspBatch([4], 2, ring="ladder")

@@ -20,7 +20,7 @@ import pandas as pd
 from repro.report.style import measured_label, paper_label, paper_style, save_figure
 from repro.report.tables import write_table
 
-METHOD = re.compile(r"^(?:(?P<zig>zigzag)|usp U=(?P<U>\d+) R=(?P<R>\d+)) cp=(?P<cp>\d+)$")
+METHOD = re.compile(r"^(?:(?P<zig>zigzag)|(?P<usp>usp(?:-zigzag)?) U=(?P<U>\d+) R=(?P<R>\d+)) cp=(?P<cp>\d+)$")
 SUMMARY = ("speedup_vs_best_usp", "speedup_vs_best_usp_wall", "peak_mem_ratio_usp_over_zigzag", "usp_pad_factor",
            "longest_seq_tokens")
 
@@ -34,7 +34,8 @@ def method_rows(tidy: pd.DataFrame) -> pd.DataFrame:
     t = _latest(tidy)
     p = t["row"].str.extract(METHOD)
     t = pd.concat([t, p], axis=1).dropna(subset=["cp"])
-    t["method"] = t.apply(lambda r: "zigzag" if isinstance(r["zig"], str) else f"usp ({r['U']},{r['R']})", axis=1)
+    t["method"] = t.apply(lambda r: "zigzag" if isinstance(r["zig"], str) else f"{r['usp']} ({r['U']},{r['R']})",
+                          axis=1)
     t["cp"] = t["cp"].astype(int)
     return t.pivot_table(index=["hardware", "hardware_label", "cp", "method"], columns="metric",
                          values="value").reset_index()
