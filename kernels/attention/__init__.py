@@ -16,6 +16,8 @@ Public API (signatures are stable; ``group=None`` means one rank, a process grou
                    pass-m keys at RoPE position_ids + m;  v_passes likewise.  G divides H.
         Query i at pass k sees pass-0 keys j <= i of its document and its own keys of passes 1..k.
         T = cu_seqlens[-1] with one rank; with a group T = layout.num_local (zigzag shard).
+        ``cu_seqlens`` may also be the Layout itself (build it once with make_layout and reuse it
+        across passes and layers: saves rebuilding the index tensors on every call).
 
     block_draft_attention(q, k, v, ctx_k, ctx_v, anchors, cu_seqlens, group=None, *,
                           slot_valid=None, block_valid=None, scale=None, backend="auto",
