@@ -1,5 +1,6 @@
 """TapChannel across processes (gloo world, kernels.launch.spawn): PP-1 sources fanning in to the
-draft's rank over each CPU transport, bit-exact; a producer or consumer that dies mid-run gives a
+draft's rank over each CPU transport, bit-exact, with a slow consumer (credits back-pressure the
+sources across processes); a producer or consumer that dies mid-run gives a
 PeerDiedError naming the rank and sequence number well inside the timeout.
 
     .venv/bin/python -m pytest -q tests/transport/test_multiprocess.py
@@ -42,6 +43,7 @@ def fanin_worker(rank, world, transport, device="cpu"):
                 for spec in lay.sources[rank]:
                     ch.put(rank, spec.name, seq, tap_value(rank, spec.name, seq).to(device))
             if rank == lay.consumer_rank:
+                time.sleep(0.05)  # a slow consumer: sources two microbatches ahead must wait for credit
                 for stage in lay.sources:
                     got = ch.get_stage(stage, seq)
                     for name, t in got.items():
@@ -65,8 +67,10 @@ def test_fanin_bit_exact(transport, device):
     consumer = out[-1]
     assert consumer["mismatches"] == 0
     assert consumer["report"]["get"]["bytes"]["n"] == STEPS * N_MB * 4  # 4 rings
-    for r in out[:-1]:
-        assert r["report"]["put"]["bytes"]["n"] == STEPS * N_MB * len(layout(4).sources[out.index(r)])
+    for rank, r in enumerate(out[:-1]):
+        assert r["report"]["put"]["bytes"]["n"] == STEPS * N_MB * len(layout(4).sources[rank])
+        # back-pressure: with depth-2 rings, every source waited for credit behind the slow consumer
+        assert r["report"]["put"]["credit_wait_s"]["max"] > 0.01, r["report"]
 
 
 def death_worker(rank, world, who_dies, result_path):
