@@ -12,8 +12,11 @@ sent), one microbatch of T tokens each. Measured per (layout, T, transport):
               the draft gets after computing. Slowdown = time with / time without - 1, per rank,
               A/B interleaved.
 
-Transports: GPU ``cuda_ipc`` (colocated processes; on one GPU all ranks share it) vs
-``host_staging``; CPU ``shm`` vs ``host_staging`` (labelled cpu-emulated, scaled-down sizes).
+Settings (transports, hidden size, T, repeats, compute scale) come from the ``fig7:`` section of
+experiments/profiles/<profile>.yaml: GPU ``cuda_ipc`` (colocated processes; on one GPU all ranks
+share it) vs ``host_staging``; CPU ``shm`` vs ``host_staging`` (labelled cpu-emulated, sizes scaled
+down to hidden 1024, T = 256/1024). Slowdown and idle ranks: a stage without taps computes but is
+left out of the all-ranks average.
 Rows logged (metric names of experiments/paper_numbers.csv): per config
 ``pp=4/<layout>/T=<T>/<transport>`` and ``pp=4/<layout>/T=<T>``; summary row ``pp=4`` with
 write_bandwidth_gbps, speedup_vs_host_staging, source_slowdown_pct, draft_slowdown_pct,
