@@ -12,7 +12,7 @@ the paper's "mean of the first 10 updates" after that):
   lengths compare fairly; equal to the paper's time ratio at equal token counts). Time is wall time
   on GPU profiles and process CPU time (+ tool latency) on CPU profiles, whose shared cores make
   wall time noisy; the wall ratios are logged beside them (``*_wall``).
-* ``rollout_time_s``, ``update_time_s``: mean seconds per step; ``update_overhead_pct``:
+* ``rollout_time_s``, ``update_time_s``: mean seconds per step (same basis); ``update_overhead_pct``:
   100 * (update time with the draft / without - 1); ``tap_wait_s``: mean TapChannel wait per update
   (only runs with a pipeline-parallel tap channel log it).
 * ``train_inference_kl``: mean over steps; Figure 3/4's ``all`` row gives the largest run mean.
@@ -108,8 +108,8 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
 
     ``basis`` is the time the speedups and the update overhead are computed from: ``wall`` (GPUs,
     dedicated machines) or ``cpu`` (process CPU seconds plus tool latency: shared CPU machines, where
-    other processes inflate wall time at random); with ``cpu`` the wall-time ratios are logged too
-    (``*_wall``). Absolute ``rollout_time_s``/``update_time_s`` are always wall seconds.
+    other processes inflate wall time at random). The times (``rollout_time_s``, ``update_time_s``,
+    ``step_time_s``) are on the same basis; with ``cpu`` the wall-time values are logged too (``*_wall``).
     """
     if basis not in BASES:
         raise ValueError(f"basis {basis!r} is not one of {sorted(BASES)}")
@@ -127,9 +127,11 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
         base = spec.get("baseline")
         if base is not None and base not in steps:
             raise ConfigError(f"{artifact} row {row!r} names baseline {base!r}, which is not a row")
-        m["rollout_time_s"] = _mean(_col(s, "train/rollout_time_s"))
-        m["update_time_s"] = _mean(_col(s, "train/update_time_s"))
-        m["step_time_s"] = _mean(_col(s, "train/step_time_s"))
+        for name, key in zip(("rollout_time_s", "update_time_s", "step_time_s"), BASES[basis]):
+            m[name] = _mean(_col(s, key))
+        if basis != "wall":
+            for name, key in zip(("rollout_time_s", "update_time_s", "step_time_s"), BASES["wall"]):
+                m[name + "_wall"] = _mean(_col(s, key))
         m["train_inference_kl"] = _mean(_col(s, "train/train_inference_kl"))
         m["reward"] = _mean(_col(s, "train/reward"))
         if _col(s, "train/tap_wait_s"):
@@ -138,9 +140,6 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
             al = _col(s, "train/acceptance_length")
             m["acceptance_length"] = _mean(al)
             m["acceptance_length_final"] = _mean(al[-3:])
-        if basis == "cpu":
-            m["rollout_cpu_s"] = _mean(_col(s, "train/rollout_cpu_s"))
-            m["update_cpu_s"] = _mean(_col(s, "train/update_cpu_s"))
         names = [("", basis)] + ([("_wall", "wall")] if basis != "wall" else [])
         for suffix, b_name in names:
             r_key, u_key, s_key = BASES[b_name]

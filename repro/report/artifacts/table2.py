@@ -27,8 +27,9 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     notes = ["Mean of the first 10 policy updates after the warm-up step(s) the profile skips.",
              "Tap wait is logged only by runs whose policy is split into pipeline stages with a TapChannel; "
              "single-process runs show '-'.",
-             "Rollout and update seconds are wall time; speedups and update overhead use wall time on GPUs and "
-             "process CPU time (+ tool latency) on CPU profiles (repro.rl.summary).",
+             "Seconds, speedups and update overhead are wall time on GPUs and process CPU time (+ tool latency) "
+             "on CPU profiles, whose shared cores make wall time noisy (wall values: *_wall in the collected data; "
+             "repro.rl.summary).",
              "Absolute seconds are not comparable across hardware or workload scale; the ratios are."]
     return write_table(df, Path(out_dir) / "table2", title="Table 2: pipeline-parallel co-training overhead",
                        notes=notes)
