@@ -143,3 +143,18 @@ def test_workplace_rollout_masks_observations_and_scores_final_state(tok):
     written = b.loss_mask.bool()
     assert torch.all(b.rollout_logp[written] == -0.5) and torch.all(b.rollout_logp[~written] == 0)
     assert torch.all(b.input_ids[~written & b.attention_mask] != tok.call_id)
+
+
+@pytest.mark.parametrize("profile", ["cpu-tiny", "h200"])
+def test_every_profile_row_is_a_valid_config(profile, tmp_path):
+    from repro.report.profiles import load_profile
+    from repro.rl.config import ARTIFACTS, artifact_rows
+    prof = load_profile(profile)
+    for artifact in ARTIFACTS:
+        rows = artifact_rows(prof, artifact)
+        assert any(not (spec or {}).get("draft") for spec in rows.values()), f"{artifact}: no baseline row"
+        for row, spec in rows.items():
+            cfg = run_config_from_profile(prof, artifact, row, out=str(tmp_path))
+            assert (cfg.draft is None) == (not (spec or {}).get("draft"))
+            if spec.get("baseline"):
+                assert spec["baseline"] in rows, f"{artifact} {row}: baseline {spec['baseline']!r} is not a row"
