@@ -42,7 +42,7 @@ from repro.report.provenance import hardware
 LONGEST = 20480
 FRACTIONS = (1.0, 0.70, 0.52, 0.42, 0.32, 0.25, 0.20, 0.145)     # mean 0.444 -> 2.25x padding
 DEFAULTS = {  # per profile: scale divides the lengths; heads keep Qwen3-8B's 4:1 GQA ratio
-    "cpu-tiny": {"scale": 16, "heads": 16, "kv_heads": 4, "head_dim": 32, "dtype": "float32", "cp": [2, 4],
+    "cpu-tiny": {"scale": 8, "heads": 16, "kv_heads": 4, "head_dim": 32, "dtype": "float32", "cp": [2, 4],
                  "repeats": 3, "warmup": 1},
     "h200": {"scale": 1, "heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bfloat16", "cp": [2, 4, 8],
              "repeats": 5, "warmup": 2},
