@@ -2,7 +2,8 @@
 
 Six panels from the per-step rows of the runs (collected tidy table, metric names ``train/*`` and
 ``val/*``): reward, held-out accuracy (AIME 2024's role), train-inference KL, acceptance length,
-throughput (generated tokens per second of step) and step time. The paper's reported values are
+throughput (generated tokens per second of step) and step time (process CPU seconds on cpu-emulated
+runs, as in the summary). The paper's reported values are
 drawn dashed and labelled with the paper's hardware (the KL band on the KL panel); the summary
 numbers beside the paper's go to ``fig3.md``/``.csv``.
 
@@ -51,10 +52,34 @@ def summary_table(tidy: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(lines, columns=["row", "metric", "measured", "measured on", "paper", "paper hardware"])
 
 
+KL_FLOOR = 1e-16
+
+
+def _cpu_basis(steps: pd.DataFrame, label: str) -> pd.DataFrame:
+    """On cpu-emulated runs: step time and throughput from process CPU seconds (shared cores make wall
+    time noisy), under the panels' metric names, so the figure and the summary use one basis."""
+    if label != "cpu-emulated" or not (steps["metric"] == "train/step_cpu_s").any():
+        return steps
+    keys = ["run", "row", "step"]
+    cpu = steps[steps["metric"] == "train/step_cpu_s"].set_index(keys)["value"]
+    tok = steps[steps["metric"] == "train/gen_tokens"].set_index(keys)["value"]
+    rest = steps[~steps["metric"].isin(["train/step_time_s", "train/throughput_tok_s"])]
+    meta = steps.iloc[0][["artifact", "profile", "hardware", "hardware_label", "engine"]].to_dict()
+    derived = []
+    for (run, row, step), c in cpu.items():
+        derived.append({**meta, "run": run, "row": row, "step": step, "metric": "train/step_time_s", "value": c})
+        if (run, row, step) in tok.index and c > 0:
+            derived.append({**meta, "run": run, "row": row, "step": step, "metric": "train/throughput_tok_s",
+                            "value": tok[(run, row, step)] / c})
+    return pd.concat([rest, pd.DataFrame(derived)], ignore_index=True)
+
+
 def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: str, title: str) -> list[Path]:
     steps = tidy[tidy["metric"].str.startswith(("train/", "val/"))]
     hw = steps["hardware"].iloc[0] if len(steps) else "-"
     label = steps["hardware_label"].iloc[0] if len(steps) else ""
+    steps = _cpu_basis(steps, label) if len(steps) else steps
+    cpu_basis = label == "cpu-emulated" and (steps["metric"] == "train/step_cpu_s").any()
     fig, axes = plt.subplots(2, 3, figsize=(7.0, 3.9))
     cycle = plt.rcParams["axes.prop_cycle"].by_key()
     # one fixed style per row (a panel without the baseline, e.g. acceptance length, keeps the colours)
@@ -64,15 +89,19 @@ def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: s
             d = steps[(steps["row"] == row) & (steps["metric"] == metric)].sort_values(["run", "step"])
             d = d.groupby("step", as_index=False).last()
             if len(d):
-                ax.plot(d["step"], d["value"], marker=".", markersize=3, label=row, **styles[row])
+                y = d["value"].clip(lower=KL_FLOOR) if metric == "train/train_inference_kl" else d["value"]
+                ax.plot(d["step"], y, marker=".", markersize=3, label=row, **styles[row])
         pm = PAPER_ON_PANEL.get(metric)
         if pm:
             for v, phw in _paper_range(paper, pm):
                 ax.axhline(v, **paper_style("line"), label=paper_label(phw))
         ax.set_xlabel("step")
+        if cpu_basis and metric in ("train/step_time_s", "train/throughput_tok_s"):
+            ylabel = ylabel.replace("(s)", "(CPU s)").replace("tok/s", "tok/CPU s")
         ax.set_ylabel(ylabel)
         if metric == "train/train_inference_kl":
-            ax.set_yscale("symlog", linthresh=1e-9)
+            ax.set_yscale("log")
+            ax.set_ylim(bottom=KL_FLOOR / 2)
     handles, labels = [], []
     for ax in axes.flat:
         for h, l in zip(*ax.get_legend_handles_labels()):
@@ -84,7 +113,9 @@ def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: s
     fig.tight_layout(rect=(0, 0.04, 1, 0.92))
     paths = save_figure(fig, Path(out_dir) / name)
     notes = ["Row 'all': train-inference KL is the largest run mean; acceptance length, speedups are means over "
-             "the drafted runs; rollout share is the no-draft run's rollout time over step time."]
+             "the drafted runs; rollout share is the no-draft run's rollout time over step time.",
+             f"KL is drawn floored at {KL_FLOOR:g} (fp32 CPU runs are synced to rounding). On cpu-emulated runs "
+             "step time and throughput are process CPU seconds (+ tool latency), the basis of the speedups."]
     return paths + write_table(summary_table(tidy, paper), Path(out_dir) / name, title=title, notes=notes)
 
 
