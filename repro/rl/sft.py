@@ -189,8 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafts", default="", help="comma-separated keys of rl.drafts to warm-start")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         prof = load_profile(args.profile)
         rl = prof.get("rl") or {}

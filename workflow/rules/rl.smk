@@ -79,7 +79,7 @@ rule rl_sft:
     threads: 1
     shell:
         "{PY} -m repro.rl.sft --profile {PROFILE_NAME} --policy {wildcards.policy} "
-        "--workload {wildcards.workload} --drafts '{params.drafts}' --seed {config[seed]} "
+        "--workload {wildcards.workload} --drafts '{params.drafts}' --seed {config[seed]} --threads {threads} "
         "--out {SFT_DIR}/{wildcards.policy}-{wildcards.workload} > {log} 2>&1"
 
 
