@@ -166,3 +166,33 @@ def pp_update_worker(rank: int, world: int, payload: dict) -> dict:
             "update_time_s": update_s,
             "draft": {k: v.clone() for k, v in draft.state_dict().items()} if draft is not None and rank == last
             else None, "tap_wait_s": tap_wait if rank == last else 0.0, "stats": stats}
+
+
+def pp_probe_worker(rank: int, world: int, payloads: list[dict]) -> list[dict]:
+    """Several independent PP joint updates in one process group (one per payload), for timing probes."""
+    return [pp_update_worker(rank, world, p) for p in payloads]
+
+
+def probe_tap_wait(trainer, *, stages: int = 2, updates: int = 3, microbatches: int = 4,
+                   transport: str = "shm", timeout_s: float = 600.0) -> list[dict]:
+    """Tap wait and update time of ``updates`` joint updates under PP=``stages`` from ``trainer``'s state.
+
+    Each update runs on a fresh rollout batch drawn after the run's training steps, from the trainer's
+    current policy and draft (optimizer state fresh: this measures the update, it does not train).
+    Returns per update: the draft stage's total wait for taps and the slowest stage's update time.
+    """
+    from kernels.launch import spawn
+    from repro.rl.grpo import group_advantages
+    cfg = trainer.cfg
+    if cfg.draft is None:
+        raise ValueError("probe_tap_wait needs a draft: the tap channel only runs for drafted rows")
+    payloads = []
+    for i in range(updates):
+        batch = trainer.rollout(cfg.steps + i)
+        adv = group_advantages(batch.rewards, cfg.grpo.generations_per_prompt, cfg.grpo.normalize_std)
+        payloads.append(make_payload(cfg, trainer.policy, trainer.draft, batch, adv, n_microbatches=microbatches,
+                                     mask_token_id=trainer.tok.mask_id, transport=transport))
+    ranks = spawn(pp_probe_worker, stages, args=(payloads,), timeout_s=timeout_s)
+    return [{"tap_wait_s": ranks[-1][i]["tap_wait_s"],
+             "update_time_s": max(r[i]["update_time_s"] for r in ranks),
+             "draft_loss": ranks[-1][i]["stats"]["draft_loss"]} for i in range(updates)]

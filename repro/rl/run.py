@@ -59,6 +59,16 @@ def main(argv: list[str] | None = None) -> int:
                        name=Path(args.out).name, resume=first > 0,
                        extra_tags=[f"row:{args.row}", f"draft:{cfg.draft.family if cfg.draft else 'none'}"]) as log:
         rows = trainer.run(log)
+        probe = (prof.get(args.artifact) or {}).get("pp_probe")
+        if probe and cfg.draft is not None:
+            # Table 2's tap wait: the same joint update split into pipeline stages, taps over TapChannel
+            from repro.rl.pp import probe_tap_wait
+            for i, r in enumerate(probe_tap_wait(trainer, **probe)):
+                log.log({"pp/tap_wait_s": r["tap_wait_s"], "pp/update_time_s": r["update_time_s"],
+                         "pp/draft_loss": r["draft_loss"], "pp/stages": probe.get("stages", 2)},
+                        row=args.row, step=cfg.steps + i)
+                print(f"[{args.artifact} {args.row}] PP probe {i}: tap wait {r['tap_wait_s']:.4f}s "
+                      f"update {r['update_time_s']:.3f}s", flush=True)
     # written last: the workflow's marker that this run finished (a crashed run has none and resumes)
     write_json_atomic(Path(args.out) / "run.json", {
         "artifact": args.artifact, "row": args.row, "profile": cfg.profile, "steps": cfg.steps,

@@ -14,7 +14,8 @@ the paper's "mean of the first 10 updates" after that):
   wall time noisy; the wall ratios are logged beside them (``*_wall``).
 * ``rollout_time_s``, ``update_time_s``: mean seconds per step (same basis); ``update_overhead_pct``:
   100 * (update time with the draft / without - 1); ``tap_wait_s``: mean TapChannel wait per update
-  (only runs with a pipeline-parallel tap channel log it).
+  (runs whose artifact section has ``pp_probe``: after training, a few joint updates split into
+  pipeline stages with TapChannel, ``repro.rl.pp.probe_tap_wait``; wall seconds, on any basis).
 * ``train_inference_kl``: mean over steps; Figure 3/4's ``all`` row gives the largest run mean.
 * ``acceptance_length_final``: mean over the last three steps; ``rollout_share_of_step_pct``:
   100 * rollout time / step time of the no-draft run.
@@ -113,9 +114,11 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
     """
     if basis not in BASES:
         raise ValueError(f"basis {basis!r} is not one of {sorted(BASES)}")
-    steps = {}
+    steps, probes = {}, {}
     for row in rows:
-        s = read_steps(runs / run_dir_name(row))[skip_steps:]
+        everything = read_steps(runs / run_dir_name(row))
+        probes[row] = [x for x in everything if "pp/tap_wait_s" in x]         # PP probe rows, after training
+        s = [x for x in everything if "pp/tap_wait_s" not in x][skip_steps:]
         if artifact == "table2":
             s = s[:TABLE2_STEPS]
         if not s:
@@ -136,6 +139,9 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
         m["reward"] = _mean(_col(s, "train/reward"))
         if _col(s, "train/tap_wait_s"):
             m["tap_wait_s"] = _mean(_col(s, "train/tap_wait_s"))
+        elif probes[row]:
+            m["tap_wait_s"] = _mean(_col(probes[row], "pp/tap_wait_s"))
+            m["pp_update_time_s"] = _mean(_col(probes[row], "pp/update_time_s"))
         if spec.get("draft"):
             al = _col(s, "train/acceptance_length")
             m["acceptance_length"] = _mean(al)

@@ -49,3 +49,11 @@ def test_pp2_update_equals_single_process(tmp_path, tok, draft):
             torch.testing.assert_close(g, dref[k], rtol=1e-4, atol=1e-5 * dscale, msg=f"draft grad {k}")
         assert ranks[1]["tap_wait_s"] >= 0
         assert ranks[1]["stats"]["draft_loss"] > 0
+
+
+def test_tap_wait_probe_runs_real_updates(tmp_path, tok):
+    from repro.rl.pp import probe_tap_wait
+    tr = CoTrainer(tiny_config(tmp_path, draft="dflash", steps=1), tok)
+    out = probe_tap_wait(tr, stages=2, updates=2, microbatches=2, timeout_s=180)
+    assert len(out) == 2
+    assert all(r["tap_wait_s"] >= 0 and r["update_time_s"] > 0 and r["draft_loss"] > 0 for r in out)

@@ -50,6 +50,17 @@ def test_table2_summary_by_hand(tmp_path):
     # first 10 updates after the skipped warm-up step: AL = 2 + (1..10) -> mean 7.5
     assert d["acceptance_length"] == pytest.approx(7.5)
     assert s["no draft"]["rollout_speedup"] == 1.0 and s["no draft"]["rollout_share_of_step_pct"] == pytest.approx(80)
+    assert "tap_wait_s" not in d                                # no PP probe in this run
+
+
+def test_tap_wait_comes_from_the_pp_probe_rows(tmp_path):
+    rows = {"no draft": {}, "DSpark": {"draft": "dspark", "baseline": "no draft"}}
+    _write_run(tmp_path, "no draft", _steps(3, rollout=2.0, update=1.0, tokens=10))
+    probe = [{"step": 3 + i, "pp/tap_wait_s": w, "pp/update_time_s": 2.0} for i, w in enumerate((0.1, 0.3))]
+    _write_run(tmp_path, "DSpark", _steps(3, rollout=1.0, update=1.0, tokens=10, al=2.0) + probe)
+    d = summarize("table2", rows, tmp_path)["DSpark"]
+    assert d["tap_wait_s"] == pytest.approx(0.2) and d["pp_update_time_s"] == 2.0
+    assert d["acceptance_length"] == pytest.approx(3.0)         # probe rows are not training steps
 
 
 def test_table1_summary_normalises_per_token(tmp_path):
