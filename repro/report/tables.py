@@ -43,3 +43,16 @@ def write_table(df: pd.DataFrame, stem: str | os.PathLike, title: str | None = N
     df.to_csv(buf, index=False, lineterminator="\n")
     return [write_atomic(stem.with_suffix(".csv"), buf.getvalue()),
             write_atomic(stem.with_suffix(".md"), to_markdown(df, title, notes))]
+
+
+MEASURED_VS_PAPER_COLUMNS = ["row", "metric", "measured", "measured on", "paper", "paper hardware"]
+
+
+def measured_vs_paper(measured_row, paper_rows: pd.DataFrame) -> dict:
+    """One table line: a tidy measurement beside the paper's value (first of ``paper_rows``, if any)."""
+    has_paper = len(paper_rows) > 0
+    return {"row": measured_row["row"], "metric": measured_row["metric"], "measured": measured_row["value"],
+            "measured on": f"{measured_row['hardware']} ({measured_row['hardware_label']})",
+            "paper": float(paper_rows["value"].iloc[0]) if has_paper else None,
+            "paper hardware": paper_rows["paper_hardware"].iloc[0] if has_paper else "-"}
+

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from repro.report.style import measured_label, paper_label, paper_style, save_figure
-from repro.report.tables import write_table
+from repro.report.tables import MEASURED_VS_PAPER_COLUMNS, measured_vs_paper, write_table
 
 METHOD = re.compile(r"^(?:(?P<zig>zigzag)|(?P<usp>usp(?:-zigzag)?) U=(?P<U>\d+) R=(?P<R>\d+)) cp=(?P<cp>\d+)$")
 SUMMARY = ("speedup_vs_best_usp", "speedup_vs_best_usp_wall", "peak_mem_ratio_usp_over_zigzag", "usp_pad_factor",
@@ -49,11 +49,8 @@ def summary_table(tidy: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
         p = paper[(paper["row"] == r["row"]) & (paper["metric"] == r["metric"])]
         if not len(p) and r["metric"] != "speedup_vs_best_usp":
             p = paper[(paper["row"] == "all") & (paper["metric"] == r["metric"])]
-        lines.append({"row": r["row"], "metric": r["metric"], "measured": r["value"],
-                      "measured on": f"{r['hardware']} ({r['hardware_label']})",
-                      "paper": float(p["value"].iloc[0]) if len(p) else None,
-                      "paper hardware": p["paper_hardware"].iloc[0] if len(p) else "-"})
-    df = pd.DataFrame(lines, columns=["row", "metric", "measured", "measured on", "paper", "paper hardware"])
+        lines.append(measured_vs_paper(r, p))
+    df = pd.DataFrame(lines, columns=MEASURED_VS_PAPER_COLUMNS)
     return df.sort_values(["row", "metric"], kind="stable").reset_index(drop=True)
 
 

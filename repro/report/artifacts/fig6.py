@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from repro.report.style import measured_label, paper_label, paper_style, save_figure
-from repro.report.tables import write_table
+from repro.report.tables import MEASURED_VS_PAPER_COLUMNS, measured_vs_paper, write_table
 
 ROW = re.compile(r"^(?P<kind>[a-z_]+) (?P<tok>\d+)(?P<k>K?) cp=(?P<cp>\d+)$")
 TABLE_METRICS = ("time_s", "cpu_critical_s", "peak_mem_gb", "inputs_gb", "tflops", "branch_overhead_pct", "parallel_efficiency_pct",
@@ -62,11 +62,8 @@ def summary_table(tidy: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
         if r["metric"] not in TABLE_METRICS and not r["metric"].startswith("speedup_"):
             continue
         p = paper[(paper["row"] == r["row"]) & (paper["metric"] == r["metric"])]
-        lines.append({"row": r["row"], "metric": r["metric"], "measured": r["value"],
-                      "measured on": f"{r['hardware']} ({r['hardware_label']})",
-                      "paper": float(p["value"].iloc[0]) if len(p) else None,
-                      "paper hardware": p["paper_hardware"].iloc[0] if len(p) else "-"})
-    df = pd.DataFrame(lines, columns=["row", "metric", "measured", "measured on", "paper", "paper hardware"])
+        lines.append(measured_vs_paper(r, p))
+    df = pd.DataFrame(lines, columns=MEASURED_VS_PAPER_COLUMNS)
     return df.sort_values(["row", "metric"], kind="stable").reset_index(drop=True)
 
 
