@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from repro.models.block_draft import BlockDraftBackbone, BlockDraftConfig, sample_anchors
-from repro.models.taps import TapSpec
+from repro.models.taps import TapSpecFromConfig
 from repro.rollout.sampling import probs_from_logits
 
 
@@ -33,7 +33,7 @@ def gather_rows(x: torch.Tensor, idx: torch.Tensor, fill=0) -> torch.Tensor:
     return out.masked_fill(~ok[..., None], fill)
 
 
-class DFlashDraft(nn.Module):
+class DFlashDraft(TapSpecFromConfig, nn.Module):
     """DFlash draft model; satisfies ``repro.parallel.draft_interface.TapDraft`` (after ``attach``)."""
 
     def __init__(self, cfg: BlockDraftConfig, policy=None):
@@ -50,14 +50,6 @@ class DFlashDraft(nn.Module):
     @property
     def num_proposals(self) -> int:
         return self.cfg.block_size - 1
-
-    @property
-    def tap_spec(self) -> TapSpec:
-        return self.cfg.tap_spec
-
-    @property
-    def tap_layers(self) -> tuple[int, ...]:
-        return tuple(sorted(self.cfg.tap_spec.as_output_layers()))
 
     def draft_loss(self, features, batch) -> torch.Tensor:
         gen = batch.extras.get("anchor_generator") if hasattr(batch.extras, "get") else None

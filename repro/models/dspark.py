@@ -24,7 +24,7 @@ from torch import nn
 
 from repro.models.block_draft import BlockDraftBackbone, BlockDraftConfig, sample_anchors
 from repro.models.dflash import gather_rows
-from repro.models.taps import TapSpec
+from repro.models.taps import TapSpecFromConfig
 from repro.rollout.sampling import probs_from_logits
 
 
@@ -35,7 +35,7 @@ class DSparkLossWeights:
     conf: float = 1.0
 
 
-class DSparkDraft(nn.Module):
+class DSparkDraft(TapSpecFromConfig, nn.Module):
     """DSpark draft model; satisfies ``repro.parallel.draft_interface.TapDraft`` (after ``attach``)."""
 
     def __init__(self, cfg: BlockDraftConfig, policy=None, markov_rank: int = 32,
@@ -61,14 +61,6 @@ class DSparkDraft(nn.Module):
     @property
     def num_proposals(self) -> int:
         return self.cfg.block_size
-
-    @property
-    def tap_spec(self) -> TapSpec:
-        return self.cfg.tap_spec
-
-    @property
-    def tap_layers(self) -> tuple[int, ...]:
-        return tuple(sorted(self.cfg.tap_spec.as_output_layers()))
 
     def draft_loss(self, features, batch) -> torch.Tensor:
         if batch.policy_logits is None:

@@ -36,7 +36,7 @@ from repro.models.draft_layers import (
     cache_attention,
     row_cu_seqlens,
 )
-from repro.models.taps import TapSpec
+from repro.models.taps import TapSpec, TapSpecFromConfig
 from repro.models.vocab import check_vocab_maps, draft_to_target_ids, full_draft_vocab
 from repro.rollout.kv import SlotTable
 from repro.rollout.sampling import probs_from_logits
@@ -90,7 +90,7 @@ class Eagle3Config:
                                                                                range(self.ttt_steps)]
 
 
-class Eagle3Draft(nn.Module):
+class Eagle3Draft(TapSpecFromConfig, nn.Module):
     """The EAGLE-3 draft model; satisfies ``repro.parallel.draft_interface.TapDraft``."""
 
     def __init__(self, cfg: Eagle3Config, d2t: torch.Tensor | None = None, t2d: torch.Tensor | None = None):
@@ -128,14 +128,6 @@ class Eagle3Draft(nn.Module):
         self.attn_backend = "auto"        # kernels.attention backend used by draft_loss
 
     # -- TapDraft contract -------------------------------------------------------------------------------
-    @property
-    def tap_spec(self) -> TapSpec:
-        return self.cfg.tap_spec
-
-    @property
-    def tap_layers(self) -> tuple[int, ...]:
-        return tuple(sorted(self.cfg.tap_spec.as_output_layers()))
-
     def draft_loss(self, features, batch) -> torch.Tensor:
         if batch.policy_logits is None:
             raise ValueError("EAGLE-3's loss needs the policy's logits (DraftBatch.policy_logits)")

@@ -102,6 +102,19 @@ class TapSpec:
         return cls(tuple(ids), "output", num_layers)
 
 
+class TapSpecFromConfig:
+    """The tap half of the TapDraft contract for a draft whose ``cfg`` carries its ``tap_spec``."""
+
+    @property
+    def tap_spec(self) -> TapSpec:
+        return self.cfg.tap_spec
+
+    @property
+    def tap_layers(self) -> tuple[int, ...]:
+        """Policy layers whose outputs the draft reads (the output-of-layer convention), sorted."""
+        return tuple(sorted(self.cfg.tap_spec.as_output_layers()))
+
+
 class TapRecorder:
     """Forward hooks on a decoder-layer list that record the tap tensors of one forward.
 
