@@ -29,6 +29,7 @@ from repro.models.draft_layers import (
     row_cu_seqlens,
 )
 from repro.models.taps import TapSpec
+from repro.parallel.cp_batch import PackedShard
 from repro.rollout.kv import SlotTable
 
 ATTN_IMPLS = ("kernels", "dense")
@@ -200,22 +201,63 @@ class BlockDraftBackbone(nn.Module):
         a_tok = input_ids.gather(1, anchors)                                     # [B, N]
         h = self.embed(self.block_inputs(a_tok)).flatten(0, 1)                   # [Nb, Bs, H]
         pos = anchors.flatten()[:, None] + torch.arange(Bs, device=dev)          # [Nb, Bs]
+        h = self._layers(h, pos, ctx, ctx_pos, glob, blk_valid, cu, None, attn_impl, backend)
+        return self.norm(h).view(Bt, N, Bs, -1)
+
+    def _layers(self, h, pos, ctx, ctx_pos, glob, blk_valid, cu, group, attn_impl, backend):
+        """The block layers over blocks ``h [Nb, Bs, H]`` at ``pos``, anchored at packed rows ``glob``."""
         scale = self.cfg.head_dim ** -0.5
         dense_mask = None
         for layer in self.layers:
             q, k, v = layer.block_qkv(h, pos, self.rope)
             ck, cv = layer.kv(ctx, ctx_pos, self.rope)
             if attn_impl == "kernels":
-                a = block_draft_attention(q, k, v, ck, cv, glob, cu, block_valid=blk_valid, backend=backend)
+                a = block_draft_attention(q, k, v, ck, cv, glob, cu, group, block_valid=blk_valid, backend=backend)
             else:
                 if dense_mask is None:
-                    dense_mask = block_mask(cu.cpu(), glob.cpu(), Bs, block_valid=blk_valid.cpu()).to(dev)
+                    dense_mask = block_mask(cu.cpu(), glob.cpu(), h.shape[1],
+                                            block_valid=blk_valid.cpu()).to(h.device)
                 Nb = q.shape[0]
                 a, _ = dense_attention(q.flatten(0, 1), torch.cat([ck, k.flatten(0, 1)]),
                                        torch.cat([cv, v.flatten(0, 1)]), dense_mask, scale)
-                a = a.view(Nb, Bs, *a.shape[1:])
+                a = a.view(Nb, h.shape[1], *a.shape[1:])
             h = layer.finish(h, a)
-        return self.norm(h).view(Bt, N, Bs, -1)
+        return h
+
+    def forward_blocks_cp(self, input_ids: torch.Tensor, taps: torch.Tensor, anchors: torch.Tensor,
+                          anchor_valid: torch.Tensor, cp: PackedShard, backend: str = "auto"):
+        """The blocks of ``forward_blocks`` whose anchor this CP rank holds, on the group's ring.
+
+        ``input_ids [B, S]``, ``anchors``/``anchor_valid [B, N]`` are the whole microbatch's (the same on
+        every rank), ``taps`` this rank's rows ``[T_local, F]``. Returns the final hidden states
+        ``[Nb_local, Bs, H]`` and ``sel [B, N]`` (bool): which blocks they are, in row-major order."""
+        Bt, S = input_ids.shape
+        if (Bt, S) != (cp.lengths.numel(), cp.seq_len):
+            raise ValueError(f"input_ids are {(Bt, S)}, but the PackedShard describes a [{cp.lengths.numel()}, "
+                             f"{cp.seq_len}] batch")
+        if anchors.shape != anchor_valid.shape or anchors.shape[0] != Bt:
+            raise ValueError(f"anchors {tuple(anchors.shape)} and anchor_valid {tuple(anchor_valid.shape)} must "
+                             f"both be [batch={Bt}, N]")
+        taps = taps.reshape(-1, taps.shape[-1])
+        if taps.shape[0] != cp.num_local:
+            raise ValueError(f"taps have {taps.shape[0]} rows, expected this CP rank's {cp.num_local} rows")
+        dev, Bs = input_ids.device, self.cfg.block_size
+        rows = torch.arange(Bt)[:, None].expand_as(anchors.cpu())
+        valid = anchor_valid.cpu().bool()
+        real = cp.valid(rows, anchors.cpu())
+        if bool((valid & ~real).any()):
+            bad = anchors.cpu()[valid & ~real][:4].tolist()
+            raise ValueError(f"anchors {bad} are valid but not real tokens of their rows (lengths "
+                             f"{cp.lengths.tolist()}): under CP every anchor must be a real token")
+        sel = valid & (cp.owner(rows, anchors.cpu()) == cp.rank)
+        b_s, a_s = rows[sel], anchors.cpu()[sel]
+        ctx = self.context(taps)                                                 # [T_local, H]
+        h = self.embed(self.block_inputs(input_ids[b_s.to(dev), a_s.to(dev)]))    # [Nb_local, Bs, H]
+        pos = a_s.to(dev)[:, None] + torch.arange(Bs, device=dev)
+        ones = torch.ones(b_s.numel(), dtype=torch.bool, device=dev)
+        h = self._layers(h, pos, ctx, cp.position_ids.to(dev), cp.flat_index(b_s, a_s).to(dev), ones,
+                         cp.layout, cp.group, "kernels", backend)
+        return self.norm(h), sel.to(dev)
 
 
 class BlockProposer:

@@ -18,6 +18,7 @@ from torch import nn
 
 from repro.models.block_draft import BlockDraftBackbone, BlockDraftConfig, sample_anchors
 from repro.models.taps import TapSpecFromConfig
+from repro.parallel.cp_batch import PackedShard
 from repro.rollout.sampling import probs_from_logits
 
 
@@ -52,14 +53,21 @@ class DFlashDraft(TapSpecFromConfig, nn.Module):
         return self.cfg.block_size - 1
 
     def draft_loss(self, features, batch) -> torch.Tensor:
+        """One microbatch's loss; with ``batch.extras["cp"]`` (a ``PackedShard``) the features are this CP
+        rank's rows and the loss is this rank's share (its blocks over the whole batch's weight sum)."""
         gen = batch.extras.get("anchor_generator") if hasattr(batch.extras, "get") else None
+        cp = batch.extras.get("cp") if hasattr(batch.extras, "get") else None
         return self.loss(batch.input_ids, features.concat(self.tap_layers), batch.loss_mask, generator=gen,
-                         backend=self.attn_backend)
+                         backend=self.attn_backend, cp=cp)
 
     def loss(self, input_ids, taps, loss_mask, *, anchors=None, anchor_valid=None, generator=None,
-             attn_impl: str = "kernels", backend: str = "auto") -> torch.Tensor:
+             attn_impl: str = "kernels", backend: str = "auto", cp: PackedShard | None = None) -> torch.Tensor:
+        """Anchors are drawn from the whole batch's ``loss_mask`` (the same on every CP rank); with ``cp``
+        only this rank's blocks run (``forward_blocks_cp``) and ``taps`` are its rows ``[T_local, F]``."""
         if anchors is None:
             anchors, anchor_valid = sample_anchors(loss_mask, self.cfg.num_anchors, generator)
+        if cp is not None:
+            return self._loss_cp(input_ids, taps, loss_mask, anchors, anchor_valid, backend, cp)
         hidden = self.backbone.forward_blocks(input_ids, taps, anchors, anchor_valid, attn_impl, backend)
         logits = self.backbone.head(hidden)                                  # [B, N, Bs, V]
         Bs = self.cfg.block_size
@@ -73,6 +81,20 @@ class DFlashDraft(TapSpecFromConfig, nn.Module):
         ce = F.cross_entropy(logits[..., 1:, :].to(acc).flatten(0, 2), labels.flatten(), reduction="none")
         wm = wm.to(acc).flatten()
         return (ce * wm).sum() / wm.sum().clamp_min(torch.finfo(acc).tiny)
+
+    def _loss_cp(self, input_ids, taps, loss_mask, anchors, anchor_valid, backend, cp: PackedShard):
+        hidden, sel = self.backbone.forward_blocks_cp(input_ids, taps, anchors, anchor_valid, cp, backend)
+        logits = self.backbone.head(hidden)                                  # [Nb_local, Bs, V]
+        Bs = self.cfg.block_size
+        s = torch.arange(1, Bs, device=input_ids.device)
+        tgt_pos = anchors[..., None] + s                                     # [B, N, Bs-1], whole batch
+        labels = gather_rows(input_ids, tgt_pos)
+        w = torch.exp(-(s - 1).to(torch.float64) / self.cfg.decay_gamma).to(logits.dtype)
+        m = gather_rows(loss_mask.to(logits.dtype), tgt_pos - 1) * (tgt_pos < input_ids.shape[1])
+        acc = torch.promote_types(logits.dtype, torch.float32)
+        wm = (w * m * anchor_valid[..., None].to(logits.dtype)).to(acc)      # the normaliser: every block
+        ce = F.cross_entropy(logits[:, 1:, :].to(acc).flatten(0, 1), labels[sel].flatten(), reduction="none")
+        return (ce * wm[sel].flatten()).sum() / wm.sum().clamp_min(torch.finfo(acc).tiny)
 
     def sample_block(self, hidden, last_token, *, greedy, temperature, generator):
         logits = self.backbone.head(hidden[:, 1:]).float()                  # slots 1..B-1

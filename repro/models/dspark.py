@@ -25,6 +25,7 @@ from torch import nn
 from repro.models.block_draft import BlockDraftBackbone, BlockDraftConfig, sample_anchors
 from repro.models.dflash import gather_rows
 from repro.models.taps import TapSpecFromConfig
+from repro.parallel.cp_batch import PackedShard
 from repro.rollout.sampling import probs_from_logits
 
 
@@ -66,8 +67,9 @@ class DSparkDraft(TapSpecFromConfig, nn.Module):
         if batch.policy_logits is None:
             raise ValueError("DSpark's loss needs the policy's logits (DraftBatch.policy_logits)")
         gen = batch.extras.get("anchor_generator") if hasattr(batch.extras, "get") else None
+        cp = batch.extras.get("cp") if hasattr(batch.extras, "get") else None   # CP: this rank's share
         return self.loss(batch.input_ids, features.concat(self.tap_layers), batch.policy_logits,
-                         batch.loss_mask, generator=gen, backend=self.attn_backend)[0]
+                         batch.loss_mask, generator=gen, backend=self.attn_backend, cp=cp)[0]
 
     def markov_logits(self, base: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
         return base + self.markov_out(self.markov_in(prev)).to(base.dtype)
@@ -77,13 +79,19 @@ class DSparkDraft(TapSpecFromConfig, nn.Module):
         return torch.sigmoid(self.confidence(z).squeeze(-1))
 
     def loss(self, input_ids, taps, policy_logits, loss_mask, *, anchors=None, anchor_valid=None,
-             generator=None, attn_impl: str = "kernels", backend: str = "auto"):
-        """Total loss and its parts ``{"ce", "tv", "conf", "tau"}`` (tau: expected acceptance length)."""
+             generator=None, attn_impl: str = "kernels", backend: str = "auto", cp: PackedShard | None = None):
+        """Total loss and its parts ``{"ce", "tv", "conf", "tau"}`` (tau: expected acceptance length).
+
+        With ``cp`` (this rank's ``PackedShard``) ``taps`` and ``policy_logits`` are this rank's rows, only
+        its blocks run, and the loss parts are its shares (summed over the group they are the loss;
+        ``tau`` is already the group's mean)."""
         Bt, S = input_ids.shape
-        if policy_logits.shape != (Bt, S, self.cfg.vocab_size):
+        if cp is None and policy_logits.shape != (Bt, S, self.cfg.vocab_size):
             raise ValueError(f"policy_logits are {tuple(policy_logits.shape)}, expected {(Bt, S, self.cfg.vocab_size)}")
         if anchors is None:
             anchors, anchor_valid = sample_anchors(loss_mask, self.cfg.num_anchors, generator)
+        if cp is not None:
+            return self._loss_cp(input_ids, taps, policy_logits, loss_mask, anchors, anchor_valid, backend, cp)
         hidden = self.backbone.forward_blocks(input_ids, taps, anchors, anchor_valid, attn_impl, backend)
         Bs = self.cfg.block_size
         s = torch.arange(Bs, device=input_ids.device)
@@ -107,6 +115,41 @@ class DSparkDraft(TapSpecFromConfig, nn.Module):
         lw = self.loss_weights
         total = lw.ce * parts["ce"] + lw.tv * parts["tv"] + lw.conf * parts["conf"]
         parts["tau"] = ((target_c * mask).cumprod(-1).sum(-1) + 1).masked_select(anchor_valid).mean().detach()
+        return total, parts
+
+    def _loss_cp(self, input_ids, taps, policy_logits, loss_mask, anchors, anchor_valid, backend, cp: PackedShard):
+        Bt, S = input_ids.shape
+        teacher_rows = policy_logits.reshape(-1, policy_logits.shape[-1])
+        if teacher_rows.shape != (cp.num_local, self.cfg.vocab_size):
+            raise ValueError(f"policy_logits are {tuple(policy_logits.shape)}, expected this CP rank's rows "
+                             f"[{cp.num_local}, {self.cfg.vocab_size}]")
+        hidden, sel = self.backbone.forward_blocks_cp(input_ids, taps, anchors, anchor_valid, cp, backend)
+        Bs = self.cfg.block_size
+        s = torch.arange(Bs, device=input_ids.device)
+        pos = anchors[..., None] + s                                           # [B, N, Bs], whole batch
+        prev = gather_rows(input_ids, pos)[sel]                                # x_{a+s} of my blocks
+        labels = gather_rows(input_ids, pos + 1)[sel]                          # x_{a+s+1}
+        acc = torch.promote_types(hidden.dtype, torch.float32)
+        logits = self.markov_logits(self.backbone.head(hidden).to(acc), prev)
+        rows = torch.arange(Bt, device=input_ids.device)[:, None, None].expand_as(pos)
+        teacher = cp.fetch(teacher_rows.to(acc), rows[sel].cpu(), pos[sel].cpu())   # policy at a+s (any rank)
+        ok = (pos + 1 < S) & gather_rows(loss_mask.bool(), pos, fill=False) & anchor_valid[..., None]
+        mask_all = ok.long().cumprod(-1).to(acc)                                # contiguous prefix
+        w_all = torch.exp(-s.to(acc) / self.cfg.decay_gamma) * mask_all
+        denom = w_all.sum().clamp_min(torch.finfo(acc).tiny)                    # every block's weight
+        w, mask = w_all[sel], mask_all[sel]
+        logp = torch.log_softmax(logits, -1)
+        ce = -logp.gather(-1, labels[..., None]).squeeze(-1)
+        l1 = (logp.exp() - torch.softmax(teacher.to(logits.device), -1)).abs().sum(-1)
+        target_c = (1 - 0.5 * l1).clamp(0, 1).detach()
+        c = self.conf(hidden, prev).to(acc)
+        bce = F.binary_cross_entropy(c, target_c, reduction="none")
+        parts = {"ce": (w * ce).sum() / denom, "tv": (w * l1).sum() / denom, "conf": (w * bce).sum() / denom}
+        lw = self.loss_weights
+        total = lw.ce * parts["ce"] + lw.tv * parts["tv"] + lw.conf * parts["conf"]
+        tau = cp.all_sum(torch.stack([((target_c * mask).cumprod(-1).sum(-1) + 1).sum(),
+                                      torch.tensor(float(mask.shape[0]), dtype=acc, device=mask.device)]))
+        parts["tau"] = tau[0] / tau[1]
         return total, parts
 
     def sample_block(self, hidden, last_token, *, greedy, temperature, generator):

@@ -37,6 +37,7 @@ from repro.models.draft_layers import (
     row_cu_seqlens,
 )
 from repro.models.taps import TapSpec, TapSpecFromConfig
+from repro.parallel.cp_batch import PackedShard
 from repro.models.vocab import check_vocab_maps, draft_to_target_ids, full_draft_vocab
 from repro.rollout.kv import SlotTable
 from repro.rollout.sampling import probs_from_logits
@@ -129,10 +130,13 @@ class Eagle3Draft(TapSpecFromConfig, nn.Module):
 
     # -- TapDraft contract -------------------------------------------------------------------------------
     def draft_loss(self, features, batch) -> torch.Tensor:
+        """The TTT loss of one microbatch; with ``batch.extras["cp"]`` (a ``PackedShard``) the features and
+        the policy's logits are this CP rank's rows and the loss is this rank's share of the total."""
         if batch.policy_logits is None:
             raise ValueError("EAGLE-3's loss needs the policy's logits (DraftBatch.policy_logits)")
+        cp = batch.extras.get("cp") if hasattr(batch.extras, "get") else None
         return self.ttt_loss(batch.input_ids, features.concat(self.tap_layers), batch.policy_logits,
-                             batch.loss_mask, backend=self.attn_backend)[0]
+                             batch.loss_mask, backend=self.attn_backend, cp=cp)[0]
 
     @torch.no_grad()
     def init_from_policy(self, policy) -> None:
@@ -168,37 +172,56 @@ class Eagle3Draft(TapSpecFromConfig, nn.Module):
 
     # -- training ----------------------------------------------------------------------------------------
     def ttt_forward(self, input_ids: torch.Tensor, taps: torch.Tensor, attn_impl: str = "kernels",
-                    backend: str = "auto") -> list[torch.Tensor]:
-        """Logits ``[B, S, V_draft]`` of each TTT pass over a right-padded batch ``input_ids [B, S]``."""
+                    backend: str = "auto", cp: PackedShard | None = None) -> list[torch.Tensor]:
+        """Logits ``[B, S, V_draft]`` of each TTT pass over a right-padded batch ``input_ids [B, S]``.
+
+        With ``cp`` (this rank's ``PackedShard`` of the batch) ``taps`` are the rank's rows ``[T_local, F]``
+        and so are the logits ``[T_local, V_draft]``; attention runs on the CP group's zigzag ring."""
         if attn_impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl {attn_impl!r} is not one of {ATTN_IMPLS}")
         B, S = input_ids.shape
-        if taps.shape[:2] != (B, S):
-            raise ValueError(f"taps are {tuple(taps.shape[:2])}, expected [batch, seq] = {(B, S)}")
         dev = input_ids.device
-        cu = row_cu_seqlens(B, S, dev)
-        pos = torch.arange(S, device=dev).repeat(B)                     # [T]
-        g = batch_to_packed(self.fuse(taps))                             # [T, H]
+        group = None
+        if cp is None:
+            if taps.shape[:2] != (B, S):
+                raise ValueError(f"taps are {tuple(taps.shape[:2])}, expected [batch, seq] = {(B, S)}")
+            cu = row_cu_seqlens(B, S, dev)
+            pos = torch.arange(S, device=dev).repeat(B)                 # [T]
+            g = batch_to_packed(self.fuse(taps))                         # [T, H]
+        else:
+            taps = _cp_rows(cp, input_ids, taps, "taps")
+            if attn_impl != "kernels":
+                raise ValueError(f"attn_impl {attn_impl!r} has no CP path: expected 'kernels' with a PackedShard")
+            cu, group, pos = cp.layout, cp.group, cp.position_ids.to(dev)
+            g = self.fuse(taps)                                          # [T_local, H]
         ks, vs, out = [], [], []
         scale = self.cfg.head_dim ** -0.5
         for k in range(self.cfg.ttt_steps):
-            ids = F.pad(input_ids[:, k + 1:], (0, k + 1))               # x_{i+k+1}, zero past the end
-            e = batch_to_packed(self.embed_tokens(ids)).to(g.dtype)
+            if cp is None:
+                ids = F.pad(input_ids[:, k + 1:], (0, k + 1))           # x_{i+k+1}, zero past the end
+                e = batch_to_packed(self.embed_tokens(ids)).to(g.dtype)
+            else:
+                e = self.embed_tokens(cp.local(input_ids, k + 1)).to(g.dtype)
             q, kk, v = self.qkv(e, g, pos + k)
             ks.append(kk)
             vs.append(v)
             if attn_impl == "kernels":
-                a = eagle3_ttt_attention(q, ks, vs, cu, backend=backend)
+                a = eagle3_ttt_attention(q, ks, vs, cu, group, backend=backend)
             else:
                 mask = eagle3_ttt_mask(cu.cpu(), k).to(dev)
                 a, _ = dense_attention(q, torch.cat(ks), torch.cat(vs), mask, scale)
             g = self.finish(g, a)
-            out.append(self.logits(g).view(B, S, -1))
+            out.append(self.logits(g).view(B, S, -1) if cp is None else self.logits(g))
         return out
 
     def ttt_loss(self, input_ids, taps, policy_logits, loss_mask, attn_impl: str = "kernels",
-                 backend: str = "auto") -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Weighted sum over passes of the masked soft cross-entropy; also returns the per-pass losses."""
+                 backend: str = "auto", cp: PackedShard | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Weighted sum over passes of the masked soft cross-entropy; also returns the per-pass losses.
+
+        With ``cp``, ``taps`` and ``policy_logits`` are this rank's rows and the losses are this rank's
+        shares (numerators over the group-wide normalisers): summed over the group they are the loss."""
+        if cp is not None:
+            return self._ttt_loss_cp(input_ids, taps, policy_logits, loss_mask, backend, cp)
         B, S = input_ids.shape
         if policy_logits.shape[:2] != (B, S) or policy_logits.shape[-1] != self.cfg.vocab_size:
             raise ValueError(f"policy_logits are {tuple(policy_logits.shape)}, expected "
@@ -220,6 +243,45 @@ class Eagle3Draft(TapSpecFromConfig, nn.Module):
             per_pass.append(lk)
             total = total + w * lk
         return total, per_pass
+
+    def _ttt_loss_cp(self, input_ids, taps, policy_logits, loss_mask, backend, cp: PackedShard):
+        T, K = cp.num_local, self.cfg.ttt_steps
+        teacher = _cp_rows(cp, input_ids, policy_logits, "policy_logits")
+        if teacher.shape[-1] != self.cfg.vocab_size:
+            raise ValueError(f"policy_logits have {teacher.shape[-1]} classes, expected {self.cfg.vocab_size}")
+        acc = torch.promote_types(teacher.dtype, torch.float32)
+        teacher = teacher.detach().to(acc)
+        # the teacher of pass k at (b, t) sits at (b, t + k + 1), maybe on another rank: ship the
+        # renormalised draft-vocabulary target and the in-vocabulary flag of those rows
+        here = torch.cat([torch.softmax(teacher[..., self.t2d], dim=-1),
+                          self.t2d[teacher.argmax(-1)].to(acc)[:, None]], dim=-1)
+        b = cp.b.repeat(K)
+        t = torch.cat([torch.where(cp.real, cp.t + k + 1, cp.t) for k in range(K)])
+        there = cp.fetch(here, b, t).view(K, T, -1)
+        masks = cp.at(loss_mask.to(acc), b, t).view(K, T).to(there.device) * there[..., -1]
+        dens = cp.all_sum(masks.sum(-1))                                      # group-wide, per pass
+        per_pass = []
+        total = torch.zeros((), dtype=acc, device=input_ids.device)
+        for k, (logits, w) in enumerate(zip(self.ttt_forward(input_ids, taps, "kernels", backend, cp),
+                                            self.cfg.weights())):
+            ce = -(there[k, :, :-1] * torch.log_softmax(logits.to(acc), -1)).sum(-1)
+            lk = (ce * masks[k]).sum() / dens[k].clamp_min(1.0)
+            per_pass.append(lk)
+            total = total + w * lk
+        return total, per_pass
+
+
+def _cp_rows(cp: PackedShard, input_ids: torch.Tensor, x: torch.Tensor, name: str) -> torch.Tensor:
+    """``x`` as this rank's rows ``[T_local, F]`` (accepts a leading microbatch axis of 1)."""
+    B, S = input_ids.shape
+    if (B, S) != (cp.lengths.numel(), cp.seq_len):
+        raise ValueError(f"input_ids are {(B, S)}, but the PackedShard describes a [{cp.lengths.numel()}, "
+                         f"{cp.seq_len}] batch")
+    x = x.reshape(-1, x.shape[-1])
+    if x.shape[0] != cp.num_local:
+        raise ValueError(f"{name} have {x.shape[0]} rows, expected this CP rank's {cp.num_local} rows "
+                         "(shard them with the PackedShard's layout)")
+    return x
 
 
 class Eagle3Proposer:
