@@ -25,12 +25,29 @@ def _safe(lse: torch.Tensor, fill: float) -> torch.Tensor:
     return torch.where(torch.isneginf(lse), torch.full_like(lse, fill), lse)
 
 
-class TTTBranch:
-    """P = pass index k branch keys per row: tensors are ks (P tensors [T,G,D]) then vs (P tensors)."""
+def _owned(o: torch.Tensor, q: torch.Tensor, others) -> bool:
+    """Whether the trunk result ``o`` may be overwritten by the merged output: q's dtype and shape,
+    contiguous, and sharing no memory with the inputs."""
+    if o.dtype != q.dtype or o.shape != q.shape or not o.is_contiguous():
+        return False
+    st = o.untyped_storage()._cdata
+    return all(st != t.untyped_storage()._cdata for t in (q, *others))
 
-    def __init__(self, num_keys: int, chunk_rows: int = 16384):
+
+class TTTBranch:
+    """P = pass index k branch keys per row: tensors are ks (P tensors [T,G,D]) then vs (P tensors).
+
+    Rows are processed in chunks of about ``chunk_elems`` elements per [rows, H, D] fp32 temporary
+    (32 MB), so the temporaries stay bounded whatever T. The merged output overwrites the trunk's
+    result in place when that buffer is ours (single-rank trunk in q's dtype): no second [T, H, D].
+    """
+
+    def __init__(self, num_keys: int, chunk_elems: int = 1 << 23):
         self.P = num_keys
-        self.chunk = chunk_rows
+        self.chunk_elems = chunk_elems
+
+    def _rows(self, q) -> int:
+        return max(1, self.chunk_elems // max(1, q.shape[1] * q.shape[2]))
 
     def merge_forward(self, q, o_t, l_t, *kvs, scale: float):
         P = self.P
@@ -39,10 +56,12 @@ class TTTBranch:
         G = ks[0].shape[1]
         hg = H // G
         acc = acc_dtype(q.dtype)
-        out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
-        lse = torch.empty(T, H, dtype=acc, device=q.device)
-        for a in range(0, T, self.chunk):
-            b = min(T, a + self.chunk)
+        out = o_t if _owned(o_t, q, kvs) else torch.empty(T, H, D, dtype=q.dtype, device=q.device)
+        lse = l_t if (l_t.dtype == acc and l_t.is_contiguous() and out is o_t) else \
+            torch.empty(T, H, dtype=acc, device=q.device)
+        chunk = self._rows(q)
+        for a in range(0, T, chunk):
+            b = min(T, a + chunk)
             n = b - a
             qc = q[a:b].to(acc).view(n, G, hg, D)
             s = torch.stack([(qc * k[a:b].to(acc).unsqueeze(2)).sum(-1) for k in ks]) * scale  # [P,n,G,hg]
@@ -65,21 +84,23 @@ class TTTBranch:
         acc = acc_dtype(q.dtype)
         dks = [torch.empty_like(k) for k in ks]
         dvs = [torch.empty_like(v) for v in vs]
-        for a in range(0, T, self.chunk):
-            b = min(T, a + self.chunk)
+        chunk = self._rows(q)
+        for a in range(0, T, chunk):
+            b = min(T, a + chunk)
             n = b - a
             qc = q[a:b].to(acc).view(n, G, hg, D)
             do = dout[a:b].to(acc).view(n, G, hg, D)
-            delta = (do * out[a:b].to(acc).view(n, G, hg, D)).sum(-1)
+            delta = torch.einsum("nghd,nghd->ngh", do, out[a:b].to(acc).view(n, G, hg, D))
             Ls = _safe(lse[a:b].to(acc), float("inf")).view(n, G, hg)
-            dqc = torch.zeros(n, G, hg, D, dtype=acc, device=q.device)
+            dqc = None
             for p in range(P):
-                kp, vp = ks[p][a:b].to(acc).unsqueeze(2), vs[p][a:b].to(acc).unsqueeze(2)
-                w = torch.exp((qc * kp).sum(-1) * scale - Ls)                       # [n,G,hg]
-                dvs[p][a:b] = (w.unsqueeze(-1) * do).sum(2).to(dvs[p].dtype)
-                ds = w * ((do * vp).sum(-1) - delta) * scale
-                dqc += ds.unsqueeze(-1) * kp
-                dks[p][a:b] = (ds.unsqueeze(-1) * qc).sum(2).to(dks[p].dtype)
+                kp, vp = ks[p][a:b].to(acc), vs[p][a:b].to(acc)                        # [n,G,D]
+                w = torch.exp(torch.einsum("nghd,ngd->ngh", qc, kp) * scale - Ls)      # [n,G,hg]
+                dvs[p][a:b] = torch.einsum("ngh,nghd->ngd", w, do).to(dvs[p].dtype)
+                ds = w * (torch.einsum("nghd,ngd->ngh", do, vp) - delta) * scale
+                part = ds.unsqueeze(-1) * kp.unsqueeze(2)
+                dqc = part if dqc is None else dqc.add_(part)
+                dks[p][a:b] = torch.einsum("ngh,nghd->ngd", ds, qc).to(dks[p].dtype)
             dq[a:b] += dqc.view(n, H, D).to(dq.dtype)
         return (*dks, *dvs)
 

@@ -19,6 +19,7 @@ from kernels.attention.backends.cudnn import CudnnBackend
 from kernels.attention.backends.prefix_full import PrefixAsFull
 from kernels.attention.backends.sdpa_cpu import SdpaCpuBackend
 from kernels.attention.backends.sdpa_cuda import SdpaCudaBackend
+from kernels.attention.backends.tiled import TiledBackward
 from kernels.attention.backends.torch_ref import TorchBackend
 from kernels.attention.spec import MaskSpec
 
@@ -31,6 +32,7 @@ _REGISTRY: dict[str, Backend] = {
 }
 _REGISTRY.update({f"prefix_full[{n}]": PrefixAsFull(_REGISTRY[n])
                   for n in ("torch", "sdpa_cpu", "sdpa_cuda", "cudnn")})
+_REGISTRY.update({f"tiled[{n}]": TiledBackward(_REGISTRY[n]) for n in ("torch", "sdpa_cpu", "sdpa_cuda", "cudnn")})
 NAMES = ("auto", *_REGISTRY)
 
 
