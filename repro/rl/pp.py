@@ -21,15 +21,22 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-from kernels.transport import ChannelLayout, TapChannel, TapSpec as ChannelTapSpec, sequence_stamp
+from kernels.transport import ChannelLayout, TapChannel
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.parallel.harness import LastStage
 from repro.parallel.model import build_stages, split_layers, stage_of_tap
-from repro.parallel.taps import TapRouter, tap_name
+from repro.parallel.taps import TapRouter
 from repro.rl.config import RunConfig
+from repro.rl.dist_parts import (
+    clip_across,
+    joint_optimizer,
+    read_remote_taps,
+    release_after_backward,
+    stage_to_hf,
+    tap_sources,
+)
 from repro.rl.drafts import build_draft, trainable_parameters
 from repro.rl.episodes import RolloutBatch
 from repro.rl.grpo import clipped_policy_loss, token_logprobs
@@ -38,20 +45,17 @@ from repro.rl.warmstart import make_policy
 
 
 def make_payload(cfg: RunConfig, policy, draft, batch: RolloutBatch, advantages: torch.Tensor, *,
-                 n_microbatches: int, mask_token_id: int, transport: str = "shm") -> dict:
-    """Everything a rank needs, picklable: config, weights, the batch, the schedule's microbatch count."""
+                 n_microbatches: int, mask_token_id: int, transport: str = "shm", anchor_seed: int = 0) -> dict:
+    """Everything a rank needs, picklable: config, weights, the batch, the schedule's microbatch count
+    (``repro.rl.mesh_update`` also reads the attention mask and the draft's anchor seed)."""
     B = batch.size
     if B % n_microbatches:
         raise ValueError(f"batch of {B} sequences does not split into {n_microbatches} microbatches")
     return {"cfg": cfg.to_dict(), "policy": {k: v.clone() for k, v in policy.model.state_dict().items()},
             "draft": None if draft is None else {k: v.clone() for k, v in draft.state_dict().items()},
             "ids": batch.input_ids, "mask": batch.loss_mask, "old": batch.rollout_logp, "adv": advantages,
-            "n_mb": n_microbatches, "mask_token_id": mask_token_id, "transport": transport}
-
-
-def _stage_to_hf(name: str) -> str:
-    """A stage parameter name -> the HF model's (``layers.3.mlp...`` -> ``model.layers.3.mlp...``)."""
-    return name if name.startswith("lm_head") else f"model.{name}"
+            "att": batch.attention_mask, "n_mb": n_microbatches, "mask_token_id": mask_token_id,
+            "transport": transport, "anchor_seed": anchor_seed}
 
 
 def pp_update_worker(rank: int, world: int, payload: dict) -> dict:
@@ -72,10 +76,7 @@ def pp_update_worker(rank: int, world: int, payload: dict) -> dict:
     stage = build_stages(policy.model, world)[rank]
     last = world - 1
     taps = {t: stage_of_tap(t, ranges) for t in (draft.tap_layers if draft is not None else ())}
-    sources: dict[int, list] = {}
-    for t, s in sorted(taps.items()):
-        if s != last:
-            sources.setdefault(s, []).append(ChannelTapSpec(tap_name(t), (mb * T, H)))
+    sources = tap_sources(taps, last, mb * T, H)
     layout = ChannelLayout(sources=sources, stage_to_rank={s: s for s in range(world)}, consumer_rank=last,
                            ring_depth=n_mb) if sources else None
     channel = TapChannel.setup(layout, payload["transport"], get_timeout_s=60, put_timeout_s=60) if layout else None
@@ -92,7 +93,7 @@ def pp_update_worker(rank: int, world: int, payload: dict) -> dict:
             router.hook(rank, stage.embed_tokens if t == -1 else stage.layers[str(t)], t)
     n_tok = float(mask.sum())
     lam = cfg.draft.loss_weight if cfg.draft is not None else 0.0
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(payload.get("anchor_seed", 0))
     tap_wait = 0.0
     stats = {"policy_loss": 0.0, "draft_loss": 0.0}
 
@@ -108,32 +109,20 @@ def pp_update_worker(rank: int, world: int, payload: dict) -> dict:
         seq = router.seq(last)
         feats = dict(router.local.pop(seq, {}))
         if channel is not None:
-            t0 = time.perf_counter()
-            for s in layout.sources:
-                for name, v in channel.get_stage(s, seq).items():
-                    feats[-1 if name == "embed" else int(name[1:])] = v.view(*t_ids.shape, -1)
-            tap_wait += time.perf_counter() - t0
+            remote, waited = read_remote_taps(channel, layout.sources, seq, tuple(t_ids.shape))
+            feats.update(remote)
+            tap_wait += waited
         dl = draft.draft_loss(TargetFeatures(feats), DraftBatch(t_ids, draft_loss_mask(t_mask), logits.detach(),
                                                                 extras={"anchor_generator": gen}))
         stats["draft_loss"] += float(dl.detach()) / n_mb
         return loss + lam * dl / n_mb
 
     if channel is not None and rank == last:
-        full = pipe.backward_one_chunk
-
-        def backward_one_chunk(bwd_chunk_id, *args, **kwargs):   # release a microbatch's slots after its backward
-            res = full(bwd_chunk_id, *args, **kwargs)
-            for s in layout.sources:
-                channel.release(s, sequence_stamp(router.step, bwd_chunk_id, n_mb))
-            return res
-        pipe.backward_one_chunk = backward_one_chunk
+        release_after_backward(pipe, channel, layout.sources, lambda: router.step, n_mb)
 
     params = [p for p in stage.parameters() if p.requires_grad]
     dparams = trainable_parameters(draft) if draft is not None and rank == last else []
-    groups = [{"params": params, "lr": cfg.grpo.lr}]
-    if dparams:
-        groups.append({"params": dparams, "lr": cfg.draft.lr})
-    opt = torch.optim.AdamW(groups, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    opt = joint_optimizer(params, dparams, cfg.grpo, cfg.draft)
     schedule = Schedule1F1B(pipe, n_mb, loss_fn=loss_fn, scale_grads=False)
     target = torch.stack([ids.double(), mask.double(), old.double(), adv.double()[:, None].expand(B, T)], dim=-1)
     t0 = time.perf_counter()
@@ -141,19 +130,10 @@ def pp_update_worker(rank: int, world: int, payload: dict) -> dict:
     if channel is not None:
         channel.flush()
     # the policy's grad norm spans every stage: reduce the squared norms before clipping
-    sq = torch.zeros(1, dtype=torch.float64)
-    for p in params:
-        if p.grad is not None:
-            sq += p.grad.double().pow(2).sum()
-    dist.all_reduce(sq)
-    norm = float(sq.sqrt())
-    coef = min(1.0, cfg.grpo.max_grad_norm / (norm + 1e-6))
-    for p in params:
-        if p.grad is not None:
-            p.grad.mul_(coef)
+    norm = clip_across(params, cfg.grpo.max_grad_norm, torch.distributed.group.WORLD)
     if dparams:
         torch.nn.utils.clip_grad_norm_(dparams, cfg.draft.max_grad_norm)
-    grads = {_stage_to_hf(n): p.grad.detach().clone() for n, p in stage.named_parameters() if p.grad is not None}
+    grads = {stage_to_hf(n): p.grad.detach().clone() for n, p in stage.named_parameters() if p.grad is not None}
     dgrads = {n: p.grad.detach().clone() for n, p in draft.named_parameters() if p.grad is not None} \
         if dparams else {}
     opt.step()
@@ -161,7 +141,7 @@ def pp_update_worker(rank: int, world: int, payload: dict) -> dict:
     if channel is not None:
         channel.close()
     router.remove()
-    out = {_stage_to_hf(n): p.detach().clone() for n, p in stage.named_parameters()}
+    out = {stage_to_hf(n): p.detach().clone() for n, p in stage.named_parameters()}
     return {"rank": rank, "policy": out, "grads": grads, "draft_grads": dgrads, "policy_grad_norm": norm,
             "update_time_s": update_s,
             "draft": {k: v.clone() for k, v in draft.state_dict().items()} if draft is not None and rank == last

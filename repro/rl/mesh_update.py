@@ -1,0 +1,393 @@
+"""The joint GRPO + draft update on a PP x CP process mesh (gloo on CPU, NCCL on GPUs).
+
+World rank ``p * cp + c`` runs pipeline stage ``p`` (a slice of the policy's decoder layers, Megatron
+style) on CP shard ``c`` of every microbatch. Along ``pp`` the ranks of one CP index form a pipeline
+run by ``torch.distributed.pipelining.Schedule1F1B``; along ``cp`` the ranks of one stage form a CP
+group in which every attention is the zigzag ring (``repro.rl.cp.CPPolicyStage``). The draft lives on
+the last stage: each of its CP ranks gets the taps of its *own* shard from the earlier stages over
+``kernels.transport.TapChannel`` (one channel per CP index, outside the schedule; taps of the last
+stage stay local) and runs its CP attention in the last stage's CP group.
+
+A microbatch (``cfg.grpo.microbatch`` sequences, as ``JointUpdate`` cuts them) is packed to real
+tokens and sharded (``repro.parallel.cp_batch.PackedShard``); every microbatch of a step is padded
+with a filler document to the same length, so stage shapes are static within the step. Loss per
+microbatch on the last stage: GRPO's clipped loss over its rows (normalised by the batch's token
+count) plus ``lambda * (sequences / B) * L_draft`` (this rank's share of the draft loss). Gradients
+are summed over the CP group (the policy and the draft in separate buffers), the policy's global
+norm is reduced across PP stages and clipped, the draft is clipped on its own, then the same AdamW
+step as ``JointUpdate`` (tests/rl/test_mesh_update.py checks equality with it, PP=2 x CP=2).
+
+Block drafts (DFlash, DSpark) read the policy's embedding and head with the gradient stopped: the
+head is the last stage's own, the embedding a copy kept in sync with stage 0 after every step.
+
+    mesh = Mesh(MeshShape(pp=2, cp=2))                       # collective, under torch.distributed
+    upd = MeshUpdate(cfg, mesh, policy, draft_state, mask_token_id=tok.mask_id)
+    stats = upd.step(ids, attention_mask, loss_mask, rollout_logp, advantages, anchor_seed=0)
+    weights = upd.gather_to_root()                           # rank 0: (policy, draft) state dicts
+    python -m pytest -q tests/rl/test_mesh_update.py
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+from kernels.transport import ChannelLayout, TapChannel, sequence_stamp
+from repro.parallel.cp_batch import PackedShard, grpo_targets, padded_length
+from repro.parallel.draft_interface import DraftBatch, TargetFeatures
+from repro.parallel.harness import LastStage
+from repro.parallel.model import split_layers, stage_of_tap
+from repro.parallel.taps import TapRouter
+from repro.rl.config import ConfigError, RunConfig
+from repro.rl.cp import CPPolicyStage
+from repro.rl.dist_parts import (
+    allreduce_grads,
+    clip_across,
+    grpo_rows_loss,
+    joint_optimizer,
+    read_remote_taps,
+    release_after_backward,
+    stage_to_hf,
+    tap_sources,
+)
+from repro.rl.drafts import StopGradParts, build_draft, trainable_parameters
+from repro.rl.joint import UpdateStats, draft_loss_mask
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    pp: int
+    cp: int
+
+    def rank_of(self, p: int, c: int) -> int:
+        return p * self.cp + c
+
+    def coords(self, rank: int) -> tuple[int, int]:
+        return rank // self.cp, rank % self.cp
+
+    def check(self, world: int, cfg: RunConfig, num_layers: int) -> int:
+        """Validate the mesh against the world and the run; returns the microbatch count. Raises
+        ConfigError naming the bad value before any group or model is built."""
+        for k, v in (("pp", self.pp), ("cp", self.cp)):
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"config {k}={v!r} is invalid: expected a positive integer")
+        if self.pp * self.cp != world:
+            raise ConfigError(f"config pp*cp={self.pp}*{self.cp}={self.pp * self.cp} is invalid: expected the "
+                              f"world size {world} (one rank per (stage, CP shard))")
+        if self.pp > num_layers:
+            raise ConfigError(f"config pp={self.pp} is invalid: the policy has {num_layers} decoder layers, "
+                              "expected at most one stage per layer")
+        if cfg.grpo.kl_coef:
+            raise ConfigError(f"config grpo.kl_coef={cfg.grpo.kl_coef} is invalid under the PP x CP update: "
+                              "expected 0 (the frozen reference policy is not sharded yet)")
+        B = cfg.grpo.prompts_per_step * cfg.grpo.generations_per_prompt
+        n_mb = -(-B // cfg.grpo.microbatch)
+        if self.pp > 1 and n_mb < self.pp:
+            raise ConfigError(f"config grpo.microbatch={cfg.grpo.microbatch} is invalid with pp={self.pp}: a batch "
+                              f"of {B} sequences makes {n_mb} microbatch(es), 1F1B needs at least {self.pp}; "
+                              f"expected microbatch <= {B // self.pp}")
+        return n_mb
+
+
+class Mesh:
+    """The process groups of a PP x CP mesh; building it is collective over the world."""
+
+    def __init__(self, shape: MeshShape, backend: str | None = None):
+        world = dist.get_world_size()
+        if shape.pp * shape.cp != world:
+            raise ValueError(f"mesh {shape.pp}x{shape.cp} does not cover the world of {world} ranks")
+        self.shape, self.rank = shape, dist.get_rank()
+        self.p, self.c = shape.coords(self.rank)
+        P, C = shape.pp, shape.cp
+        pp = [dist.new_group([shape.rank_of(p, c) for p in range(P)], backend=backend) for c in range(C)]
+        cp = [dist.new_group([shape.rank_of(p, c) for c in range(C)], backend=backend) for p in range(P)]
+        emb = [dist.new_group([shape.rank_of(0, c), shape.rank_of(P - 1, c)], backend=backend)
+               for c in range(C)] if P > 1 else []
+        self.pp_group = pp[self.c] if P > 1 else None
+        self.cp_group = cp[self.p] if C > 1 else None
+        self.embed_group = emb[self.c] if P > 1 and self.p in (0, P - 1) else None
+
+    @property
+    def is_first(self) -> bool:
+        return self.p == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.p == self.shape.pp - 1
+
+
+@dataclass
+class MeshStats(UpdateStats):
+    tap_wait_s: float = 0.0        # the draft stage's wait for remote taps (max over its CP ranks)
+    update_cpu_s: float = 0.0      # process CPU seconds of the update (max over ranks)
+    local_rows: int = 0            # rows of this rank's shard per microbatch (padded)
+    microbatches: int = 0
+
+
+class MeshUpdate:
+    """One rank's part of the joint update on a ``Mesh``; keeps its stage, draft and optimizer state."""
+
+    def __init__(self, cfg: RunConfig, mesh: Mesh, policy, draft_state: dict | None, *, mask_token_id: int,
+                 transport: str = "shm", device: str | torch.device = "cpu", tap_timeout_s: float = 300.0):
+        self.cfg, self.mesh = cfg.validate(), mesh
+        P, C = mesh.shape.pp, mesh.shape.cp
+        self.n_mb = mesh.shape.check(P * C, cfg, policy.num_layers)
+        self.device = torch.device(device)
+        self.transport, self.tap_timeout_s = transport, tap_timeout_s
+        self.H, self.V = policy.hidden_size, policy.vocab_size
+        self.ranges = split_layers(policy.num_layers, P)
+        self.stage = CPPolicyStage(policy.model, mesh.p, self.ranges[mesh.p], P).to(self.device)
+        self.draft = None
+        self.taps: dict[int, int] = {}
+        self.embed_copy = None
+        if cfg.draft is not None:
+            draft = build_draft(cfg.draft, policy, mask_token_id=mask_token_id, train=True)
+            if draft_state is not None:
+                draft.load_state_dict(draft_state)
+            self.taps = {t: stage_of_tap(t, self.ranges) for t in draft.tap_layers}
+            self.block = hasattr(draft, "backbone")
+            if mesh.is_last:
+                self.draft = draft.to(self.device)
+                if self.block:       # the head is the last stage's own; the embedding a synced copy
+                    emb = self.stage.embed_tokens
+                    if emb is None:
+                        emb = copy.deepcopy(policy.embed_tokens).to(self.device).requires_grad_(False)
+                        self.embed_copy = emb
+                    self.draft.attach(StopGradParts(SimpleNamespace(embed_tokens=emb, lm_head=self.stage.lm_head)))
+        self.sources = tap_sources(self.taps, P - 1, 1, self.H)   # rows are set when the channel opens
+        self.channels: list[TapChannel] = []
+        self.capacity = 0
+        self.router = TapRouter(None, self.n_mb, draft_stage=P - 1)
+        for t, s in self.taps.items():
+            if s == mesh.p:
+                self.router.hook(s, self.stage.embed_tokens if t == -1 else self.stage.layers[str(t)], t)
+        self.params = [p for p in self.stage.parameters() if p.requires_grad]
+        self.dparams = trainable_parameters(self.draft) if self.draft is not None else []
+        self.optimizer = joint_optimizer(self.params, self.dparams, cfg.grpo, cfg.draft)
+        self.steps_done = 0
+        self.last_grads: dict | None = None
+        info = None
+        if mesh.c == 0:
+            info = (mesh.p, [(stage_to_hf(n), tuple(p.shape)) for n, p in self.stage.named_parameters()],
+                    [(n, tuple(p.shape)) for n, p in self.draft.named_parameters()] if self.draft is not None else [])
+        box = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(info, box, dst=0)
+        self._layout = {i[0]: i[1:] for i in box if i is not None} if box is not None else None
+
+    # -- tap channels ---------------------------------------------------------------------------------
+    def _ensure_channels(self, rows: int) -> None:
+        """One TapChannel per CP index, slots of >= ``rows`` rows; (re)opened collectively when too small."""
+        if not self.sources or rows <= self.capacity:
+            return
+        self._close_channels()
+        cap = rows if self.capacity == 0 else max(rows, self.capacity * 5 // 4)
+        shape, P = self.mesh.shape, self.mesh.shape.pp
+        specs = tap_sources(self.taps, P - 1, cap, self.H)
+        for c in range(shape.cp):
+            lay = ChannelLayout(sources=specs, stage_to_rank={s: shape.rank_of(s, c) for s in range(P)},
+                                consumer_rank=shape.rank_of(P - 1, c), ring_depth=self.n_mb)
+            self.channels.append(TapChannel.setup(lay, self.transport, device=self.device,
+                                                  get_timeout_s=self.tap_timeout_s, put_timeout_s=self.tap_timeout_s))
+        self.capacity = cap
+        self.router.channel = self.channels[self.mesh.c]
+
+    def _close_channels(self) -> None:
+        for ch in self.channels:
+            ch.close()
+        self.channels = []
+        self.router.channel = None
+
+    # -- one update -----------------------------------------------------------------------------------
+    def step(self, ids, attention_mask, loss_mask, rollout_logp, advantages, *, anchor_seed: int = 0,
+             keep_grads: bool = False) -> MeshStats:
+        cfg, mesh, dev = self.cfg, self.mesh, self.device
+        P, C = mesh.shape.pp, mesh.shape.cp
+        t0, c0 = time.perf_counter(), time.process_time()
+        ids, att, mask = ids.to(dev), attention_mask.to(dev), loss_mask.to(dev)
+        old, adv = rollout_logp.to(dev), advantages.to(dev)
+        B, S = ids.shape
+        n_tok = float(mask.sum())
+        if n_tok == 0:
+            raise ValueError("rollout batch has no policy-written tokens to train on")
+        mb = cfg.grpo.microbatch
+        slices = [slice(s, min(B, s + mb)) for s in range(0, B, mb)]
+        if len(slices) != self.n_mb:
+            raise ValueError(f"a batch of {B} sequences makes {len(slices)} microbatches of {mb}; this update was "
+                             f"built for {self.n_mb} (prompts_per_step x generations_per_prompt changed?)")
+        lengths = att.long().sum(1).cpu()
+        pad = max(padded_length(lengths[sl], C) for sl in slices)
+        shards = [PackedShard.build(lengths[sl], S, mesh.cp_group, padded_total=pad) for sl in slices]
+        T = shards[0].num_local
+        x = torch.stack([sh.local(ids[sl]) for sh, sl in zip(shards, slices)])                # [n_mb, T]
+        target = torch.stack([grpo_targets(sh, ids[sl].cpu(), mask[sl].cpu(), old[sl].cpu(), adv[sl].cpu())
+                              for sh, sl in zip(shards, slices)]).to(dev)                       # [n_mb, T, 4]
+        if cfg.draft is not None:
+            self._ensure_channels(T)
+        channel = self.router.channel
+        self.router.step = self.steps_done
+        self.optimizer.zero_grad(set_to_none=True)
+        gen = torch.Generator().manual_seed(anchor_seed)
+        lam = cfg.draft.loss_weight if cfg.draft is not None else 0.0
+        acc = {"policy_loss": 0.0, "draft_loss": 0.0, "clip": 0.0, "kl": 0.0, "tap_wait": 0.0, "draft_time": 0.0}
+        stage = self.stage
+
+        def loss_fn(logits, tgt):
+            i = stage.mb
+            loss, st = grpo_rows_loss(logits[0], tgt[0], n_tok, cfg.grpo)
+            acc["policy_loss"] += float(loss.detach())
+            acc["clip"] += st["clip"]
+            acc["kl"] += st["kl"]
+            if self.draft is None:
+                return loss
+            seq = sequence_stamp(self.steps_done, i, self.n_mb)
+            feats = dict(self.router.local.pop(seq, {}))
+            if channel is not None:
+                remote, waited = read_remote_taps(channel, self.sources, seq, (1, T))
+                feats.update(remote)
+                acc["tap_wait"] += waited
+            td = time.perf_counter()
+            sl = slices[i]
+            dbatch = DraftBatch(input_ids=ids[sl], loss_mask=draft_loss_mask(mask[sl]), policy_logits=logits.detach(),
+                                extras={"anchor_generator": gen, "cp": shards[i]})
+            dl = self.draft.draft_loss(TargetFeatures(feats), dbatch)
+            acc["draft_time"] += time.perf_counter() - td
+            frac = (sl.stop - sl.start) / B
+            acc["draft_loss"] += float(dl.detach()) * frac
+            return loss + lam * frac * dl
+
+        if P == 1:
+            for i in range(self.n_mb):
+                stage.mb, stage.shard = i, shards[i]
+                self.router.current[0] = i
+                loss_fn(stage(x[i:i + 1]), target[i:i + 1]).backward()
+        else:
+            self._run_schedule(x, target, shards, loss_fn, T)
+        if channel is not None:
+            channel.flush()
+        stage.shard = None
+        # gradients: summed over the CP group; the policy's norm spans the stages
+        allreduce_grads(self.params, mesh.cp_group)
+        allreduce_grads(self.dparams, mesh.cp_group)
+        p_norm = clip_across(self.params, cfg.grpo.max_grad_norm, mesh.pp_group)
+        d_norm = float(torch.nn.utils.clip_grad_norm_(self.dparams, cfg.draft.max_grad_norm)) if self.dparams else 0.0
+        if keep_grads:
+            self.last_grads = {"policy": {stage_to_hf(n): p.grad.detach().clone() for n, p in stage.named_parameters()
+                                          if p.grad is not None},
+                               "draft": {n: p.grad.detach().clone() for n, p in self.draft.named_parameters()
+                                         if p.grad is not None} if self.dparams else {}}
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._sync_embedding()
+        self.steps_done += 1
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        sums = torch.tensor([acc["policy_loss"], acc["draft_loss"], acc["clip"], acc["kl"]], dtype=torch.float64,
+                            device=dev)
+        maxes = torch.tensor([wall, acc["draft_time"], acc["tap_wait"], d_norm, cpu], dtype=torch.float64, device=dev)
+        dist.all_reduce(sums)
+        dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+        s, m = sums.tolist(), maxes.tolist()
+        return MeshStats(policy_loss=s[0], draft_loss=s[1], policy_grad_norm=p_norm, draft_grad_norm=m[3],
+                         train_inference_kl=s[3] / n_tok, clip_frac=s[2] / n_tok, update_time_s=m[0],
+                         draft_time_s=m[1], tap_wait_s=m[2], update_cpu_s=m[4], local_rows=T,
+                         microbatches=self.n_mb)
+
+    def _run_schedule(self, x, target, shards, loss_fn, T: int) -> None:
+        """One 1F1B pass over the microbatches on this rank's pipeline (static shapes of this step)."""
+        mesh, P, dev = self.mesh, self.mesh.shape.pp, self.device
+        stage = self.stage
+        inp = torch.zeros(1, T, dtype=torch.long, device=dev) if mesh.is_first else \
+            torch.zeros(1, T, self.H, device=dev, requires_grad=True)
+        out = torch.zeros(1, T, self.V if mesh.is_last else self.H, device=dev, requires_grad=True)
+        module = LastStage(stage, self.draft) if mesh.is_last and self.draft is not None else stage
+        pipe = PipelineStage(module, mesh.p, P, dev, input_args=(inp,), output_args=(out,), group=mesh.pp_group)
+        self.router.track(mesh.p, pipe)
+        tracked = pipe.forward_one_chunk
+
+        def forward_one_chunk(fwd_chunk_id, *args, **kwargs):   # the stage runs on this microbatch's shard
+            stage.mb, stage.shard = fwd_chunk_id, shards[fwd_chunk_id]
+            return tracked(fwd_chunk_id, *args, **kwargs)
+        pipe.forward_one_chunk = forward_one_chunk
+        if mesh.is_last and self.router.channel is not None:
+            release_after_backward(pipe, self.router.channel, self.sources, lambda: self.steps_done, self.n_mb)
+        schedule = Schedule1F1B(pipe, self.n_mb, loss_fn=loss_fn, scale_grads=False)
+        if mesh.is_last:
+            schedule.step(*((x,) if mesh.is_first else ()), target=target, losses=[])
+        else:
+            schedule.step(*((x,) if mesh.is_first else ()))
+
+    def _sync_embedding(self) -> None:
+        """Block drafts on the last stage read the embedding through a copy: refresh it from stage 0."""
+        g = self.mesh.embed_group
+        if g is None or self.cfg.draft is None or not self.block:
+            return
+        src = self.mesh.shape.rank_of(0, self.mesh.c)
+        w = self.stage.embed_tokens.weight if self.mesh.is_first else self.embed_copy.weight
+        with torch.no_grad():
+            dist.broadcast(w.data, src=src, group=g)
+
+    # -- weights back to rank 0 -------------------------------------------------------------------------
+    def gather_to_root(self) -> tuple[dict, dict] | None:
+        """Rank 0 receives every stage's parameters (HF names) and the draft's from CP index 0 of each
+        stage; returns ``(policy, draft)`` state dicts there (the draft's {} without one), None elsewhere."""
+        shape, me = self.mesh.shape, dist.get_rank()
+        mine = None
+        if self.mesh.c == 0:
+            tensors = [p.detach() for p in self.stage.parameters()]
+            if self.draft is not None:
+                tensors += [p.detach() for p in self.draft.parameters()]
+            mine = torch.cat([t.float().reshape(-1) for t in tensors])
+        policy, draft = {}, {}
+        for p in range(shape.pp):
+            src = shape.rank_of(p, 0)
+            if me == src and me != 0:
+                dist.send(mine, dst=0)
+            elif me == 0:
+                names, dnames = self._layout[p]
+                n = sum(int(torch.Size(s).numel()) for _, s in names + dnames)
+                flat = mine if src == 0 else torch.empty(n, dtype=torch.float32, device=self.device)
+                if src != 0:
+                    dist.recv(flat, src=src)
+                off = 0
+                for table, entries in ((policy, names), (draft, dnames)):
+                    for name, s in entries:
+                        k = int(torch.Size(s).numel())
+                        table[name] = flat[off:off + k].view(s).clone()
+                        off += k
+        return (policy, draft) if me == 0 else None
+
+    def close(self) -> None:
+        """Collective: closes the tap channels (before the process groups go)."""
+        self._close_channels()
+        self.router.remove()
+
+
+def mesh_update_worker(rank: int, world: int, payloads: list[dict], pp: int, cp: int) -> list[dict]:
+    """Joint updates on a pp x cp mesh from ``repro.rl.pp.make_payload`` payloads (one mesh, one update per
+    payload, fresh optimizer each); per payload this rank's parameters, clipped gradients and stats, and
+    on rank 0 the gathered state."""
+    from repro.rl.warmstart import make_policy
+    mesh = Mesh(MeshShape(pp, cp))
+    outs = []
+    for payload in payloads:
+        cfg = RunConfig.from_dict(payload["cfg"]).validate()
+        policy = make_policy(cfg.policy, cfg.vocab_size, seed=cfg.seed, dtype=torch.float32, device="cpu")
+        policy.model.load_state_dict(payload["policy"])
+        upd = MeshUpdate(cfg, mesh, policy, payload["draft"], mask_token_id=payload["mask_token_id"],
+                         transport=payload.get("transport", "shm"))
+        stats = upd.step(payload["ids"], payload["att"], payload["mask"], payload["old"], payload["adv"],
+                         anchor_seed=payload.get("anchor_seed", 0), keep_grads=True)
+        gathered = upd.gather_to_root()
+        outs.append({"rank": rank, "coords": (mesh.p, mesh.c), "stats": asdict(stats),
+                     "policy": {stage_to_hf(n): p.detach().clone() for n, p in upd.stage.named_parameters()},
+                     "grads": upd.last_grads["policy"], "draft_grads": upd.last_grads["draft"],
+                     "draft": {k: v.clone() for k, v in upd.draft.state_dict().items()} if upd.draft is not None
+                     else None, "gathered": gathered})
+        upd.close()
+    return outs
