@@ -1,0 +1,195 @@
+"""VllmRolloutEngine against our RolloutEngine on a tiny fp32 policy (skipped where vLLM is not installed).
+
+vLLM lives in its own venv (it pins another transformers):
+
+    bash scripts/setup.sh --vllm
+    .venv-vllm/bin/python -m pytest -q tests/rollout/test_vllm_backend.py
+
+One engine of each kind is shared by the module (a vLLM start costs seconds to tens of seconds on
+CPU): a plain one first, closed before the EAGLE-3 one starts. With greedy decoding vLLM's chain
+drafting and our proposer take the same decisions, so vLLM's spec-decode counters must equal our
+engine's counters for the same draft weights, which checks the export and every reload exactly.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from repro.rollout.vllm_backend import vllm_version
+
+if vllm_version() is None:
+    pytest.skip("vLLM is not importable in this venv: install it with `bash scripts/setup.sh --vllm` and run "
+                ".venv-vllm/bin/python -m pytest tests/rollout/test_vllm_backend.py", allow_module_level=True)
+
+from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer  # noqa: E402
+from repro.models.policy import build_policy  # noqa: E402
+from repro.models.train_draft import sample_sequences, train_draft  # noqa: E402
+from repro.rollout.engine import RolloutEngine  # noqa: E402
+from repro.rollout.vllm_backend import VllmRolloutEngine  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+K = 3
+NEW = 32
+
+
+def _prompts(n, seed, length=8, vocab=128):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (length - (i % 3),), generator=g).tolist() for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return build_policy("qwen3", "tiny", seed=0, head_dim=32)     # vLLM's CPU attention needs head_dim >= 32
+
+
+@pytest.fixture(scope="module")
+def drafts(policy):
+    """Draft A (30 steps on the policy's greedy outputs of 128 prompts) and B (A trained 60 steps more)."""
+    seqs, plens = sample_sequences(policy, _prompts(128, 0), max_new_tokens=NEW, greedy=True)
+    torch.manual_seed(0)
+    d = Eagle3Draft(Eagle3Config.from_policy(policy, ttt_steps=3))
+    d.init_from_policy(policy)
+    train_draft(d, policy, seqs, plens, steps=30, lr=3e-3, batch_size=16, seed=0)
+    a = copy.deepcopy(d).eval()
+    train_draft(d, policy, seqs, plens, steps=60, lr=3e-3, batch_size=16, seed=1)
+    return a, d.eval()
+
+
+@pytest.fixture(scope="module")
+def test_prompts():
+    return _prompts(128, 0)[:8]        # prompts the drafts were trained on: an oracle-like draft there
+
+
+@pytest.fixture(scope="module")
+def plain_engine(policy, tmp_path_factory):
+    eng = VllmRolloutEngine.from_models(policy, None, workdir=tmp_path_factory.mktemp("plain"), max_model_len=256)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def spec_engine(policy, drafts, tmp_path_factory, request):
+    request.getfixturevalue("plain_engine").close()          # one in-process engine at a time
+    eng = VllmRolloutEngine.from_models(policy, drafts[0], workdir=tmp_path_factory.mktemp("spec"),
+                                        num_speculative_tokens=K, max_model_len=256)
+    yield eng
+    eng.close()
+
+
+def _ours(policy, draft, prompts, **kw):
+    if draft is None:
+        return RolloutEngine(policy).generate(prompts, max_new_tokens=NEW, greedy=True, **kw)
+    policy.set_taps(draft.tap_spec)
+    return RolloutEngine(policy, Eagle3Proposer(draft, K)).generate(prompts, max_new_tokens=NEW, greedy=True, **kw)
+
+
+def _consistent(c):
+    assert 0 <= c.accepted <= c.draft_tokens
+    assert c.draft_tokens == K * c.verify_steps
+    assert sum(c.accepted_per_pos) == c.accepted
+    assert all(a >= b for a, b in zip(c.accepted_per_pos, c.accepted_per_pos[1:]))   # a chain: prefix accepts
+
+
+# -- plain decoding ---------------------------------------------------------------------------------------
+def test_plain_greedy_equals_suite_engine(policy, plain_engine, test_prompts):
+    v = plain_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
+    o = _ours(policy, None, test_prompts)
+    assert v.tokens == o.tokens
+    assert v.finish_reason == o.finish_reason == ["length"] * len(test_prompts)
+    for a, b in zip(v.logprobs, o.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
+    assert v.counters.as_dict() == o.counters.as_dict()
+    assert v.counters.acceptance_length == 1.0
+    assert v.policy_forwards == o.policy_forwards == NEW          # one prefill + NEW - 1 decode steps
+
+
+def test_plain_stop_tokens(policy, plain_engine, test_prompts):
+    first = _ours(policy, None, test_prompts[:2]).tokens
+    stop = first[0][len(first[0]) // 2]
+    v = plain_engine.generate(test_prompts[:2], max_new_tokens=NEW, greedy=True, stop_tokens=[stop])
+    o = _ours(policy, None, test_prompts[:2], stop_tokens=[stop])
+    assert v.tokens == o.tokens and v.finish_reason == o.finish_reason
+    assert v.finish_reason[0] == "stop" and v.tokens[0][-1] == stop and len(v.tokens[0]) < NEW
+
+
+def test_plain_sampling_logprobs_are_the_policy_at_temperature(policy, plain_engine, test_prompts):
+    T = 0.7
+    v = plain_engine.generate(test_prompts[:3], max_new_tokens=12, temperature=T, seed=3)
+    again = plain_engine.generate(test_prompts[:3], max_new_tokens=12, temperature=T, seed=3)
+    assert v.tokens == again.tokens                                # seeded per request
+    for p, t, lp in zip(test_prompts[:3], v.tokens, v.logprobs):
+        ids = torch.tensor([p + t])
+        with torch.no_grad():
+            logits = policy.forward_train(ids, want_taps=False).logits[0, len(p) - 1:-1].float()
+        want = torch.log_softmax(logits / T, -1).gather(1, torch.tensor(t)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(lp), want, atol=1e-4, rtol=1e-4)
+
+
+def test_bad_input_raises(plain_engine):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        plain_engine.generate([[1, 999]], max_new_tokens=4)
+    with pytest.raises(ValueError, match="max_model_len=256"):
+        plain_engine.generate([[1] * 250], max_new_tokens=8)
+    with pytest.raises(ValueError, match="temperature"):
+        plain_engine.generate([[1]], max_new_tokens=4, temperature=0.0)
+
+
+# -- EAGLE-3 ----------------------------------------------------------------------------------------------
+def test_eagle3_lossless_and_counters_equal_suite(policy, drafts, spec_engine, test_prompts):
+    plain = _ours(policy, None, test_prompts)
+    v = spec_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
+    assert v.tokens == plain.tokens                                                # lossless
+    for a, b in zip(v.logprobs, plain.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
+    _consistent(v.counters)
+    o = _ours(policy, drafts[0], test_prompts)
+    assert v.counters.as_dict() == o.counters.as_dict()         # the exported draft decides like ours
+    assert v.counters.accepted > 0
+
+
+def test_reload_draft_regression(policy, drafts, spec_engine, test_prompts):
+    """After a reload, vLLM runs the new weights: trained -> AL > 1.5, zeroed -> AL drops, back -> restored."""
+    a, b = drafts
+    spec_engine.reload_draft(b)
+    vb = spec_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
+    _consistent(vb.counters)
+    assert vb.counters.as_dict() == _ours(policy, b, test_prompts).counters.as_dict()
+    assert vb.counters.acceptance_length > 1.5                     # not collapsed to 1.0 (NeMo-RL #2646)
+
+    z = copy.deepcopy(b)
+    with torch.no_grad():
+        for p in z.parameters():
+            p.zero_()
+    spec_engine.reload_draft(z)
+    vz = spec_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
+    assert vz.counters.as_dict() == _ours(policy, z, test_prompts).counters.as_dict()
+    assert vz.counters.acceptance_length < vb.counters.acceptance_length - 0.4
+    assert vz.tokens == vb.tokens                                  # the target was not touched by the draft
+
+    spec_engine.reload_draft(b)
+    again = spec_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
+    assert again.counters.as_dict() == vb.counters.as_dict()
+
+
+def test_reload_draft_rejects_another_shape(policy, spec_engine):
+    other = Eagle3Draft(Eagle3Config.from_policy(policy, intermediate_size=64))
+    with pytest.raises(ValueError, match="intermediate_size"):
+        spec_engine.reload_draft(other)
+
+
+def test_reload_policy(policy, drafts, spec_engine, test_prompts):
+    p2 = policy.copy_as(torch.float32)          # its own tap hooks
+    with torch.no_grad():
+        for w in p2.model.parameters():
+            w.mul_(1.0 + 0.2 * torch.randn(w.shape, generator=torch.Generator().manual_seed(w.numel())))
+    try:
+        spec_engine.reload_policy(p2)
+        spec_engine.reload_draft(drafts[1])
+        v = spec_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
+        assert v.tokens == _ours(p2, None, test_prompts).tokens
+        assert v.tokens != _ours(policy, None, test_prompts).tokens
+        assert v.counters.as_dict() == _ours(p2, drafts[1], test_prompts).counters.as_dict()
+    finally:
+        spec_engine.reload_policy(policy)
