@@ -47,6 +47,10 @@ class Backend:
     def supports(self, spec: MaskSpec, device: torch.device, dtype: torch.dtype) -> bool:
         raise NotImplementedError
 
+    def unavailable_reason(self, spec: MaskSpec, device: torch.device, dtype: torch.dtype) -> str | None:
+        """Why ``supports`` is False (for error messages); None where it is True or no reason is known."""
+        return None
+
     def forward(self, q, k, v, spec: MaskSpec, scale: float):
         raise NotImplementedError
 

@@ -65,6 +65,10 @@ class PrefixAsFull(Backend):
             return self.inner.supports(spec, device, dtype)          # other kinds: delegated
         return self.inner.supports(MaskSpec.full(spec.cu_q, spec.cu_k), device, dtype)
 
+    def unavailable_reason(self, spec, device, dtype):
+        inner_spec = spec if spec.kind != "prefix" else MaskSpec.full(spec.cu_q, spec.cu_k)
+        return self.inner.unavailable_reason(inner_spec, device, dtype)
+
     def forward(self, q, k, v, spec, scale):
         if spec.kind != "prefix":
             return self.inner.forward(q, k, v, spec, scale)

@@ -70,6 +70,9 @@ class TiledBackward(Backend):
     def supports(self, spec, device, dtype) -> bool:
         return self.inner.supports(spec, device, dtype)
 
+    def unavailable_reason(self, spec, device, dtype):
+        return self.inner.unavailable_reason(spec, device, dtype)
+
     def forward(self, q, k, v, spec, scale):
         return self.inner.forward(q, k, v, spec, scale)
 
