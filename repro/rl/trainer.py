@@ -61,6 +61,38 @@ def push_weights(src: torch.nn.Module, dst: torch.nn.Module) -> int:
     return moved
 
 
+def step_metrics(cfg: RunConfig, batch: RolloutBatch, stats: UpdateStats, *, push_s: float, step_time: float,
+                 rollout_cpu: float, update_cpu: float, step_cpu: float) -> dict[str, float]:
+    """The metrics row of one training step (names in ``STEP_METRICS`` plus grad norms, clip fraction,
+    per-position acceptance), shared by ``CoTrainer`` and the distributed loop (``repro.rl.dist_run``)."""
+    m = {"train/reward": float(batch.rewards.mean()),
+         "train/response_len": batch.gen_tokens / batch.size,
+         "train/gen_tokens": batch.gen_tokens,
+         "train/train_inference_kl": stats.train_inference_kl,
+         "train/rollout_time_s": batch.rollout_time_s,
+         "train/tool_time_s": batch.tool_time_s,
+         "train/update_time_s": stats.update_time_s,
+         "train/weight_push_s": push_s,
+         "train/step_time_s": step_time,
+         "train/throughput_tok_s": batch.gen_tokens / step_time,
+         "train/rollout_tok_s": batch.gen_tokens / batch.rollout_time_s,
+         "train/rollout_cpu_s": rollout_cpu,
+         "train/update_cpu_s": update_cpu,
+         "train/step_cpu_s": step_cpu,
+         "train/policy_loss": stats.policy_loss,
+         "train/policy_grad_norm": stats.policy_grad_norm,
+         "train/clip_frac": stats.clip_frac}
+    if cfg.grpo.kl_coef:
+        m["train/kl_ref"] = stats.kl_ref
+    if cfg.draft is not None:
+        m.update({"train/acceptance_length": batch.counters.acceptance_length,
+                  "train/draft_loss": stats.draft_loss, "train/draft_grad_norm": stats.draft_grad_norm,
+                  "train/draft_time_s": stats.draft_time_s})
+        for i, a in enumerate(batch.counters.accepted_per_pos):
+            m[f"train/acceptance_rate_pos{i}"] = a / max(1, batch.counters.verify_steps)
+    return m
+
+
 class CoTrainer:
     def __init__(self, cfg: RunConfig, tok: WorkloadTokenizer):
         cfg.validate()
@@ -140,33 +172,9 @@ class CoTrainer:
         step_time = time.perf_counter() - t0
         # CPU seconds of this process (plus the tools' latency, which is wall time by design): on a
         # shared CPU machine these are not inflated by other processes, unlike the wall times
-        rollout_cpu = (c1 - c0) + batch.tool_time_s
-        step_cpu = (time.process_time() - c0) + batch.tool_time_s
-        m = {"train/reward": float(batch.rewards.mean()),
-             "train/response_len": batch.gen_tokens / batch.size,
-             "train/gen_tokens": batch.gen_tokens,
-             "train/train_inference_kl": stats.train_inference_kl,
-             "train/rollout_time_s": batch.rollout_time_s,
-             "train/tool_time_s": batch.tool_time_s,
-             "train/update_time_s": stats.update_time_s,
-             "train/weight_push_s": push_s,
-             "train/step_time_s": step_time,
-             "train/throughput_tok_s": batch.gen_tokens / step_time,
-             "train/rollout_tok_s": batch.gen_tokens / batch.rollout_time_s,
-             "train/rollout_cpu_s": rollout_cpu,
-             "train/update_cpu_s": c2 - c1,
-             "train/step_cpu_s": step_cpu,
-             "train/policy_loss": stats.policy_loss,
-             "train/policy_grad_norm": stats.policy_grad_norm,
-             "train/clip_frac": stats.clip_frac}
-        if self.cfg.grpo.kl_coef:
-            m["train/kl_ref"] = stats.kl_ref
-        if self.draft is not None:
-            m.update({"train/acceptance_length": batch.counters.acceptance_length,
-                      "train/draft_loss": stats.draft_loss, "train/draft_grad_norm": stats.draft_grad_norm,
-                      "train/draft_time_s": stats.draft_time_s})
-            for i, a in enumerate(batch.counters.accepted_per_pos):
-                m[f"train/acceptance_rate_pos{i}"] = a / max(1, batch.counters.verify_steps)
+        m = step_metrics(self.cfg, batch, stats, push_s=push_s, step_time=step_time,
+                         rollout_cpu=(c1 - c0) + batch.tool_time_s, update_cpu=c2 - c1,
+                         step_cpu=(time.process_time() - c0) + batch.tool_time_s)
         return m, batch, stats
 
     # -- checkpoints -------------------------------------------------------------------------------------

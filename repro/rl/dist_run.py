@@ -1,0 +1,228 @@
+"""Run one co-training row distributed, under torchrun: the PP x CP joint update on every rank, rollout on rank 0.
+
+    torchrun --standalone --nproc-per-node 4 -m repro.rl.dist_run --artifact table1 --row "Qwen3-8B/DFlash" \\
+        --profile cpu-tiny --pp 2 --cp 2 --microbatch 4 --out results/cpu-2c/cpu-tiny/dist/dense-dflash-pp2cp2
+
+World rank ``p * cp + c`` runs pipeline stage ``p`` on CP shard ``c`` (``repro.rl.mesh_update``). Rank 0
+also hosts the suite's rollout engine (colocated, as ``repro.rl.run`` does in one process): it
+generates the step's batch, which is broadcast; every rank takes part in the joint GRPO + draft
+update; the updated policy and draft are gathered to rank 0 and pushed into the engine; rank 0 logs
+one metrics row per step through ``MetricsLogger`` with ``repro.rl.run``'s metric names plus
+``train/tap_wait_s`` (the draft stage's wait for taps of earlier stages, max over its CP ranks) and
+``train/weight_gather_s``. Update times and CPU seconds are the slowest rank's.
+
+Everything is validated before a process group or a model exists (``pp * cp`` = world size, layers
+per stage, microbatches for 1F1B, the profile's engine, the run folder); a bad value exits with code 2
+and a message naming it. Not supported yet: resuming (no checkpoints are written), a KL-to-reference
+penalty, TP/EP, real checkpoints (the suite's engine builds ``rl.policies`` specs only).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from repro.models.policy import policy_config
+from repro.report.metrics import MetricsLogger
+from repro.report.profiles import ProfileError, load_profile
+from repro.report.provenance import write_json_atomic
+from repro.rl.config import ARTIFACTS, ConfigError, RunConfig, run_config_from_profile
+from repro.rl.grpo import group_advantages
+from repro.rl.mesh_update import Mesh, MeshShape, MeshUpdate
+from repro.rl.trainer import CoTrainer, step_metrics
+
+TRANSPORTS = ("auto", "shm", "host_staging", "gloo", "cuda_ipc")
+EXAMPLES = """examples:
+  # cpu-tiny row, 2 pipeline stages x 2 CP shards on one machine (gloo, taps over shared memory)
+  torchrun --standalone --nproc-per-node 4 -m repro.rl.dist_run --artifact table1 --row "Qwen3-8B/EAGLE-3" \\
+      --profile cpu-tiny --pp 2 --cp 2 --microbatch 4 --steps 4 --out /tmp/dist-eagle3
+  # several nodes (one torchrun per node, e.g. from srun): same arguments, a shared rendezvous
+  srun --nodes 2 --ntasks-per-node 1 torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
+      --rdzv-endpoint $HEAD:29500 -m repro.rl.dist_run --artifact table1 --row ... --pp 4 --cp 4 --out ...
+"""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m repro.rl.dist_run", description=__doc__.split("\n\n")[0],
+                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--artifact", required=True, choices=ARTIFACTS)
+    ap.add_argument("--row", required=True, help="row label (a key of <artifact>.rows in the profile)")
+    ap.add_argument("--profile", default="cpu-tiny", help="experiments/profiles/<name>.yaml (engine: suite)")
+    ap.add_argument("--out", required=True, help="run folder (must not hold an earlier run's metrics.jsonl)")
+    ap.add_argument("--pp", type=int, required=True, help="pipeline stages (the draft lives on the last)")
+    ap.add_argument("--cp", type=int, required=True, help="context-parallel shards per stage (zigzag ring)")
+    ap.add_argument("--microbatch", type=int, default=0,
+                    help="sequences per microbatch (0: the profile's grpo.microbatch); 1F1B needs >= pp microbatches")
+    ap.add_argument("--steps", type=int, default=0, help="training steps (0: the profile's)")
+    ap.add_argument("--warm-start", default="", help="SFT warm-start folder (repro.rl.sft); empty: random init")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tap-transport", default="auto", choices=TRANSPORTS,
+                    help="TapChannel transport (auto: shm on CPU, cuda_ipc on GPUs of one node)")
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads per rank (0: torch's default)")
+    return ap.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace, world: int) -> tuple[RunConfig, MeshShape, int]:
+    """The run's config and mesh, validated (ConfigError/ProfileError name the bad value)."""
+    prof = load_profile(args.profile)
+    if prof.get("engine") == "nemo-rl":
+        raise ConfigError(f"profile {args.profile!r} runs its end-to-end rows through NeMo-RL (engine: nemo-rl): "
+                          f"use `python -m repro.rl.run`-style rows on a profile with engine: suite, or "
+                          f"`python -m repro.nemo_rl.run --artifact {args.artifact} --row ...`")
+    cfg = run_config_from_profile(prof, args.artifact, args.row, out=args.out, seed=args.seed,
+                                  warm_start=args.warm_start)
+    if args.steps < 0 or args.microbatch < 0:
+        raise ConfigError(f"config --steps={args.steps} / --microbatch={args.microbatch} is invalid: expected >= 0 "
+                          "(0 keeps the profile's value)")
+    if args.steps:
+        cfg.steps = args.steps
+    if args.microbatch:
+        cfg.grpo.microbatch = args.microbatch
+    cfg.validate()
+    shape = MeshShape(args.pp, args.cp)
+    layers = policy_config(cfg.policy.family, cfg.policy.scale, vocab_size=cfg.vocab_size,
+                           **cfg.policy.overrides).num_hidden_layers
+    n_mb = shape.check(world, cfg, layers)
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"config device={cfg.device!r} is invalid here: profile {args.profile!r} needs GPUs, "
+                          "torch sees none")
+    if (Path(args.out) / "metrics.jsonl").exists():
+        raise ConfigError(f"config out={args.out!r} is invalid: it already holds a run's metrics.jsonl (dist_run "
+                          "does not resume); expected a new folder")
+    return cfg, shape, n_mb
+
+
+def tap_transport(name: str, device: str) -> str:
+    if name != "auto":
+        return name
+    return "cuda_ipc" if device.startswith("cuda") else "shm"
+
+
+class DistCoTrainer(CoTrainer):
+    """Rank 0's loop: ``CoTrainer``'s rollout, validation, weight push and logging around the mesh update."""
+
+    def attach(self, mesh_update: MeshUpdate) -> None:
+        self.mesh_update = mesh_update
+
+    def train_step(self, step: int):
+        t0, c0 = time.perf_counter(), time.process_time()
+        batch = self.rollout(step)
+        c1 = time.process_time()
+        adv = group_advantages(batch.rewards, self.cfg.grpo.generations_per_prompt, self.cfg.grpo.normalize_std)
+        stats = follower_step(self.mesh_update, self.cfg, step, (batch, adv))
+        tg, cg = time.perf_counter(), time.process_time()
+        policy, draft = self.mesh_update.gather_to_root()
+        load_weights(self.policy.model, policy)
+        if self.draft is not None:
+            load_weights(self.draft, draft)
+        gather_s = time.perf_counter() - tg
+        push_s, _ = self.push()
+        step_time = time.perf_counter() - t0
+        rollout_cpu = (c1 - c0) + batch.tool_time_s
+        push_cpu = time.process_time() - cg
+        m = step_metrics(self.cfg, batch, stats, push_s=gather_s + push_s, step_time=step_time,
+                         rollout_cpu=rollout_cpu, update_cpu=stats.update_cpu_s,
+                         step_cpu=rollout_cpu + stats.update_cpu_s + push_cpu)
+        m["train/tap_wait_s"] = stats.tap_wait_s
+        m["train/weight_gather_s"] = gather_s
+        return m, batch, stats
+
+    def save(self, step: int) -> None:
+        """No checkpoints: the optimizer state lives on every rank (resuming is not supported yet)."""
+
+
+@torch.no_grad()
+def load_weights(module: torch.nn.Module, state: dict) -> None:
+    params = dict(module.named_parameters())
+    if set(state) != set(params):
+        raise ValueError(f"gathered weights and the module differ in names, e.g. {sorted(set(state) ^ set(params))[:3]}")
+    for k, v in state.items():
+        params[k].copy_(v)
+
+
+def follower_step(upd: MeshUpdate, cfg: RunConfig, step: int, batch_adv=None):
+    """One update on every rank: rank 0 passes (batch, advantages), which the others receive."""
+    box = [None]
+    if dist.get_rank() == 0:
+        batch, adv = batch_adv
+        box = [{"ids": batch.input_ids.cpu(), "att": batch.attention_mask.cpu(), "mask": batch.loss_mask.cpu(),
+                "old": batch.rollout_logp.cpu(), "adv": adv.cpu()}]
+    dist.broadcast_object_list(box, src=0)
+    b = box[0]
+    return upd.step(b["ids"], b["att"], b["mask"], b["old"], b["adv"], anchor_seed=cfg.seed * 7919 + step)
+
+
+def _param_checksum(model: torch.nn.Module, device) -> torch.Tensor:
+    return torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1).to(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        cfg, shape, n_mb = build_config(args, world)
+    except (ConfigError, ProfileError, FileNotFoundError) as exc:
+        print(f"dist_run: error: {exc}", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from kernels.launch import init_from_env
+    from repro.rl.tokenizer import WorkloadTokenizer, build_workload_tokenizer
+    from repro.rl.warmstart import make_policy
+    rank, _ = init_from_env("nccl" if cfg.device.startswith("cuda") else "gloo")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = f"cuda:{local}" if cfg.device.startswith("cuda") else "cpu"
+    trainer = None
+    try:
+        box = [None]
+        if rank == 0:
+            if args.warm_start:
+                tok = WorkloadTokenizer.load(Path(args.warm_start) / "tokenizer")
+            else:
+                tok = build_workload_tokenizer(Path(args.out) / "tokenizer", cfg.vocab_size, args.seed)
+            trainer = DistCoTrainer(cfg, tok)
+            box = [{"mask_id": tok.mask_id,
+                    "draft": {k: v.cpu() for k, v in trainer.draft.state_dict().items()} if trainer.draft else None}]
+        dist.broadcast_object_list(box, src=0)
+        mesh = Mesh(shape)
+        policy = make_policy(cfg.policy, cfg.vocab_size, seed=cfg.seed, dtype=torch.float32, device=device,
+                             warm_start=cfg.warm_start)
+        sums = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
+        dist.all_gather(sums, _param_checksum(policy.model, device))
+        if len({float(s) for s in sums}) != 1:
+            raise RuntimeError(f"ranks built different initial policies (parameter checksums {[float(s) for s in sums]})")
+        upd = MeshUpdate(cfg, mesh, policy, box[0]["draft"], mask_token_id=box[0]["mask_id"],
+                         transport=tap_transport(args.tap_transport, device), device=device)
+        del policy
+        if rank == 0:
+            trainer.attach(upd)
+            print(f"[{args.artifact} {args.row}] dist_run: pp={shape.pp} cp={shape.cp} ({world} ranks, "
+                  f"{n_mb} microbatches of {cfg.grpo.microbatch}), {cfg.steps} steps -> {args.out}", flush=True)
+            parallel = {"pp": shape.pp, "cp": shape.cp, "world": world, "microbatches": n_mb,
+                        "tap_transport": upd.transport, "backend": dist.get_backend()}
+            with MetricsLogger(args.out, artifact=args.artifact, profile=cfg.profile,
+                               config={**cfg.to_dict(), "parallel": parallel}, name=Path(args.out).name,
+                               extra_tags=[f"row:{args.row}", f"draft:{cfg.draft.family if cfg.draft else 'none'}",
+                                           f"pp:{shape.pp}", f"cp:{shape.cp}", "launcher:torchrun"]) as log:
+                rows = trainer.run(log)
+            write_json_atomic(Path(args.out) / "run.json", {
+                "artifact": args.artifact, "row": args.row, "profile": cfg.profile, "steps": cfg.steps,
+                "resumed_at": 0, "last": rows[-1] if rows else None, "draft_warm_start": trainer.draft_warm,
+                "parallel": parallel})
+        else:
+            for step in range(cfg.steps):
+                follower_step(upd, cfg, step)
+                upd.gather_to_root()
+        upd.close()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
