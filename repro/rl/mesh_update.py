@@ -369,9 +369,9 @@ class MeshUpdate:
 
 
 def mesh_update_worker(rank: int, world: int, payloads: list[dict], pp: int, cp: int) -> list[dict]:
-    """Joint updates on a pp x cp mesh from ``repro.rl.pp.make_payload`` payloads (one mesh, one update per
-    payload, fresh optimizer each); per payload this rank's parameters, clipped gradients and stats, and
-    on rank 0 the gathered state."""
+    """Joint updates on a pp x cp mesh from ``repro.rl.pp.make_payload`` payloads (one mesh; per payload a
+    fresh update of one step, or more with ``payload["more"]``); per payload this rank's parameters, the
+    last step's clipped gradients and stats, and on rank 0 the gathered state."""
     from repro.rl.warmstart import make_policy
     mesh = Mesh(MeshShape(pp, cp))
     outs = []
@@ -381,8 +381,9 @@ def mesh_update_worker(rank: int, world: int, payloads: list[dict], pp: int, cp:
         policy.model.load_state_dict(payload["policy"])
         upd = MeshUpdate(cfg, mesh, policy, payload["draft"], mask_token_id=payload["mask_token_id"],
                          transport=payload.get("transport", "shm"))
-        stats = upd.step(payload["ids"], payload["att"], payload["mask"], payload["old"], payload["adv"],
-                         anchor_seed=payload.get("anchor_seed", 0), keep_grads=True)
+        for st in [payload, *payload.get("more", [])]:        # "more": later steps' batches, same keys
+            stats = upd.step(st["ids"], st["att"], st["mask"], st["old"], st["adv"],
+                             anchor_seed=st.get("anchor_seed", 0), keep_grads=True)
         gathered = upd.gather_to_root()
         outs.append({"rank": rank, "coords": (mesh.p, mesh.c), "stats": asdict(stats),
                      "policy": {stage_to_hf(n): p.detach().clone() for n, p in upd.stage.named_parameters()},

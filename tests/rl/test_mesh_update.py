@@ -33,7 +33,7 @@ def _trainer(tmp_path, tok, name, draft=None, spec=None, lam=None):
     return CoTrainer(cfg, tok)
 
 
-def _reference(tr, batch, adv):
+def _reference(tr, batch, adv, anchor_seed=3):
     """JointUpdate on the batch: clipped gradients just before AdamW, then the updated parameters."""
     grads, dgrads = {}, {}
     step = tr.update.optimizer.step
@@ -44,7 +44,7 @@ def _reference(tr, batch, adv):
             dgrads.update({n: p.grad.clone() for n, p in tr.draft.named_parameters() if p.grad is not None})
         return step(*a, **k)
     tr.update.optimizer.step = capture
-    stats = tr.update.step(batch, adv, anchor_seed=3)
+    stats = tr.update.step(batch, adv, anchor_seed=anchor_seed)
     return {"stats": stats, "grads": grads, "draft_grads": dgrads,
             "policy": {n: p.detach().clone() for n, p in tr.policy.model.named_parameters()},
             "draft": {n: p.detach().clone() for n, p in tr.draft.named_parameters()} if tr.draft is not None else {}}
@@ -60,9 +60,20 @@ def runs(tmp_path_factory, tok):
     adv = group_advantages(batch.rewards, 2)
     payloads = [make_payload(tr.cfg, tr.policy, tr.draft, batch, adv, n_microbatches=2, mask_token_id=tok.mask_id,
                              anchor_seed=3) for tr in trainers.values()]
+    # two steps of a block draft: the second sees the policy's updated embedding (synced to the last stage)
+    two = _trainer(tmp, tok, "s2", spec=DSPARK2)
+    batch2 = trainers["none"].rollout(1)
+    batch2.rewards = torch.tensor([0.0, 1.0, 1.0, 0.0])
+    adv2 = group_advantages(batch2.rewards, 2)
+    payloads.append(make_payload(two.cfg, two.policy, two.draft, batch, adv, n_microbatches=2,
+                                 mask_token_id=tok.mask_id, anchor_seed=3))
+    payloads[-1]["more"] = [{"ids": batch2.input_ids, "att": batch2.attention_mask, "mask": batch2.loss_mask,
+                             "old": batch2.rollout_logp, "adv": adv2, "anchor_seed": 4}]
     refs = {k: _reference(tr, batch, adv) for k, tr in trainers.items() if k in ("eagle3", "dspark")}
+    two.update.step(batch, adv, anchor_seed=3)
+    refs["dspark_2steps"] = _reference(two, batch2, adv2, anchor_seed=4)
     ranks = spawn(mesh_update_worker, 4, args=(payloads, 2, 2), timeout_s=280)
-    got = {k: [r[i] for r in ranks] for i, k in enumerate(trainers)}
+    got = {k: [r[i] for r in ranks] for i, k in enumerate([*trainers, "dspark_2steps"])}
     return refs, got, batch
 
 
@@ -70,7 +81,7 @@ def _close(a, b, scale, what):
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * scale, msg=what)
 
 
-@pytest.mark.parametrize("draft", ["eagle3", "dspark"])
+@pytest.mark.parametrize("draft", ["eagle3", "dspark", "dspark_2steps"])
 def test_pp2_cp2_update_equals_single_process(runs, draft):
     refs, got, _ = runs
     ref, ranks = refs[draft], got[draft]
