@@ -9,11 +9,16 @@ one AdamW, each with its own learning rate and its own gradient-norm clipping (N
 embedding/head are all stop-gradient, the draft loss never reaches the policy: with lambda = 0 the
 policy's update is bit-identical to the no-draft baseline's (tests/rl/test_joint.py).
 
+``autocast_dtype`` (e.g. bfloat16 on a GPU) runs the forward passes under ``torch.autocast``: bf16
+compute on fp32 master weights, as Megatron-based trainers do; None (the default, and every CPU
+profile) computes in the parameters' dtype.
+
     upd = JointUpdate(policy, draft, grpo_spec, draft_spec)
     stats = upd.step(rollout_batch, advantages)
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -51,13 +56,16 @@ class JointUpdate:
     """One optimizer (policy group + draft group), per-group clipping, GRPO + lambda * draft loss."""
 
     def __init__(self, policy, draft: nn.Module | None, grpo: GRPOSpec, draft_spec: DraftSpec | None,
-                 reference=None):
+                 reference=None, autocast_dtype: torch.dtype | None = None):
+        if autocast_dtype not in (None, torch.bfloat16, torch.float16):
+            raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {autocast_dtype}")
         if (draft is None) != (draft_spec is None):
             raise ValueError("give both the draft and its DraftSpec, or neither")
         if grpo.kl_coef and reference is None:
             raise ValueError(f"grpo.kl_coef={grpo.kl_coef} needs a frozen reference policy")
         self.policy, self.draft, self.grpo, self.draft_spec = policy, draft, grpo, draft_spec
         self.reference = reference
+        self.autocast_dtype = autocast_dtype
         self.policy_params = [p for p in policy.parameters() if p.requires_grad]
         groups = [{"params": self.policy_params, "lr": grpo.lr, "name": "policy"}]
         self.draft_params: list[nn.Parameter] = []
@@ -89,28 +97,16 @@ class JointUpdate:
         p_loss = d_loss = clip = kl_ref = 0.0
         kl_num = 0.0
         draft_time = 0.0
+        amp = (torch.autocast(dev.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
+               else contextlib.nullcontext())
         for s in range(0, B, mb):
             sl = slice(s, min(B, s + mb))
-            out = self.policy.forward_train(ids[sl], want_taps=self.draft is not None, attention_mask=att[sl])
-            logp = token_logprobs(out.logits, ids[sl], temperature)
-            ref_lp = None
-            if self.grpo.kl_coef:
-                with torch.no_grad():
-                    ref_lp = token_logprobs(self.reference.forward_train(ids[sl], want_taps=False,
-                                                                         attention_mask=att[sl]).logits,
-                                            ids[sl], temperature)
-            loss, st = clipped_policy_loss(logp, old[sl], adv[sl], mask[sl], n_tok, self.grpo.clip_eps,
-                                           ref_lp, self.grpo.kl_coef)
-            total = loss
-            if self.draft is not None:
-                td = time.perf_counter()
-                dbatch = DraftBatch(input_ids=ids[sl], loss_mask=draft_loss_mask(mask[sl]),
-                                    policy_logits=out.logits.detach(), extras={"anchor_generator": gen})
-                dl = self.draft.draft_loss(self._features(out.taps), dbatch)
-                draft_time += time.perf_counter() - td
-                frac = (sl.stop - sl.start) / B
-                total = total + lam * frac * dl
-                d_loss += float(dl.detach()) * frac
+            with amp:
+                loss, total, logp, st, d_mb = self._microbatch(ids, att, mask, old, adv, sl, n_tok, temperature,
+                                                               gen, lam, B)
+            if d_mb is not None:
+                draft_time += d_mb[0]
+                d_loss += d_mb[1]
             total.backward()
             p_loss += float(loss.detach())
             clip += float(st["clip_frac"])
@@ -129,6 +125,28 @@ class JointUpdate:
                            train_inference_kl=kl_num / n_tok, clip_frac=clip / n_tok,
                            update_time_s=time.perf_counter() - t0, draft_time_s=draft_time,
                            kl_ref=kl_ref / n_tok)
+
+    def _microbatch(self, ids, att, mask, old, adv, sl, n_tok, temperature, gen, lam, B):
+        """One microbatch's forward: (policy loss, total loss, log-probs, stats, (draft seconds, weighted
+        draft loss) or None)."""
+        out = self.policy.forward_train(ids[sl], want_taps=self.draft is not None, attention_mask=att[sl])
+        logp = token_logprobs(out.logits, ids[sl], temperature)
+        ref_lp = None
+        if self.grpo.kl_coef:
+            with torch.no_grad():
+                ref_lp = token_logprobs(self.reference.forward_train(ids[sl], want_taps=False,
+                                                                     attention_mask=att[sl]).logits,
+                                        ids[sl], temperature)
+        loss, st = clipped_policy_loss(logp, old[sl], adv[sl], mask[sl], n_tok, self.grpo.clip_eps,
+                                       ref_lp, self.grpo.kl_coef)
+        if self.draft is None:
+            return loss, loss, logp, st, None
+        td = time.perf_counter()
+        dbatch = DraftBatch(input_ids=ids[sl], loss_mask=draft_loss_mask(mask[sl]),
+                            policy_logits=out.logits.detach(), extras={"anchor_generator": gen})
+        dl = self.draft.draft_loss(self._features(out.taps), dbatch)
+        frac = (sl.stop - sl.start) / B
+        return loss, loss + lam * frac * dl, logp, st, (time.perf_counter() - td, float(dl.detach()) * frac)
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()

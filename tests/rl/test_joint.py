@@ -65,3 +65,31 @@ def test_policy_update_is_bitwise_the_baseline(tmp_path, tok, draft, lam):
 def test_negative_control_without_stop_gradient_changes_the_policy(tmp_path, tok):
     _, base, co, _, _ = _run_pair(tmp_path, tok, "dflash", 1.0, steps=1, break_stop_grad=True)
     assert not torch.equal(base["lm_head.weight"], co["lm_head.weight"])
+
+
+@pytest.mark.parametrize("draft", ["eagle3", "dflash", "dspark"])
+def test_autocast_update_trains_and_keeps_the_stop_gradient(tmp_path, tok, draft):
+    """bf16 autocast (the GPU profiles' update): every family's draft path runs under it, the draft trains,
+    and with lambda = 0 the policy update still equals the autocast no-draft update bit for bit."""
+    base = _trainer(tmp_path, tok, None, 0.0)
+    co = _trainer(tmp_path, tok, draft, 0.0)
+    co1 = _trainer(tmp_path / "l1", tok, draft, 1.0)
+    for tr in (base, co, co1):
+        tr.update.autocast_dtype = torch.bfloat16
+    d0 = {k: v.clone() for k, v in co1.draft.state_dict().items()}
+    batch = base.rollout(0)
+    batch.rewards = REWARDS.clone()
+    _update(base, batch, 0)
+    _update(co, batch, 0)
+    stats = _update(co1, batch, 0)
+    assert torch.isfinite(torch.tensor(stats.draft_loss)) and stats.draft_loss > 0
+    b, c = _policy_state(base), _policy_state(co)
+    for k in b:
+        assert torch.equal(b[k], c[k]), f"{draft} under autocast, lambda=0: policy parameter {k} differs"
+    assert any(not torch.equal(d0[k], v) for k, v in co1.draft.state_dict().items()), "the draft did not train"
+
+
+def test_autocast_dtype_is_checked():
+    from repro.rl.joint import JointUpdate
+    with pytest.raises(ValueError, match="autocast_dtype"):
+        JointUpdate(torch.nn.Linear(2, 2), None, None, None, autocast_dtype=torch.float64)
