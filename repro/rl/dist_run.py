@@ -9,7 +9,8 @@ generates the step's batch, which is broadcast; every rank takes part in the joi
 update; the updated policy and draft are gathered to rank 0 and pushed into the engine; rank 0 logs
 one metrics row per step through ``MetricsLogger`` with ``repro.rl.run``'s metric names plus
 ``train/tap_wait_s`` (the draft stage's wait for taps of earlier stages, max over its CP ranks) and
-``train/weight_gather_s``. Update times and CPU seconds are the slowest rank's.
+``train/weight_gather_s``. Update times and CPU seconds are the slowest rank's. The run is labelled
+artifact ``dist`` (its config keeps the row's artifact), so it never enters that artifact's summaries.
 
 Everything is validated before a process group or a model exists (``pp * cp`` = world size, layers
 per stage, microbatches for 1F1B, the profile's engine, the run folder); a bad value exits with code 2
@@ -36,6 +37,7 @@ from repro.rl.grpo import group_advantages
 from repro.rl.mesh_update import Mesh, MeshShape, MeshUpdate
 from repro.rl.trainer import CoTrainer, step_metrics
 
+DIST_ARTIFACT = "dist"       # MetricsLogger's artifact label of these runs (results/<hw>/<profile>/dist/...)
 TRANSPORTS = ("auto", "shm", "host_staging", "gloo", "cuda_ipc")
 EXAMPLES = """examples:
   # cpu-tiny row, 2 pipeline stages x 2 CP shards on one machine (gloo, taps over shared memory)
@@ -205,10 +207,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{n_mb} microbatches of {cfg.grpo.microbatch}), {cfg.steps} steps -> {args.out}", flush=True)
             parallel = {"pp": shape.pp, "cp": shape.cp, "world": world, "microbatches": n_mb,
                         "tap_transport": upd.transport, "backend": dist.get_backend()}
-            with MetricsLogger(args.out, artifact=args.artifact, profile=cfg.profile,
+            # artifact "dist": the run keeps its row label and config (cfg.artifact) but stays out of the
+            # single-process artifact's summaries and tables (different microbatching, parallel layout)
+            with MetricsLogger(args.out, artifact=DIST_ARTIFACT, profile=cfg.profile,
                                config={**cfg.to_dict(), "parallel": parallel}, name=Path(args.out).name,
                                extra_tags=[f"row:{args.row}", f"draft:{cfg.draft.family if cfg.draft else 'none'}",
-                                           f"pp:{shape.pp}", f"cp:{shape.cp}", "launcher:torchrun"]) as log:
+                                           f"source_artifact:{args.artifact}", f"pp:{shape.pp}", f"cp:{shape.cp}",
+                                           "launcher:torchrun"]) as log:
                 rows = trainer.run(log)
             write_json_atomic(Path(args.out) / "run.json", {
                 "artifact": args.artifact, "row": args.row, "profile": cfg.profile, "steps": cfg.steps,

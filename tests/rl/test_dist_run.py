@@ -37,6 +37,7 @@ def test_torchrun_two_steps_pp2_logs_metrics(tmp_path):
         assert r["train/tap_wait_s"] > 0, "EAGLE-3's low/mid taps live on stage 0: the draft stage waits on them"
         assert r["train/train_inference_kl"] < 1e-6, "trainer (PP) and engine disagree on the policy"
     env_json = json.loads((out / "env.json").read_text())
+    assert env_json["artifact"] == "dist" and env_json["config"]["artifact"] == "table1"
     assert env_json["config"]["parallel"] == {"pp": 2, "cp": 1, "world": 2, "microbatches": 2,
                                               "tap_transport": "shm", "backend": "gloo"}
     assert json.loads((out / "run.json").read_text())["parallel"]["pp"] == 2
