@@ -93,6 +93,16 @@ def build_config(args: argparse.Namespace, world: int) -> tuple[RunConfig, MeshS
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"config device={cfg.device!r} is invalid here: profile {args.profile!r} needs GPUs, "
                           "torch sees none")
+    transport = tap_transport(args.tap_transport, cfg.device)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if cfg.draft is not None and shape.pp > 1 and transport != "gloo":
+        for c in range(shape.cp):
+            nodes = sorted({shape.rank_of(p, c) // local_world for p in range(shape.pp)})
+            if len(nodes) > 1:
+                raise ConfigError(f"config --tap-transport={transport!r} is invalid for pp={shape.pp} x cp={shape.cp} "
+                                  f"on nodes of {local_world} ranks: the pipeline of CP shard {c} spans nodes {nodes}, "
+                                  f"and {transport} serves one node; expected pp*cp <= {local_world} (or, on CPU, "
+                                  "--tap-transport gloo)")
     if (Path(args.out) / "metrics.jsonl").exists():
         raise ConfigError(f"config out={args.out!r} is invalid: it already holds a run's metrics.jsonl (dist_run "
                           "does not resume); expected a new folder")

@@ -60,6 +60,10 @@ def test_bad_layouts_are_refused_before_any_process_group(tmp_path, monkeypatch,
     (tmp_path / "old" / "metrics.jsonl").write_text("{}\n")
     assert main(base[:-1] + [str(tmp_path / "old"), "--pp", "1", "--cp", "2"]) == 2
     assert "does not resume" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")                   # 2 nodes of 2: stage 1 on the other node
+    assert main(base[:-1] + [str(tmp_path / "r"), "--pp", "2", "--cp", "2", "--microbatch", "4"]) == 2
+    assert "spans nodes [0, 1], and shm serves one node" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
     assert exc.value.code == 0 and "torchrun" in capsys.readouterr().out
