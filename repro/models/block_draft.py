@@ -8,6 +8,9 @@ the anchor and its whole block (bidirectional): ``kernels.attention.block_draft_
 training, the ``SlotTable`` cache mask at inference. Embedding and head are the policy's own
 (referenced, not owned: the policy's optimizer owns them).
 
+Under context parallelism (``forward_blocks_cp``) each rank runs the blocks whose anchor it holds
+against its zigzag rows of the context, on the CP group's ring (``repro.parallel.cp_batch.PackedShard``).
+
 Families differ in what the block's slots predict and how proposals are drawn (``repro.models.dflash``
 and ``repro.models.dspark``); ``BlockProposer`` runs either for the rollout engine.
 """

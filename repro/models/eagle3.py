@@ -12,6 +12,10 @@ distribution at i+k+1 (renormalised over the draft vocabulary), masked by ``loss
 whether the policy's argmax is in the draft vocabulary; pass weights are ``pass_weights`` or
 ``decay**k``.
 
+Under context parallelism (``ttt_loss(..., cp=PackedShard)``) the taps and the policy's logits are one
+rank's zigzag rows of the packed batch, the attention is the CP group's ring, the teacher rows of
+shifted positions held by other ranks are fetched, and the loss is the rank's share of the total.
+
 Inference (``Eagle3Proposer``): the pairs (h_j, x_{j+1}) of committed tokens are ingested as pass-0
 keys; k chain proposals take one draft forward each (the ingest forward yields the first).
 

@@ -15,5 +15,8 @@ Modules (each has its own docstring with how to run it):
     run         command line entry of one training run (one table/figure row)
     summary     per-artifact summary rows (speedups, means of the first updates) from finished runs
     pp          the joint update under pipeline parallelism (stages, TapChannel, draft on the last stage)
-    cp          the policy update under context parallelism (zigzag shards, ring attention)
+    cp          the policy under context parallelism (ring attention in the HF model, a CP pipeline stage)
+    mesh_update the joint update on a PP x CP mesh (1F1B pipelines of CP stages, one TapChannel per CP index)
+    dist_parts  pieces pp, cp and mesh_update share (tap plumbing, cross-rank clipping, the row-wise GRPO loss)
+    dist_run    torchrun entry of one row: rollout on rank 0, the mesh update on every rank, metrics
 """
