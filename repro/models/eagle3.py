@@ -41,8 +41,8 @@ from repro.models.draft_layers import (
     row_cu_seqlens,
 )
 from repro.models.taps import TapSpec, TapSpecFromConfig
-from repro.parallel.cp_batch import PackedShard
 from repro.models.vocab import check_vocab_maps, draft_to_target_ids, full_draft_vocab
+from repro.parallel.cp_batch import PackedShard
 from repro.rollout.kv import SlotTable
 from repro.rollout.sampling import probs_from_logits
 

@@ -20,7 +20,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from kernels.transport import TapChannel, TapSpec as ChannelTapSpec, sequence_stamp
+from kernels.transport import TapChannel, sequence_stamp
+from kernels.transport import TapSpec as ChannelTapSpec
 from repro.parallel.taps import tap_name
 from repro.rl.config import DraftSpec, GRPOSpec
 from repro.rl.grpo import clipped_policy_loss, kl_k3
