@@ -162,13 +162,25 @@ class AnyDevice(Backend):
         return self.inner.backward(dout, q, k, v, out, lse, spec, scale)
 
 
+def fresh(b: Backend) -> Backend:
+    """A new instance of backend ``b`` (wrappers rebuilt around new inner ones): a meta run must not
+    leave meta tensors in the state of the instances that real runs use (e.g. cuDNN's metadata)."""
+    from kernels.attention.backends.prefix_full import PrefixAsFull
+    from kernels.attention.backends.tiled import TiledBackward
+    if isinstance(b, TiledBackward):
+        return TiledBackward(fresh(b.inner), b.tile, b.grad_acc, b.kv_tile)
+    if isinstance(b, PrefixAsFull):
+        return PrefixAsFull(fresh(b.inner))
+    return type(b)()
+
+
 def ttt_step_peak(T: int, passes: int, backend: str | Backend, device: str, dtype: torch.dtype, step: str = "ttt",
                   workspace: str = "none") -> dict:
     """Peak live bytes of one K-pass TTT forward + backward (the gpu_attention.py "ttt" step);
     ``step="trunk"``: the same K passes without the branch (its "trunk" row: pass p on its own K/V)."""
     b = backends.get(backend) if isinstance(backend, str) else backend
     if device == "meta":
-        b = AnyDevice(b)
+        b = AnyDevice(fresh(b))
     cu = torch.tensor([0, T])
     with LiveTensorBytes(workspace=WORKSPACE_MODELS[workspace]) as mem:
         def leaf(*shape):
@@ -212,6 +224,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workspace", choices=list(WORKSPACE_MODELS), default="none",
                     help="add a kernel-workspace model to the peak (cudnn-h200: fitted to one H200 run)")
     ap.add_argument("--tile", type=int, default=0, help="tiled backward with this many rows per tile (0: off)")
+    ap.add_argument("--kv-tile", type=int, default=None, help="keys per tile (default: --tile; 0: keys not cut)")
     ap.add_argument("--grad-acc", choices=["input", "fp32"], default="input", help="tiled dk/dv accumulation")
     args = ap.parse_args(argv)
     backend = args.backend or ("cudnn" if args.mode == "meta" else "sdpa_cpu")
@@ -223,7 +236,7 @@ def main(argv=None) -> int:
         b = backends.get(backend)
         if args.tile:
             from kernels.attention.backends.tiled import TiledBackward
-            b = TiledBackward(b, args.tile, args.grad_acc)
+            b = TiledBackward(b, args.tile, args.grad_acc, args.kv_tile)
         r = ttt_step_peak(int(t), args.passes, b, args.mode, dtype, args.step, args.workspace)
         rows.append(r)
         print(f"{args.step} T={r['tokens']:>7} {r['backend']:>12} {r['dtype']:>14}: peak {r['peak_bytes'] / 1e9:8.3f} GB "

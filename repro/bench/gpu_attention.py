@@ -13,9 +13,15 @@
      with a CUDA-kernel count and busy time (torch.profiler) to show where it is launch-bound.
    Gradients are consumed as they arrive (a post-accumulate hook frees each leaf's .grad, as the
    projections upstream would), so peak memory = inputs + saved activations + the kernels' workspace.
+   With --bwd-tile N the TTT/trunk rows run the backward in N x N tiles (tiled[<backend>],
+   kernels/attention/backends/tiled.py); each "ttt" row also records model_peak_gb, the peak that
+   repro/bench/attention_memory.py predicts for it (meta tensors, cuDNN workspace model).
+3. Optional: --flex-checks adds the flex_attention backend (compiled) to the checks, and reports
+   which compile/backward route ran; --block-backend NAME times the block rows on NAME (e.g. flex).
 Writes <out>/checks.json and the run folder <out>/fig6/ (bench.json, env.json, metrics.jsonl).
 
     PYTHONUNBUFFERED=1 WANDB_MODE=disabled python3 -m repro.bench.gpu_attention --out "$OUT"
+    ... --ttt-backend best --bwd-tile 16384 --only ttt --sizes 256K         # the memory plan's path
 """
 from __future__ import annotations
 
@@ -39,7 +45,9 @@ REL_TOL = 2e-2
 DEVICE = "cuda"          # --device cpu runs a smoke test of this script's logic (no timing claims)
 
 
-def run_checks(out: Path) -> dict:
+def run_checks(out: Path, flex: bool = False) -> dict:
+    from kernels.attention.backends import get
+    from kernels.attention.backends.tiled import TiledBackward
     big = {"heads": H, "kv_heads": G, "dim": D, "dtype": "bfloat16", "device": DEVICE}
     lengths = (5, 300, 77, 1000)
     cases = {
@@ -61,6 +69,27 @@ def run_checks(out: Path) -> dict:
                                            dtype="bfloat16", device=DEVICE, backend="cudnn"),
             "cudnn_block16": Case("block", lengths=lengths, block=16, invalid_blocks=(1,), slot_drop=0.2,
                                   backend="prefix_full[cudnn]", **big),
+            # tiled backward at a tile that cuts the 1000-token document into 8 x 8 tiles, dk/dv
+            # summed in bf16 (the memory plan's default) and in fp32
+            "tiled_cudnn_ttt3": Case("ttt", lengths=lengths, passes=3, backend=TiledBackward(get("cudnn"), 128),
+                                     **big),
+            "tiled_cudnn_ttt3_fp32acc": Case("ttt", lengths=lengths, passes=3,
+                                             backend=TiledBackward(get("cudnn"), 128, "fp32"), **big),
+            "tiled_sdpa_cuda_ttt3": Case("ttt", lengths=lengths, passes=3,
+                                         backend=TiledBackward(get("sdpa_cuda"), 128), **big),
+        })
+    if flex:
+        cases.update({
+            "flex_ttt1": Case("ttt", lengths=lengths, passes=1, backend="flex", **big),
+            "flex_ttt3": Case("ttt", lengths=lengths, passes=3, backend="flex", **big),
+            "flex_ttt3_small_heads": Case("ttt", lengths=(3, 64, 130), passes=3, heads=4, kv_heads=2, dim=64,
+                                          dtype="bfloat16", device=DEVICE, backend="flex"),
+            "flex_block16": Case("block", lengths=lengths, block=16, invalid_blocks=(1,), slot_drop=0.2,
+                                 backend="flex", **big),
+            "flex_block_edges": Case("block", lengths=lengths, block=7, anchors=(0, 4, 5, 6, 304, 305, 381, 382, 1381),
+                                     backend="flex", **big),
+            "flex_ttt3_fp32": Case("ttt", lengths=(3, 64, 130), passes=3, dtype="float32", device=DEVICE,
+                                   backend="flex"),
         })
     res = {}
     for name, case in cases.items():
@@ -75,9 +104,10 @@ def run_checks(out: Path) -> dict:
             res[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
         print(f"[check] {name}: {res[name].get('ok')} {res[name].get('rel_err', res[name].get('error'))}",
               flush=True)
-    from kernels.attention.backends import get
     res["sdpa_cuda_gqa_native"] = get("sdpa_cuda").gqa_native
     res["cudnn_gqa_native"] = get("cudnn").gqa_native
+    if flex:
+        res["flex_routes"] = dict(get("flex").used)        # compiled/eager per step, backward "hop"/"recompute"
     write_json_atomic(out / "checks.json", {"checks": res, "tolerance_rel": REL_TOL, "provenance": provenance()})
     return res
 
@@ -105,7 +135,31 @@ def _measure(bench: BenchRun, row: str, params: dict, step, repeats: int, warmup
     return bench.record(row, params, samples, extra=ex)
 
 
-def bench_ttt(bench: BenchRun, tag: str, T: int, passes: int, repeats: int, backend: str = "auto") -> dict:
+def _ttt_backend(name: str, tile: int, kv_tile, grad_acc: str):
+    """The TTT rows' backend: a name, or tiled[name] with the given tile sizes."""
+    if not tile:
+        return name
+    from kernels.attention.backends import get, select
+    from kernels.attention.backends.tiled import TiledBackward
+    from kernels.attention.spec import MaskSpec
+    inner = (get(name) if name != "auto"
+             else select("auto", MaskSpec.causal(torch.tensor([0, 1])), torch.device(DEVICE), torch.bfloat16))
+    return TiledBackward(inner, tile, grad_acc, kv_tile)
+
+
+def _model_peak_gb(T: int, passes: int, backend, step: str) -> float:
+    """attention_memory.py's prediction for this row (meta tensors; cuDNN workspace model where cuDNN runs)."""
+    from kernels.attention.backends import get
+    from repro.bench.attention_memory import fresh, ttt_step_peak
+    if backend == "auto":
+        backend = "sdpa_cuda" if DEVICE == "cuda" else "torch_bf16"
+    b = fresh(get(backend) if isinstance(backend, str) else backend)
+    ws = "cudnn-h200" if "cudnn" in b.name else "none"
+    return ttt_step_peak(T, passes, b, "meta", torch.bfloat16, step, ws)["peak_bytes"] / 1e9
+
+
+def bench_ttt(bench: BenchRun, tag: str, T: int, passes: int, repeats: int, backend="auto", tiling: dict | None = None
+              ) -> dict:
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     cu = torch.tensor([0, T])
     qs = [_leaf(T, H, D, gen=gen) for _ in range(passes)]
@@ -124,12 +178,20 @@ def bench_ttt(bench: BenchRun, tag: str, T: int, passes: int, repeats: int, back
         outs = [causal_attention(qs[p], ks[p], vs[p], cu, backend=backend) for p in range(passes)]
         torch.autograd.backward(outs, [dout] * passes)
 
+    bname = backend if isinstance(backend, str) else backend.name
     params = {"tokens": T, "passes": passes, "cp": 1, "heads": H, "kv_heads": G, "head_dim": D,
-              "dtype": "bfloat16", "docs": 1, "grads": "consumed by hooks", "backend": backend}
+              "dtype": "bfloat16", "docs": 1, "grads": "consumed by hooks", "backend": bname, **(tiling or {})}
+    model = {}
+    for step in ("trunk", "ttt"):
+        try:
+            model[step] = {"model_peak_gb": _model_peak_gb(T, passes, backend, step)}
+        except Exception as exc:  # noqa: BLE001 -- the model is a side note; the measurement must go on
+            print(f"[model] {step} {tag}: {type(exc).__name__}: {exc}", flush=True)
+            model[step] = {}
     r_tr = _measure(bench, f"trunk {tag} cp=1", {**params, "branch": False}, trunk, repeats, 1,
-                    {"inputs_gb": inputs_gb, "flops": flops})
+                    {"inputs_gb": inputs_gb, "flops": flops, **model["trunk"]})
     r_tt = _measure(bench, f"ttt {tag} cp=1", {**params, "branch": True}, ttt, repeats, 1,
-                    {"inputs_gb": inputs_gb, "flops": flops})
+                    {"inputs_gb": inputs_gb, "flops": flops, **model["ttt"]})
     over = r_tt["metrics"]["time_s"] / r_tr["metrics"]["time_s"] - 1
     bench.record(f"ttt {tag} cp=1", {**params, "derived": "branch overhead vs trunk-only, same run"},
                  extra={"branch_overhead_pct": 100 * over})
@@ -190,7 +252,7 @@ def _kernel_profile(step) -> dict:
         return {}
 
 
-def bench_block(bench: BenchRun, tag: str, T: int, anchors_n: int, B: int, repeats: int) -> None:
+def bench_block(bench: BenchRun, tag: str, T: int, anchors_n: int, B: int, repeats: int, backend: str = "auto") -> None:
     gen = torch.Generator(device=DEVICE).manual_seed(2)
     cpu_gen = torch.Generator().manual_seed(3)
     cu = torch.tensor([0, T])
@@ -200,17 +262,18 @@ def bench_block(bench: BenchRun, tag: str, T: int, anchors_n: int, B: int, repea
     ck, cv = _leaf(T, G, D, gen=gen), _leaf(T, G, D, gen=gen)
     dout = torch.randn(anchors_n, B, H, D, device=DEVICE, dtype=torch.bfloat16, generator=gen)
     stats = RingStats()
-    block_draft_attention(q, k, v, ck, cv, anchors, cu, stats=stats)
+    block_draft_attention(q, k, v, ck, cv, anchors, cu, stats=stats, backend=backend)
     pairs = stats.pairs["fwd"] + anchors_n * B * B
     flops = attention_flops(pairs, H, D, "fwd") + attention_flops(pairs, H, D, "bwd")
 
     def step():
-        block_draft_attention(q, k, v, ck, cv, anchors, cu).backward(dout)
+        block_draft_attention(q, k, v, ck, cv, anchors, cu, backend=backend).backward(dout)
 
     extra = {"inputs_gb": _gb(q, k, v, ck, cv, dout), "flops": flops, "visible_pairs": float(pairs)}
-    rec = _measure(bench, f"block {tag} cp=1", {"tokens": T, "anchors": anchors_n, "block": B, "cp": 1,
-                                                "heads": H, "kv_heads": G, "head_dim": D}, step, repeats, 3,
-                   extra)
+    bparams = {"tokens": T, "anchors": anchors_n, "block": B, "cp": 1, "heads": H, "kv_heads": G, "head_dim": D}
+    if backend != "auto":
+        bparams["backend"] = backend
+    rec = _measure(bench, f"block {tag} cp=1", bparams, step, repeats, 3, extra)
     prof = _kernel_profile(step)
     if prof:
         prof["busy_fraction"] = prof["kernel_busy_s"] / rec["metrics"]["time_s"]
@@ -230,6 +293,13 @@ def main(argv=None) -> int:
     ap.add_argument("--ttt-backend", default="auto",
                     help="backend for the TTT/trunk rows; 'best' = cudnn if its checks pass, else auto")
     ap.add_argument("--only", default="block,ttt,sdpa", help="which benchmark groups to run")
+    ap.add_argument("--bwd-tile", type=int, default=0,
+                    help="TTT/trunk rows: backward in tiles of this many rows (tiled[<ttt backend>]); 0 = off")
+    ap.add_argument("--kv-tile", type=int, default=None, help="keys per backward tile (default --bwd-tile; 0: uncut)")
+    ap.add_argument("--grad-acc", choices=["input", "fp32"], default="input",
+                    help="tiled backward: dk/dv summed over query tiles in bf16 (input) or fp32")
+    ap.add_argument("--flex-checks", action="store_true", help="add the flex_attention backend to the checks")
+    ap.add_argument("--block-backend", default="auto", help="backend of the block rows (e.g. flex)")
     ap.add_argument("--sdpa-kernels", default="flash", help="comma list of flash,cudnn,default")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: smoke-test the script with --tokens (results are not benchmarks)")
@@ -249,7 +319,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"--sizes: unknown {bad}; expected a subset of {list(SIZES)}")
     t_start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    checks = {} if args.skip_checks else run_checks(args.out)
+    checks = {} if args.skip_checks else run_checks(args.out, flex=args.flex_checks)
     ttt_backend = args.ttt_backend
     if ttt_backend == "best":
         cud = [v for k, v in checks.items() if k.startswith("cudnn_") and k != "cudnn_gqa_native"]
@@ -257,6 +327,14 @@ def main(argv=None) -> int:
         print(f"[backend] ttt rows use {ttt_backend}", flush=True)
     cfg = {"heads": H, "kv_heads": G, "head_dim": D, "dtype": "bfloat16", "passes": args.passes,
            "anchors": args.anchors, "block": args.block, "sizes": sizes, "cp": 1, "ttt_backend": ttt_backend}
+    tiling = {}
+    if args.bwd_tile:
+        tiling = {"bwd_tile": args.bwd_tile, "kv_tile": args.kv_tile if args.kv_tile is not None else args.bwd_tile,
+                  "grad_acc": args.grad_acc}
+        cfg.update(tiling)
+    if args.block_backend != "auto":
+        cfg["block_backend"] = args.block_backend
+    ttt_impl = _ttt_backend(ttt_backend, args.bwd_tile, args.kv_tile, args.grad_acc)
     with BenchRun(args.out / "fig6", artifact="fig6", profile=args.profile, config=cfg) as bench:
         groups = set(args.only.split(","))
         plan = ([("block", s) for s in sizes if "block" in groups] + [("ttt", s) for s in sizes if "ttt" in groups]
@@ -268,9 +346,10 @@ def main(argv=None) -> int:
             T = SIZES[tag]
             try:
                 if kind == "block":
-                    bench_block(bench, tag, T, args.anchors, args.block, repeats=10)
+                    bench_block(bench, tag, T, args.anchors, args.block, repeats=10, backend=args.block_backend)
                 elif kind == "ttt":
-                    bench_ttt(bench, tag, T, args.passes, repeats=3 if T < 262144 else 2, backend=ttt_backend)
+                    bench_ttt(bench, tag, T, args.passes, repeats=3 if T < 262144 else 2, backend=ttt_impl,
+                              tiling=tiling)
                 else:
                     bench_sdpa(bench, tag, T, repeats=2, kernel=kind.split(":")[1])
             except Exception as exc:  # noqa: BLE001 -- one failed config (e.g. out of memory) must not lose the others

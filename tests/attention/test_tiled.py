@@ -35,11 +35,11 @@ def _qkv(spec, dtype, H=4, G=2, D=8, seed=1):
 
 
 @pytest.mark.parametrize("kind", ["causal", "full"])
-@pytest.mark.parametrize("tile", [1, 7, 16, 1000])
-def test_tiles_cover_each_visible_pair_once(kind, tile):
+@pytest.mark.parametrize("tile,kv_tile", [(1, None), (7, None), (16, None), (1000, None), (7, 0), (7, 3), (5, 11)])
+def test_tiles_cover_each_visible_pair_once(kind, tile, kv_tile):
     spec = _specs()[kind]
     got = torch.zeros(spec.num_q, spec.num_k, dtype=torch.int64)
-    for a, b, row in tiles(spec, tile):
+    for a, b, row in tiles(spec, tile, kv_tile):
         for c, d, sub in row:
             assert sub.num_q == b - a and sub.num_k == d - c
             got[a:b, c:d] += sub.dense().long()
@@ -57,7 +57,7 @@ def test_tiled_backward_matches_dense_reference(inner, kind, dtype, grad_acc, to
     qr, kr, vr = (x.double().clone().requires_grad_() for x in (q, k, v))
     ro, rl = dense_attention(qr, kr, vr, spec.dense(), scale)
     rg = torch.autograd.grad(ro, [qr, kr, vr], do.double())
-    b = TiledBackward(backends.get(inner), tile=9, grad_acc=grad_acc)
+    b = TiledBackward(backends.get(inner), tile=9, grad_acc=grad_acc, kv_tile=0 if grad_acc == "fp32" else None)
     out, lse = b.forward(q, k, v, spec, scale)
     got = b.backward(do, q, k, v, out, lse, spec, scale)
     for name, a, r in zip(("dq", "dk", "dv"), got, rg):
@@ -95,6 +95,8 @@ def test_bad_tile_arguments():
         TiledBackward(backends.get("torch"), tile=0)
     with pytest.raises(ValueError, match="grad_acc must be one of"):
         TiledBackward(backends.get("torch"), grad_acc="bf16")
+    with pytest.raises(ValueError, match="kv_tile must be None"):
+        TiledBackward(backends.get("torch"), kv_tile=-1)
 
 
 @pytest.mark.parametrize("family,extra", [("ttt", {"passes": 3}), ("ttt", {"passes": 1}),

@@ -16,7 +16,8 @@ Forward: the public ``flex_attention`` with the LSE (``return_aux=AuxRequest(lse
                w*dO into out_b and w*(rowsum(dO*out_b) - rowsum(dO*out)) into lse_b, w = exp(lse_b - lse):
                the same dq, dk, dv (the block's softmax share of the joint softmax), at the cost of a forward.
 Device and compilation (probed once per process, each failure falls back and is remembered):
-  CPU   forward and backward eager (unfused: the [H, Tq, Tk] scores are materialised; tests only).
+  CPU   forward and backward eager (unfused: the [H, Tq, Tk] scores are materialised; tests only),
+        fp64/fp32/bf16/fp16.
         torch 2.13's compiled CPU flex is inference-only and cannot return the LSE, so compiling is
         not tried unless ``cpu_compile="auto"`` (then only where a C++ compiler is on PATH).
   CUDA  compiled (Triton): forward through ``torch.compile(flex_attention)``; backward "hop" compiled,
@@ -185,7 +186,7 @@ class FlexBackend(Backend):
         if not available():
             return False
         if device.type == "cpu":
-            return dtype in (torch.float32, torch.float64)
+            return dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
         if device.type == "cuda":
             import importlib.util
             return (torch.cuda.is_available() and importlib.util.find_spec("triton") is not None

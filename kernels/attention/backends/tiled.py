@@ -1,14 +1,15 @@
 """Tiled backward for any backend: bounded memory for long segments, the same joint-LSE gradients.
 
 A block's backward with the *joint* (out, lse) is additive over any partition of its (query, key)
-pairs (kernels/attention/backends/base.py), so it can run as square tiles of ``tile`` query rows x
-``tile`` keys in the packed index space. For a "causal" spec the tiles on the diagonal are causal
-(documents clipped to the tile) and those below it are "full"; tiles above it are skipped; a "full"
-spec is tiled everywhere. Query tiles are the outer loop: a tile row's dq parts are summed in an
+pairs (kernels/attention/backends/base.py), so it can run as tiles of ``tile`` query rows x
+``kv_tile`` keys (default: square) in the packed index space. For a "causal" spec the tiles on the
+diagonal are causal (documents clipped to the tile) and those below it are "full"; tiles above it
+are skipped; a "full" spec is tiled everywhere. ``kv_tile=0`` leaves the keys below the diagonal in
+one call per query tile (fewer calls and dq sums; the call's key-side buffers then span the prefix). Query tiles are the outer loop: a tile row's dq parts are summed in an
 acc_dtype buffer of ``tile`` rows and written once; dk/dv are summed over query tiles in
 ``grad_acc`` ("input": q's dtype, no extra buffer, one extra rounding per tile row in bf16;
 "fp32": acc_dtype buffers of the size of k and v). Every kernel call then sees at most ``tile``
-rows and ``tile`` keys, so kernel workspaces (cuDNN's / flash's fp32 dQ accumulators) and the
+rows and ``kv_tile`` keys, so kernel workspaces (cuDNN's / flash's fp32 dQ accumulators) and the
 per-call gradient outputs are bounded by the tile instead of the document length.
 
 The forward is the inner backend's, untouched. "prefix" specs (block drafts, small) and blocks that
@@ -39,32 +40,36 @@ def clip(spec: MaskSpec, a: int, b: int, c: int, d: int, kind: str) -> MaskSpec 
     return MaskSpec(kind, torch.cat([z, lq[keep].cumsum(0)]), torch.cat([z, lk[keep].cumsum(0)]))
 
 
-def tiles(spec: MaskSpec, tile: int):
-    """Yield (a, b, [(c, d, sub_spec), ...]) per query tile, in query order."""
+def tiles(spec: MaskSpec, tile: int, kv_tile: int | None = None):
+    """Yield (a, b, [(c, d, sub_spec), ...]) per query tile [a, b), in query order.
+
+    Keys are cut every ``kv_tile`` (default ``tile``; 0: not cut). For a causal spec a query tile
+    meets the keys before it ("full" sub-specs) and its own diagonal square [a, b) ("causal")."""
     Tq, Tk = spec.num_q, spec.num_k
+    kvt = tile if kv_tile is None else (kv_tile or max(1, Tk))
     for a in range(0, Tq, tile):
         b = min(Tq, a + tile)
         row = []
-        for c in range(0, Tk, tile):
-            d = min(Tk, c + tile)
-            if spec.kind == "causal":
-                if c > a:
-                    break
-                sub = clip(spec, a, b, c, d, "causal" if c == a else "full")
-            else:
-                sub = clip(spec, a, b, c, d, "full")
+        if spec.kind == "causal":
+            bounds = [(c, min(a, c + kvt), "full") for c in range(0, a, kvt)] + [(a, b, "causal")]
+        else:
+            bounds = [(c, min(Tk, c + kvt), "full") for c in range(0, Tk, kvt)]
+        for c, d, kind in bounds:
+            sub = clip(spec, a, b, c, d, kind)
             if sub is not None:
                 row.append((c, d, sub))
         yield a, b, row
 
 
 class TiledBackward(Backend):
-    def __init__(self, inner: Backend, tile: int = 16384, grad_acc: str = "input"):
+    def __init__(self, inner: Backend, tile: int = 16384, grad_acc: str = "input", kv_tile: int | None = None):
         if not isinstance(tile, int) or tile < 1:
             raise ValueError(f"tile must be a positive number of rows, got {tile!r}")
+        if kv_tile is not None and (not isinstance(kv_tile, int) or kv_tile < 0):
+            raise ValueError(f"kv_tile must be None (= tile), 0 (keys not cut) or a positive number, got {kv_tile!r}")
         if grad_acc not in GRAD_ACC:
             raise ValueError(f"grad_acc must be one of {GRAD_ACC}, got {grad_acc!r}")
-        self.inner, self.tile, self.grad_acc = inner, tile, grad_acc
+        self.inner, self.tile, self.grad_acc, self.kv_tile = inner, tile, grad_acc, kv_tile
         self.name = f"tiled[{inner.name}]"
 
     def supports(self, spec, device, dtype) -> bool:
@@ -85,7 +90,7 @@ class TiledBackward(Backend):
         dk = torch.zeros(k.shape, dtype=kv_dtype, device=q.device)
         dv = torch.zeros(v.shape, dtype=kv_dtype, device=q.device)
         buf = None                                   # one acc-dtype dq buffer of `tile` rows, reused
-        for a, b, row in tiles(spec, self.tile):
+        for a, b, row in tiles(spec, self.tile, self.kv_tile):
             if not row:
                 dq[a:b] = 0
                 continue
