@@ -110,7 +110,8 @@ class DSparkDraft(TapSpecFromConfig, nn.Module):
         l1 = (logp.exp() - torch.softmax(teacher, -1)).abs().sum(-1)
         target_c = (1 - 0.5 * l1).clamp(0, 1).detach()
         c = self.conf(hidden, prev).to(acc)
-        bce = F.binary_cross_entropy(c, target_c, reduction="none")
+        with torch.autocast(c.device.type, enabled=False):   # BCE on probabilities refuses autocast
+            bce = F.binary_cross_entropy(c, target_c, reduction="none")
         parts = {"ce": (w * ce).sum() / denom, "tv": (w * l1).sum() / denom, "conf": (w * bce).sum() / denom}
         lw = self.loss_weights
         total = lw.ce * parts["ce"] + lw.tv * parts["tv"] + lw.conf * parts["conf"]
@@ -143,7 +144,8 @@ class DSparkDraft(TapSpecFromConfig, nn.Module):
         l1 = (logp.exp() - torch.softmax(teacher.to(logits.device), -1)).abs().sum(-1)
         target_c = (1 - 0.5 * l1).clamp(0, 1).detach()
         c = self.conf(hidden, prev).to(acc)
-        bce = F.binary_cross_entropy(c, target_c, reduction="none")
+        with torch.autocast(c.device.type, enabled=False):   # BCE on probabilities refuses autocast
+            bce = F.binary_cross_entropy(c, target_c, reduction="none")
         parts = {"ce": (w * ce).sum() / denom, "tv": (w * l1).sum() / denom, "conf": (w * bce).sum() / denom}
         lw = self.loss_weights
         total = lw.ce * parts["ce"] + lw.tv * parts["tv"] + lw.conf * parts["conf"]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from repro.models.sdpa_choice import no_cudnn_sdpa
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.rl.config import DraftSpec, GRPOSpec
 from repro.rl.drafts import trainable_parameters
@@ -101,13 +102,14 @@ class JointUpdate:
                else contextlib.nullcontext())
         for s in range(0, B, mb):
             sl = slice(s, min(B, s + mb))
-            with amp:
+            with amp, no_cudnn_sdpa(dev):       # every batch brings new lengths (see repro.models.sdpa_choice)
                 loss, total, logp, st, d_mb = self._microbatch(ids, att, mask, old, adv, sl, n_tok, temperature,
                                                                gen, lam, B)
             if d_mb is not None:
                 draft_time += d_mb[0]
                 d_loss += d_mb[1]
-            total.backward()
+            with no_cudnn_sdpa(dev):
+                total.backward()
             p_loss += float(loss.detach())
             clip += float(st["clip_frac"])
             kl_ref += float(st.get("kl_ref_sum", 0.0))

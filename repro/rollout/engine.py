@@ -20,12 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import contextlib
-
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from repro.models.policy import Policy
+from repro.models.sdpa_choice import no_cudnn_sdpa
 from repro.rollout.kv import SlotTable, gather_hf_cache, select_hf_cache_rows, trim_hf_cache
 from repro.rollout.proposer import Proposer
 from repro.rollout.sampling import verify
@@ -74,20 +72,6 @@ class RolloutResult:
     cache_slots: int = 0              # policy cache length at the end
 
 
-def _decode_attention(device: torch.device):
-    """SDPA backends for decoding: everything but cuDNN on CUDA.
-
-    cuDNN's fused attention builds an execution plan per new (query length, key length) shape, and
-    decoding changes the key length at every step (speculative decoding also the query length):
-    on an H200 that plan building cost ~0.85 ms of host time per attention call with plain decoding
-    and ~7 ms with a draft (repro.bench.profile_step), more than the whole layer's kernels. The
-    memory-efficient kernel takes the same additive masks with no per-shape set-up.
-    """
-    if torch.device(device).type != "cuda":
-        return contextlib.nullcontext()
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-
-
 class RolloutEngine:
     """Speculative (or, with ``proposer=None``, plain) batched decoding for one policy."""
 
@@ -113,7 +97,7 @@ class RolloutEngine:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, greedy: bool = False,
                  temperature: float = 1.0, stop_tokens: Sequence[int] = (), seed: int = 0) -> RolloutResult:
-        with _decode_attention(self.policy.device):
+        with no_cudnn_sdpa(self.policy.device):     # decoding changes shapes every step
             return self._generate(prompts, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
                                   stop_tokens=stop_tokens, seed=seed)
 
