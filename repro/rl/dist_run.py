@@ -43,9 +43,10 @@ EXAMPLES = """examples:
   # cpu-tiny row, 2 pipeline stages x 2 CP shards on one machine (gloo, taps over shared memory)
   torchrun --standalone --nproc-per-node 4 -m repro.rl.dist_run --artifact table1 --row "Qwen3-8B/EAGLE-3" \\
       --profile cpu-tiny --pp 2 --cp 2 --microbatch 4 --steps 4 --out /tmp/dist-eagle3
-  # several nodes (one torchrun per node, e.g. from srun): same arguments, a shared rendezvous
+  # several nodes (one torchrun per node, e.g. from srun): same arguments, a shared rendezvous; a drafted
+  # row needs every pipeline (ranks p * cp + c, p = 0..pp-1) on one node for CUDA-IPC / shm taps
   srun --nodes 2 --ntasks-per-node 1 torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
-      --rdzv-endpoint $HEAD:29500 -m repro.rl.dist_run --artifact table1 --row ... --pp 4 --cp 4 --out ...
+      --rdzv-endpoint $HEAD:29500 -m repro.rl.dist_run --artifact table1 --row ... --pp 1 --cp 16 --out ...
 """
 
 
