@@ -38,8 +38,10 @@ Public API (signatures are stable; ``group=None`` means one rank, a process grou
 returns the joint lse ([T, H] fp32/fp64, not differentiable). Out is differentiable w.r.t. every
 tensor input. Backends (kernels/attention/backends): "auto", "torch" (pure torch, the fp64 oracle's
 kernel), "sdpa_cpu" (torch's fused CPU kernels), "sdpa_cuda" (torch's bundled flash-attention 2,
-varlen), "cudnn" (torch's cuDNN attention, per segment), "prefix_full[<name>]" (DFlash/DSpark prefix
-masks on a full-segment kernel), "torch_bf16".
+varlen), "cudnn" (torch's cuDNN attention, per segment), "flex" (torch's flex_attention, every mask
+kind), "flash_attn" (the external flash-attn 2/3 package, when installed), "prefix_full[<name>]"
+(DFlash/DSpark prefix masks on a full-segment kernel), "tiled[<name>]" (backward in bounded-memory
+tiles), "torch_bf16"; or a Backend instance (e.g. TiledBackward(get("cudnn"), tile=8192)).
 
 Examples (single rank; pass ``group`` and sharded tensors for CP):
 

@@ -166,8 +166,11 @@ def fresh(b: Backend) -> Backend:
     """A new instance of backend ``b`` (wrappers rebuilt around new inner ones): a meta run must not
     leave meta tensors in the state of the instances that real runs use (e.g. cuDNN's metadata)."""
     from kernels.attention.backends.prefix_full import PrefixAsFull
-    from kernels.attention.backends.tiled import TiledBackward
-    if isinstance(b, TiledBackward):
+    try:
+        from kernels.attention.backends.tiled import TiledBackward
+    except ImportError:                        # an older kernels/ tree (before/after comparisons)
+        TiledBackward = ()
+    if TiledBackward and isinstance(b, TiledBackward):
         return TiledBackward(fresh(b.inner), b.tile, b.grad_acc, b.kv_tile)
     if isinstance(b, PrefixAsFull):
         return PrefixAsFull(fresh(b.inner))

@@ -14,6 +14,7 @@ version, against the fp64 reference; plus the probe and the error when the packa
 
 Run: .venv/bin/python -m pytest -q tests/attention/test_flash_attn.py
 """
+import itertools
 import sys
 import types
 
@@ -40,8 +41,8 @@ def _check_cu(cu, x, name):
 
 def _segments(cu_q, cu_k, max_q, max_k):
     cq, ck = cu_q.tolist(), cu_k.tolist()
-    lq = [b - a for a, b in zip(cq, cq[1:])]
-    lk = [b - a for a, b in zip(ck, ck[1:])]
+    lq = [b - a for a, b in itertools.pairwise(cq)]
+    lk = [b - a for a, b in itertools.pairwise(ck)]
     assert max_q == max(lq) and max_k == max(lk), f"max_seqlen ({max_q}, {max_k}) != ({max(lq)}, {max(lk)})"
     return list(zip(cq, cq[1:], ck, ck[1:]))
 

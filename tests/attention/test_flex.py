@@ -138,7 +138,6 @@ def test_block_mask_tables_reproduce_the_spec(kind, block):
         Tq, Tk = spec.num_q, spec.num_k
         nq, nk = -(-Tq // block), -(-Tk // block)
         dense = spec.dense()
-        qi = torch.arange(nq * block)[:, None]
         kj = torch.arange(nk * block)[None, :]
         lo_p = torch.cat([lo, lo.new_zeros(nq * block - Tq)])[:, None]
         hi_p = torch.cat([hi, hi.new_zeros(nq * block - Tq)])[:, None]

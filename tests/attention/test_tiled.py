@@ -55,7 +55,7 @@ def test_tiled_backward_matches_dense_reference(inner, kind, dtype, grad_acc, to
     q, k, v, do = _qkv(spec, dtype)
     scale = 0.35
     qr, kr, vr = (x.double().clone().requires_grad_() for x in (q, k, v))
-    ro, rl = dense_attention(qr, kr, vr, spec.dense(), scale)
+    ro, _ = dense_attention(qr, kr, vr, spec.dense(), scale)
     rg = torch.autograd.grad(ro, [qr, kr, vr], do.double())
     b = TiledBackward(backends.get(inner), tile=9, grad_acc=grad_acc, kv_tile=0 if grad_acc == "fp32" else None)
     out, lse = b.forward(q, k, v, spec, scale)
@@ -123,3 +123,24 @@ def test_ttt_merge_overwrites_only_buffers_it_owns():
     out = eagle3_ttt_attention(q, ks, vs, cu)
     assert all(torch.equal(a, b) for a, b in zip(snap, (q, *ks, *vs)))
     assert out.untyped_storage()._cdata not in {t.untyped_storage()._cdata for t in (q, *ks, *vs)}
+
+
+@pytest.mark.parametrize("name", ["cudnn", "sdpa_cuda"])
+@pytest.mark.parametrize("tile", [0, 64])
+def test_gpu_backends_python_paths_on_meta_tensors(name, tile):
+    """The cuDNN / flash code paths (one-segment fast path, per-document loop, derived backward
+    metadata, tiles) run on meta tensors: shapes and dtypes only, no values (no GPU here)."""
+    from kernels.attention.backends.cudnn import CudnnBackend
+    from kernels.attention.backends.sdpa_cuda import SdpaCudaBackend
+    from repro.bench.attention_memory import AnyDevice
+    inner = {"cudnn": CudnnBackend, "sdpa_cuda": SdpaCudaBackend}[name]()
+    b = AnyDevice(TiledBackward(inner, tile) if tile else inner)
+    for cu in (torch.tensor([0, 300]), torch.tensor([0, 5, 200, 201, 300])):
+        T = int(cu[-1])
+        mk = lambda *s: torch.randn(*s, device="meta", dtype=torch.bfloat16).requires_grad_()
+        q, ks, vs = mk(T, 8, 16), [mk(T, 2, 16) for _ in range(3)], [mk(T, 2, 16) for _ in range(3)]
+        out, lse = eagle3_ttt_attention(q, ks, vs, cu, backend=b, return_lse=True)
+        assert out.shape == (T, 8, 16) and out.dtype == torch.bfloat16 and lse.shape == (T, 8)
+        g = torch.autograd.grad(out, [q, *ks, *vs], torch.ones_like(out))
+        assert [tuple(x.shape) for x in g] == [(T, 8, 16)] + [(T, 2, 16)] * 6
+        assert all(x.dtype == torch.bfloat16 for x in g)

@@ -6,6 +6,13 @@ entry here, so packed segments are looped over (one call per document: fine for 
 launch-bound for many short ones). "causal" (Lq == Lk) and "full" kinds, bf16/fp16. GQA is probed
 on first use (native, else K/V repeated and gradients summed back).
 
+Memory: a call whose one segment covers every row and key (a long document, a tile of
+tiled[cudnn]) returns the kernel's own out / dq, dk, dv, with no zero-filled copies; gradients are
+returned as plain tensors (not views), so autograd can sum them in place across passes. The backward
+needs the forward's metadata of the same (Lq, Lk) shape only for max_q/max_k and the philox seed and
+offset, which no-dropout attention never reads: for shapes no forward ran (tiles) it is derived from
+the latest forward instead of running one.
+
     from kernels.attention.backends.cudnn import CudnnBackend
 """
 from __future__ import annotations
@@ -92,7 +99,6 @@ class CudnnBackend(Backend):
         return ((t[0][0], L, *t[0][2:]), t[1], t[2], L, Lk, t[5], t[6])
 
     def backward(self, dout, q, k, v, out, lse, spec, scale):
-        H, G = q.shape[1], k.shape[1]
         causal = spec.kind == "causal"
         segs = list(spec.segments())
         if self._template is None and segs:      # backward before any forward: one forward for metadata

@@ -153,7 +153,7 @@ class FlashAttnBackend(Backend):
     def _lib(self):
         res = _load()
         if isinstance(res, str):
-            raise RuntimeError(f"backend 'flash_attn' was requested but {res}")
+            raise RuntimeError(f"backend 'flash_attn' was requested but {res}")  # noqa: TRY004 -- missing package
         return res
 
     def forward(self, q, k, v, spec, scale):
@@ -168,7 +168,7 @@ class FlashAttnBackend(Backend):
         else:                                   # early FA3 builds always return (out, softmax_lse)
             res = fwd(q, k, v, cu_q, cu_k, mq, mk, softmax_scale=scale, causal=causal)
         if not isinstance(res, (tuple, list)) or len(res) < 2:
-            raise RuntimeError(f"flash-attn {ver} flash_attn_varlen_func(return_attn_probs=True) returned "
+            raise TypeError(f"flash-attn {ver} flash_attn_varlen_func(return_attn_probs=True) returned "
                                f"{type(res).__name__}, expected (out, softmax_lse, ...)")
         out, lse = res[0], res[1]
         lse, layout = lse_to_rows(lse, spec, H)
@@ -177,7 +177,7 @@ class FlashAttnBackend(Backend):
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, spec, scale):
-        ver, _fwd, bwd, _ = self._lib()
+        _ver, _fwd, bwd, _ = self._lib()
         cu_q, cu_k, mq, mk = _cu(spec, q.device)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         if mq == 0 or mk == 0:

@@ -43,8 +43,8 @@ _LN2 = math.log(2.0)
 
 def available() -> bool:
     try:
-        from torch.nn.attention import flex_attention as _fa  # noqa: F401
         from torch._higher_order_ops.flex_attention import flex_attention_backward as _b  # noqa: F401
+        from torch.nn.attention import flex_attention as _fa  # noqa: F401
     except ImportError:
         return False
     return True
@@ -214,7 +214,7 @@ class FlexBackend(Backend):
             res = c(*args)
             self.used[what] = "compiled"
             return res
-        except Exception as exc:  # noqa: BLE001 -- any compile failure: fall back where eager is sound
+        except Exception as exc:
             if device.type != "cpu":
                 raise
             warnings.warn(f"flex backend: compiled {what} failed on CPU ({type(exc).__name__}: "
@@ -225,7 +225,7 @@ class FlexBackend(Backend):
 
     # -- contract --------------------------------------------------------------------------------
     def forward(self, q, k, v, spec, scale):
-        T, H, D = q.shape
+        T, H, _D = q.shape
         acc = acc_dtype(q.dtype)
         if T == 0 or spec.num_k == 0:
             return torch.zeros_like(q), torch.full((T, H), float("-inf"), dtype=acc, device=q.device)
@@ -241,7 +241,7 @@ class FlexBackend(Backend):
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, spec, scale):
-        T, H, D = q.shape
+        T, H, _D = q.shape
         if T == 0 or spec.num_k == 0:
             z = lambda x: torch.zeros(x.shape, dtype=x.dtype, device=x.device)
             return z(q), z(k), z(v)
@@ -251,7 +251,7 @@ class FlexBackend(Backend):
         if self.bwd_mode in ("auto", "hop"):
             try:
                 return self._backward_hop(q4, k4, v4, o4, do4, lse, bm, scale, q.device)
-            except Exception as exc:  # noqa: BLE001 -- the operator route is private: fall back to the public one
+            except Exception as exc:
                 if self.bwd_mode == "hop":
                     raise
                 warnings.warn(f"flex backend: backward through flex_attention_backward failed "
