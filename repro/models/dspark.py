@@ -105,16 +105,7 @@ class DSparkDraft(TapSpecFromConfig, nn.Module):
         mask = ok.long().cumprod(-1).to(acc)                                    # contiguous prefix
         w = torch.exp(-s.to(acc) / self.cfg.decay_gamma) * mask
         denom = w.sum().clamp_min(torch.finfo(acc).tiny)
-        logp = torch.log_softmax(logits, -1)
-        ce = -logp.gather(-1, labels[..., None]).squeeze(-1)
-        l1 = (logp.exp() - torch.softmax(teacher, -1)).abs().sum(-1)
-        target_c = (1 - 0.5 * l1).clamp(0, 1).detach()
-        c = self.conf(hidden, prev).to(acc)
-        with torch.autocast(c.device.type, enabled=False):   # BCE on probabilities refuses autocast
-            bce = F.binary_cross_entropy(c, target_c, reduction="none")
-        parts = {"ce": (w * ce).sum() / denom, "tv": (w * l1).sum() / denom, "conf": (w * bce).sum() / denom}
-        lw = self.loss_weights
-        total = lw.ce * parts["ce"] + lw.tv * parts["tv"] + lw.conf * parts["conf"]
+        total, parts, target_c = self._loss_terms(logits, labels, teacher, hidden, prev, w, denom, acc)
         parts["tau"] = ((target_c * mask).cumprod(-1).sum(-1) + 1).masked_select(anchor_valid).mean().detach()
         return total, parts
 
@@ -139,20 +130,26 @@ class DSparkDraft(TapSpecFromConfig, nn.Module):
         w_all = torch.exp(-s.to(acc) / self.cfg.decay_gamma) * mask_all
         denom = w_all.sum().clamp_min(torch.finfo(acc).tiny)                    # every block's weight
         w, mask = w_all[sel], mask_all[sel]
+        total, parts, target_c = self._loss_terms(logits, labels, teacher.to(logits.device), hidden, prev, w, denom,
+                                                  acc)
+        tau = cp.all_sum(torch.stack([((target_c * mask).cumprod(-1).sum(-1) + 1).sum(),
+                                      torch.tensor(float(mask.shape[0]), dtype=acc, device=mask.device)]))
+        parts["tau"] = tau[0] / tau[1]
+        return total, parts
+
+    def _loss_terms(self, logits, labels, teacher, hidden, prev, w, denom, acc):
+        """CE + total variation to the teacher + the confidence head's BCE, weighted by ``w / denom``;
+        returns (total, parts, the confidence targets)."""
         logp = torch.log_softmax(logits, -1)
         ce = -logp.gather(-1, labels[..., None]).squeeze(-1)
-        l1 = (logp.exp() - torch.softmax(teacher.to(logits.device), -1)).abs().sum(-1)
+        l1 = (logp.exp() - torch.softmax(teacher, -1)).abs().sum(-1)
         target_c = (1 - 0.5 * l1).clamp(0, 1).detach()
         c = self.conf(hidden, prev).to(acc)
         with torch.autocast(c.device.type, enabled=False):   # BCE on probabilities refuses autocast
             bce = F.binary_cross_entropy(c, target_c, reduction="none")
         parts = {"ce": (w * ce).sum() / denom, "tv": (w * l1).sum() / denom, "conf": (w * bce).sum() / denom}
         lw = self.loss_weights
-        total = lw.ce * parts["ce"] + lw.tv * parts["tv"] + lw.conf * parts["conf"]
-        tau = cp.all_sum(torch.stack([((target_c * mask).cumprod(-1).sum(-1) + 1).sum(),
-                                      torch.tensor(float(mask.shape[0]), dtype=acc, device=mask.device)]))
-        parts["tau"] = tau[0] / tau[1]
-        return total, parts
+        return lw.ce * parts["ce"] + lw.tv * parts["tv"] + lw.conf * parts["conf"], parts, target_c
 
     def sample_block(self, hidden, last_token, *, greedy, temperature, generator):
         """B chain proposals by sequential Markov sampling; with a confidence threshold also the number
