@@ -42,9 +42,11 @@ class TTTBranch:
     result in place when that buffer is ours (single-rank trunk in q's dtype): no second [T, H, D].
     """
 
-    def __init__(self, num_keys: int, chunk_elems: int = 1 << 23):
+    chunk_elems_default = 1 << 23       # 2048 rows at H*D = 4096; larger: fewer launches, more memory
+
+    def __init__(self, num_keys: int, chunk_elems: int | None = None):
         self.P = num_keys
-        self.chunk_elems = chunk_elems
+        self.chunk_elems = chunk_elems or TTTBranch.chunk_elems_default
 
     def _rows(self, q) -> int:
         return max(1, self.chunk_elems // max(1, q.shape[1] * q.shape[2]))
@@ -64,13 +66,15 @@ class TTTBranch:
             b = min(T, a + chunk)
             n = b - a
             qc = q[a:b].to(acc).view(n, G, hg, D)
-            s = torch.stack([(qc * k[a:b].to(acc).unsqueeze(2)).sum(-1) for k in ks]) * scale  # [P,n,G,hg]
+            s = torch.stack([torch.einsum("nghd,ngd->ngh", qc, k[a:b].to(acc)) for k in ks]) * scale  # [P,n,G,hg]
             lt = l_t[a:b].to(acc).view(n, G, hg)
             L = torch.logsumexp(torch.cat([lt.unsqueeze(0), s]), dim=0)
             Ls = _safe(L, 0.0)
-            oc = torch.exp(lt - Ls).unsqueeze(-1) * o_t[a:b].to(acc).view(n, G, hg, D)
-            for p in range(P):
-                oc += torch.exp(s[p] - Ls).unsqueeze(-1) * vs[p][a:b].to(acc).unsqueeze(2)
+            oc = torch.empty(n, G, hg, D, dtype=acc, device=q.device)      # contiguous, ours
+            torch.mul(o_t[a:b].reshape(n, G, hg, D), torch.exp(lt - Ls).unsqueeze(-1), out=oc)
+            ob = oc.view(n * G, hg, D)
+            for p in range(P):                         # oc += w_p (outer) v_p, in place
+                ob.baddbmm_(torch.exp(s[p] - Ls).view(n * G, hg, 1), vs[p][a:b].to(acc).view(n * G, 1, D))
             out[a:b] = oc.view(n, H, D).to(q.dtype)
             lse[a:b] = L.view(n, H)
         return out, lse
@@ -98,8 +102,8 @@ class TTTBranch:
                 w = torch.exp(torch.einsum("nghd,ngd->ngh", qc, kp) * scale - Ls)      # [n,G,hg]
                 dvs[p][a:b] = torch.einsum("ngh,nghd->ngd", w, do).to(dvs[p].dtype)
                 ds = w * (torch.einsum("nghd,ngd->ngh", do, vp) - delta) * scale
-                part = ds.unsqueeze(-1) * kp.unsqueeze(2)
-                dqc = part if dqc is None else dqc.add_(part)
+                outer = (ds.view(n * G, hg, 1), kp.view(n * G, 1, D))          # dq += ds (outer) k_p
+                dqc = torch.bmm(*outer) if dqc is None else dqc.baddbmm_(*outer)
                 dks[p][a:b] = torch.einsum("ngh,nghd->ngd", ds, qc).to(dks[p].dtype)
             dq[a:b] += dqc.view(n, H, D).to(dq.dtype)
         return (*dks, *dvs)

@@ -229,11 +229,15 @@ def main(argv=None) -> int:
     ap.add_argument("--tile", type=int, default=0, help="tiled backward with this many rows per tile (0: off)")
     ap.add_argument("--kv-tile", type=int, default=None, help="keys per tile (default: --tile; 0: keys not cut)")
     ap.add_argument("--grad-acc", choices=["input", "fp32"], default="input", help="tiled dk/dv accumulation")
+    ap.add_argument("--branch-chunk-rows", type=int, default=0, help="TTT branch rows per chunk (0: library default)")
     args = ap.parse_args(argv)
     backend = args.backend or ("cudnn" if args.mode == "meta" else "sdpa_cpu")
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.mode == "meta" else "float32"))
     if args.mode == "cpu" and args.out is None:
         torch.set_num_threads(1)
+    if args.branch_chunk_rows:
+        from kernels.attention.branch import TTTBranch
+        TTTBranch.chunk_elems_default = args.branch_chunk_rows * H * D
     rows = []
     for t in args.tokens.split(","):
         b = backends.get(backend)

@@ -299,6 +299,9 @@ def main(argv=None) -> int:
     ap.add_argument("--grad-acc", choices=["input", "fp32"], default="input",
                     help="tiled backward: dk/dv summed over query tiles in bf16 (input) or fp32")
     ap.add_argument("--flex-checks", action="store_true", help="add the flex_attention backend to the checks")
+    ap.add_argument("--branch-chunk-rows", type=int, default=0,
+                    help="TTT branch rows per chunk (default: the library's, 2048 at this shape); larger = fewer "
+                         "kernel launches, more temporary memory")
     ap.add_argument("--block-backend", default="auto", help="backend of the block rows (e.g. flex)")
     ap.add_argument("--sdpa-kernels", default="flash", help="comma list of flash,cudnn,default")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
@@ -334,6 +337,10 @@ def main(argv=None) -> int:
         cfg.update(tiling)
     if args.block_backend != "auto":
         cfg["block_backend"] = args.block_backend
+    if args.branch_chunk_rows:
+        from kernels.attention.branch import TTTBranch
+        TTTBranch.chunk_elems_default = args.branch_chunk_rows * H * D
+        cfg["branch_chunk_rows"] = args.branch_chunk_rows
     ttt_impl = _ttt_backend(ttt_backend, args.bwd_tile, args.kv_tile, args.grad_acc)
     with BenchRun(args.out / "fig6", artifact="fig6", profile=args.profile, config=cfg) as bench:
         groups = set(args.only.split(","))
