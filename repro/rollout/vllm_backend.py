@@ -67,7 +67,7 @@ def vllm_version() -> str | None:
     """The installed vLLM's version, or None when it cannot be imported."""
     try:
         import vllm
-    except Exception:       # ImportError, or a broken install (e.g. a torchvision that does not load)
+    except Exception:  # noqa: BLE001 - ImportError, or a broken install (a torchvision that does not load)
         return None
     return getattr(vllm, "__version__", "unknown")
 
@@ -76,7 +76,7 @@ def require_vllm():
     """Import vLLM or raise ImportError saying what to install."""
     try:
         import vllm
-    except Exception as exc:
+    except Exception as exc:  # any failure to import means: not usable; say what to install
         raise ImportError(f"the vLLM rollout backend needs vLLM ({type(exc).__name__}: {exc}); "
                           + INSTALL_HINT) from exc
     return vllm
@@ -92,11 +92,12 @@ def check_method(method: str) -> None:
     has = False
     if ver != "not installed":
         try:
-            from vllm.config.speculative import SpeculativeMethod
             import typing
+
+            from vllm.config.speculative import SpeculativeMethod
             has = method in typing.get_args(SpeculativeMethod) or any(
                 method in typing.get_args(a) for a in typing.get_args(SpeculativeMethod))
-        except Exception:
+        except (ImportError, AttributeError):
             has = False
     why = (f"vLLM {ver} registers a {method!r} draft, but this suite does not export its drafts to "
            "that checkpoint layout yet" if has else f"vLLM {ver} has no {method!r} speculative method")
@@ -159,7 +160,7 @@ def _worker_own_draft_parts(worker) -> list[str]:
 def _worker_reload(worker, weights: list, draft: bool) -> int:
     """Layerwise reload of checkpoint-named ``weights`` into the draft (or the target) model."""
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload, finalize_layerwise_reload
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
     runner = worker.model_runner
     model = runner.drafter.model if draft else runner.get_model()
     with set_current_vllm_config(worker.vllm_config):
@@ -167,12 +168,6 @@ def _worker_reload(worker, weights: list, draft: bool) -> int:
         model.load_weights(iter(weights))
         finalize_layerwise_reload(model, worker.vllm_config.model_config)
     return len(weights)
-
-
-def _worker_draft_params(worker) -> dict:
-    """Checkpoint-free view of the draft's parameters: name -> (shape, sum) (for tests)."""
-    dm = worker.model_runner.drafter.model
-    return {n: (tuple(p.shape), float(p.detach().float().sum())) for n, p in dm.named_parameters()}
 
 
 class VllmRolloutEngine:
@@ -205,10 +200,10 @@ class VllmRolloutEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"          # engine core in this process
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)       # GiB (CPU platform only)
         from vllm import LLM
-        kw = dict(model=str(pdir), skip_tokenizer_init=True, dtype=dtype, max_model_len=max_model_len,
-                  disable_log_stats=False, enforce_eager=enforce_eager, seed=seed,
-                  logprobs_mode="raw_logprobs" if draft_dir is not None else "processed_logprobs",
-                  enable_prefix_caching=False)
+        kw = {"model": str(pdir), "skip_tokenizer_init": True, "dtype": dtype, "max_model_len": max_model_len,
+              "disable_log_stats": False, "enforce_eager": enforce_eager, "seed": seed,
+              "logprobs_mode": "raw_logprobs" if draft_dir is not None else "processed_logprobs",
+              "enable_prefix_caching": False}
         self.k = 0
         self.method = None
         if draft_dir is not None:
@@ -234,10 +229,10 @@ class VllmRolloutEngine:
     # -- construction from our models --------------------------------------------------------------------
     @classmethod
     def from_models(cls, policy, draft=None, *, workdir: str | os.PathLike, num_speculative_tokens: int = 3,
-                    **kw) -> "VllmRolloutEngine":
+                    **kw) -> VllmRolloutEngine:
         """Export ``policy`` (and ``draft``) under ``workdir`` and start vLLM on them."""
-        from repro.rollout.vllm_export import check_vllm_cpu_head_dim, export_eagle3, export_policy
         from repro.models.eagle3 import Eagle3Draft
+        from repro.rollout.vllm_export import check_vllm_cpu_head_dim, export_eagle3, export_policy
         wd = Path(workdir)
         cfg = policy.config
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -367,9 +362,6 @@ class VllmRolloutEngine:
                    for n, t in policy.model.state_dict().items()]
         return self.llm.collective_rpc(_worker_reload, args=(weights, False))[0]
 
-    def draft_param_summary(self) -> dict:
-        return self.llm.collective_rpc(_worker_draft_params)[0]
-
     def close(self) -> None:
         """Shut the engine down and free vLLM's process-wide state, so another engine can start here."""
         llm, self.llm = getattr(self, "llm", None), None
@@ -377,15 +369,16 @@ class VllmRolloutEngine:
             return
         try:
             llm.llm_engine.engine_core.shutdown()
-        except Exception:
-            pass
+        except Exception as exc:  # noqa: BLE001 - best effort: the process-wide cleanup below still runs
+            import warnings
+            warnings.warn(f"vLLM engine shutdown raised {type(exc).__name__}: {exc}", stacklevel=2)
         del llm
         import gc
         gc.collect()
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
         cleanup_dist_env_and_memory()
 
-    def __enter__(self) -> "VllmRolloutEngine":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
@@ -404,5 +397,5 @@ def _on_cpu() -> bool:
     try:
         from vllm.platforms import current_platform
         return bool(current_platform.is_cpu())
-    except Exception:
+    except (ImportError, AttributeError):
         return True
