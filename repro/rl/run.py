@@ -6,8 +6,15 @@ warm start, trains, and logs one metrics row per step through the suite's ``Metr
 (W&B offline + metrics.jsonl). Re-running the same command after a crash resumes from the last
 checkpoint in the run folder, keeping every logged step.
 
+A profile whose rows run through NeMo-RL (``engine: nemo-rl``, the paper profiles) is refused unless
+``--engine suite`` is given: then its ``rl:`` section's policies load the real checkpoints from
+``--checkpoint-root`` and the workloads use the checkpoint's tokenizer (repro.rl.hf_tokenizer).
+``--profile`` also takes a path to a profile YAML file.
+
     python -m repro.rl.run --artifact table1 --row "Qwen3-8B/DFlash" --profile cpu-tiny \
         --warm-start results/cpu-2c/cpu-tiny/sft/dense-math --out results/cpu-2c/cpu-tiny/table1/dense-dflash
+    python -m repro.rl.run --artifact table1 --row "Qwen3-8B/DFlash" --profile paper-h100 --engine suite \
+        --checkpoint-root /ckpt --out results/x/paper-h100-suite/table1/dflash
 """
 from __future__ import annotations
 
@@ -18,10 +25,10 @@ from pathlib import Path
 import torch
 
 from repro.report.metrics import MetricsLogger
-from repro.report.profiles import ProfileError, load_profile
+from repro.report.profiles import ProfileError
 from repro.report.provenance import write_json_atomic
-from repro.rl.config import ARTIFACTS, ConfigError, run_config_from_profile
-from repro.rl.tokenizer import WorkloadTokenizer, build_workload_tokenizer
+from repro.rl.config import ARTIFACTS, ENGINES, ConfigError, check_engine, load_run_profile, run_config_from_profile
+from repro.rl.hf_tokenizer import tokenizer_for_run
 from repro.rl.trainer import CoTrainer
 
 
@@ -29,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--artifact", required=True, choices=ARTIFACTS)
     ap.add_argument("--row", required=True, help="row label (a key of <artifact>.rows in the profile)")
-    ap.add_argument("--profile", default="cpu-tiny")
+    ap.add_argument("--profile", default="cpu-tiny", help="profile name, or a path to a profile .yaml file")
+    ap.add_argument("--engine", choices=ENGINES, default=None,
+                    help="suite: run an engine: nemo-rl profile's row on the suite's own engine (its rl: section)")
+    ap.add_argument("--checkpoint-root", default="",
+                    help="folder holding the profile's checkpoints: (policies with a checkpoint key)")
     ap.add_argument("--out", required=True, help="run folder")
     ap.add_argument("--warm-start", default="", help="SFT warm-start folder (repro.rl.sft); empty: random init")
     ap.add_argument("--seed", type=int, default=0)
@@ -38,16 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        prof = load_profile(args.profile)
-        if prof.get("engine") == "nemo-rl":
-            raise ConfigError(f"profile {args.profile!r} runs its end-to-end rows through NeMo-RL: use "
-                              f"`python -m repro.nemo_rl.run --artifact {args.artifact} --row ...` instead")
+        prof = load_run_profile(args.profile)
+        check_engine(prof, args.engine, args.artifact, "python -m repro.rl.run")
         cfg = run_config_from_profile(prof, args.artifact, args.row, out=args.out, seed=args.seed,
-                                      warm_start=args.warm_start)
-        if args.warm_start:
-            tok = WorkloadTokenizer.load(Path(args.warm_start) / "tokenizer")
-        else:
-            tok = build_workload_tokenizer(Path(args.out) / "tokenizer", cfg.vocab_size, args.seed)
+                                      warm_start=args.warm_start, checkpoint_root=args.checkpoint_root or None)
+        tok = tokenizer_for_run(cfg, out=args.out, seed=args.seed, warm_start=args.warm_start)
         trainer = CoTrainer(cfg, tok)
     except (ConfigError, ProfileError, FileNotFoundError) as exc:
         print(f"run: error: {exc}", file=sys.stderr)

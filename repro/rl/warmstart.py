@@ -3,7 +3,8 @@
 A warm-start folder (written by ``repro.rl.sft``) holds ``policy.pt`` (architecture + weights),
 ``drafts/<family>.pt`` (each draft's spec + weights, trained offline on the SFT policy: our stand-in
 for the families' official checkpoints) and ``tokenizer/``. Shapes and specs are checked on load,
-and a mismatch names what differs.
+and a mismatch names what differs. A policy spec with ``checkpoint`` (paper profiles with ``--engine
+suite``) is loaded from its local HF folder instead (``local_files_only``: nothing is downloaded).
 
     policy = make_policy(cfg.policy, vocab_size, seed=0, dtype=torch.float32, device="cpu", warm_start=dir)
 """
@@ -13,14 +14,33 @@ from pathlib import Path
 
 import torch
 
-from repro.models.policy import build_policy
+from repro.models.policy import Policy, build_policy
 from repro.rl.config import DraftSpec, PolicySpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def load_checkpoint_policy(spec: PolicySpec, *, dtype: torch.dtype, device: str) -> Policy:
+    """The checkpoint of ``spec`` (validated first: a missing folder or config.json fails before loading)."""
+    spec.validate()
+    from transformers import AutoConfig, AutoModelForCausalLM
+    model_type = AutoConfig.from_pretrained(spec.path, local_files_only=True).model_type
+    model = AutoModelForCausalLM.from_pretrained(spec.path, local_files_only=True, dtype=dtype,
+                                                 attn_implementation="eager" if model_type == "gpt_oss" else "sdpa")
+    model.generation_config.bos_token_id = model.generation_config.eos_token_id = None   # engine's stop tokens
+    return Policy(model.to(device=device).eval(), family=model_type)
+
+
 def make_policy(spec: PolicySpec, vocab_size: int, *, seed: int, dtype: torch.dtype, device: str,
                 warm_start: str | Path = ""):
+    if spec.checkpoint:
+        if warm_start:
+            raise ValueError(f"checkpoint policy {spec.checkpoint!r} starts from its checkpoint, not from the "
+                             f"warm start {warm_start}")
+        policy = load_checkpoint_policy(spec, dtype=dtype, device=device)
+        if policy.vocab_size != vocab_size:
+            raise ValueError(f"checkpoint {spec.path} has vocab_size {policy.vocab_size}, this run needs {vocab_size}")
+        return policy
     policy = build_policy(spec.family, spec.scale, seed=seed, dtype=torch.float32, device="cpu",
                           vocab_size=vocab_size, **spec.overrides)
     if warm_start:
