@@ -16,8 +16,9 @@ tokenizer's length (Qwen3: 151,936 rows, 151,669 tokens).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from repro.rl.config import ConfigError, RunConfig, read_checkpoint_config
 
@@ -87,7 +88,7 @@ class CheckpointTokenizer:
 
     @classmethod
     def load(cls, path: str | Path, tokens: Mapping[str, Any] | None = None, *, vocab_size: int | None = None,
-             need_mask: bool = False) -> "CheckpointTokenizer":
+             need_mask: bool = False) -> CheckpointTokenizer:
         from transformers import AutoTokenizer
         path = Path(path)
         try:

@@ -27,7 +27,14 @@ import torch
 from repro.report.metrics import MetricsLogger
 from repro.report.profiles import ProfileError
 from repro.report.provenance import write_json_atomic
-from repro.rl.config import ARTIFACTS, ENGINES, ConfigError, check_engine, load_run_profile, run_config_from_profile
+from repro.rl.config import (
+    ARTIFACTS,
+    ENGINES,
+    ConfigError,
+    check_engine,
+    load_run_profile,
+    run_config_from_profile,
+)
 from repro.rl.hf_tokenizer import tokenizer_for_run
 from repro.rl.trainer import CoTrainer
 

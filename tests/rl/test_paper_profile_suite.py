@@ -154,6 +154,19 @@ def test_paper_profile_rows_use_paper_lengths_and_drafts(ckpt_root):
     assert cfg.draft.options == {"ttt_steps": 3} and cfg.draft.num_proposals == 3
 
 
+@pytest.mark.parametrize("name", ["paper-h100", "paper-gb200"])
+def test_every_paper_row_has_a_suite_config_that_only_lacks_its_checkpoint(name, tmp_path):
+    from repro.report.profiles import load_profile
+    prof = load_profile(name)
+    n = 0
+    for artifact in ("table1", "table2", "fig3", "fig4"):
+        for row in (prof.get(artifact) or {}).get("rows", {}):
+            with pytest.raises(ConfigError, match=r"policy.checkpoint='[^']+' is invalid: its folder .* does not exist"):
+                run_config_from_profile(prof, artifact, row, out="o", checkpoint_root=tmp_path)
+            n += 1
+    assert n >= 6
+
+
 def test_checkpoint_tokenizer_roles_and_errors(ckpt_root, profile_file):
     prof = yaml.safe_load(profile_file.read_text())
     cfg = run_config_from_profile(prof, "table1", "Qwen3-8B/DFlash", out="o", checkpoint_root=ckpt_root)
