@@ -8,6 +8,7 @@ formed and raises ``ConfigError`` naming the key, the bad value and what was exp
     cfg = run_config_from_profile(load_profile("cpu-tiny"), "table1", "Qwen3-8B/DFlash", out="/tmp/run")
     cfg.validate()
     python -m repro.rl.config --profile cpu-tiny --artifact table1      # print every row's config
+    python -m repro.rl.config --profile paper-h100 --checkpoint-root /ckpt   # checkpoint policies (--engine suite)
 """
 from __future__ import annotations
 
@@ -367,14 +368,15 @@ def run_config_from_profile(profile: Mapping[str, Any], artifact: str, row: str,
 
 
 def main(argv: list[str] | None = None) -> None:
-    from repro.report.profiles import load_profile
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="cpu-tiny")
     ap.add_argument("--artifact", default="table1", choices=ARTIFACTS)
+    ap.add_argument("--checkpoint-root", default="", help="folder of the profile's checkpoints: (paper profiles)")
     args = ap.parse_args(argv)
-    prof = load_profile(args.profile)
+    prof = load_run_profile(args.profile)
     for row in artifact_rows(prof, args.artifact):
-        print(json.dumps(run_config_from_profile(prof, args.artifact, row, out="-").to_dict()))
+        print(json.dumps(run_config_from_profile(prof, args.artifact, row, out="-",
+                                                 checkpoint_root=args.checkpoint_root or None).to_dict()))
 
 
 if __name__ == "__main__":

@@ -37,8 +37,17 @@ from repro.models.policy import policy_config
 from repro.report.metrics import MetricsLogger
 from repro.report.profiles import ProfileError
 from repro.report.provenance import write_json_atomic
-from repro.rl.config import (ARTIFACTS, ENGINES, ConfigError, RunConfig, check_engine, load_run_profile, policy_mesh,
-                             read_checkpoint_config, run_config_from_profile)
+from repro.rl.config import (
+    ARTIFACTS,
+    ENGINES,
+    ConfigError,
+    RunConfig,
+    check_engine,
+    load_run_profile,
+    policy_mesh,
+    read_checkpoint_config,
+    run_config_from_profile,
+)
 from repro.rl.grpo import group_advantages
 from repro.rl.mesh_update import Mesh, MeshShape, MeshUpdate
 from repro.rl.trainer import CoTrainer, step_metrics
@@ -53,6 +62,9 @@ EXAMPLES = """examples:
   # row needs every pipeline (ranks p * cp + c, p = 0..pp-1) on one node for CUDA-IPC / shm taps
   srun --nodes 2 --ntasks-per-node 1 torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
       --rdzv-endpoint $HEAD:29500 -m repro.rl.dist_run --artifact table1 --row ... --pp 1 --cp 16 --out ...
+  # a paper profile's row without NeMo-RL: the real checkpoint, the layout of rl.policies.<p>.mesh (PP=4 x CP=2)
+  torchrun --standalone --nproc-per-node 8 -m repro.rl.dist_run --artifact table1 --row "Qwen3-8B/DFlash" \\
+      --profile paper-h100 --engine suite --checkpoint-root /ckpt --out ...
 """
 
 

@@ -23,6 +23,7 @@ import yaml
 from repro.report.profiles import PROFILE_DIR
 from repro.rl import dist_run, run
 from repro.rl.config import ConfigError, RunConfig, run_config_from_profile
+from repro.rl.config import main as config_main
 from repro.rl.hf_tokenizer import CheckpointTokenizer, tokenizer_for_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,7 +128,7 @@ def test_nemo_rl_profile_still_refused_without_engine_suite(tmp_path, capsys, mo
     assert "NeMo-RL" in err and "--engine suite" in err
 
 
-def test_config_resolves_checkpoint_vocab_and_keeps_old_configs(ckpt_root, profile_file):
+def test_config_resolves_checkpoint_vocab_and_keeps_old_configs(ckpt_root, profile_file, capsys):
     prof = yaml.safe_load(profile_file.read_text())
     cfg = run_config_from_profile(prof, "table1", "Qwen3-8B/DFlash", out="o", checkpoint_root=ckpt_root)
     assert cfg.policy.path == str(ckpt_root.resolve() / CKPT_DIR) and cfg.vocab_size == VOCAB
@@ -135,6 +136,9 @@ def test_config_resolves_checkpoint_vocab_and_keeps_old_configs(ckpt_root, profi
     d = cfg.to_dict()
     assert d["policy"]["checkpoint"] == "qwen3-8b" and RunConfig.from_dict(d).validate().policy == cfg.policy
     assert "checkpoint" not in RunConfig(artifact="table1", row="r", profile="p", out="o").to_dict()["policy"]
+    config_main(["--profile", str(profile_file), "--artifact", "table2", "--checkpoint-root", str(ckpt_root)])
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(printed) == 4 and {p["policy"]["path"] for p in printed} == {cfg.policy.path}
     with pytest.raises(ConfigError, match=r"family='llama' is invalid: expected 'qwen3'"):
         prof["rl"]["policies"]["Qwen3-8B"]["family"] = "llama"
         run_config_from_profile(prof, "table1", "Qwen3-8B/DFlash", out="o", checkpoint_root=ckpt_root)
