@@ -35,6 +35,7 @@ import inspect
 import torch
 
 from kernels.attention.backends.base import Backend
+from kernels.attention.backends.varlen_index import padded_index, varlen_bounds
 from kernels.attention.spec import MaskSpec
 
 _PROBE: dict = {}
@@ -94,30 +95,12 @@ def _call_by_name(fn, values: dict):
     return fn(**kwargs)
 
 
-def _cu(spec: MaskSpec, device):
-    key = ("flash_cu", str(device))
-    if key not in spec._cache:
-        lq, lk = spec.cu_q.diff(), spec.cu_k.diff()
-        spec._cache[key] = (spec.cu_q.to(device, torch.int32), spec.cu_k.to(device, torch.int32),
-                            int(lq.max()) if lq.numel() else 0, int(lk.max()) if lk.numel() else 0)
-    return spec._cache[key]
-
-
-def _pad_index(spec: MaskSpec, device):
-    key = ("flash_pad_index", str(device))
-    if key not in spec._cache:
-        lq = spec.cu_q.diff()
-        seg = torch.repeat_interleave(torch.arange(lq.numel()), lq)
-        spec._cache[key] = (seg.to(device), (torch.arange(spec.num_q) - spec.cu_q[seg]).to(device))
-    return spec._cache[key]
-
-
 def lse_to_rows(lse: torch.Tensor, spec: MaskSpec, H: int) -> tuple[torch.Tensor, str]:
     """flash-attn softmax_lse -> ([T, H] fp32, layout): [H, total_q] "packed" or [B, H, >= max_q] "padded"."""
     if lse.dim() == 2 and lse.shape == (H, spec.num_q):
         return lse.transpose(0, 1).float(), "packed"
     if lse.dim() == 3 and lse.shape[0] == spec.cu_q.numel() - 1 and lse.shape[1] == H:
-        seg, off = _pad_index(spec, lse.device)
+        seg, off = padded_index(spec, lse.device)
         return lse[seg, :, off].float(), "padded"
     raise RuntimeError(f"unexpected flash-attn softmax_lse shape {tuple(lse.shape)} for {H} heads, "
                        f"{spec.num_q} packed rows in {spec.cu_q.numel() - 1} sequences")
@@ -127,7 +110,7 @@ def rows_to_lse(rows: torch.Tensor, spec: MaskSpec, layout: str, max_q: int) -> 
     """[T, H] -> the kernel's layout (see lse_to_rows); padding entries +inf (never read)."""
     if layout == "packed":
         return rows.transpose(0, 1).contiguous()
-    seg, off = _pad_index(spec, rows.device)
+    seg, off = padded_index(spec, rows.device)
     out = torch.full((spec.cu_q.numel() - 1, rows.shape[1], max_q), float("inf"), dtype=rows.dtype,
                      device=rows.device)
     out[seg, :, off] = rows
@@ -159,7 +142,7 @@ class FlashAttnBackend(Backend):
     def forward(self, q, k, v, spec, scale):
         ver, fwd, _bwd, _ = self._lib()
         T, H, _D = q.shape
-        cu_q, cu_k, mq, mk = _cu(spec, q.device)
+        cu_q, cu_k, mq, mk = varlen_bounds(spec, q.device)
         if mq == 0 or mk == 0:
             return torch.zeros_like(q), torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
         causal = spec.kind == "causal"
@@ -178,7 +161,7 @@ class FlashAttnBackend(Backend):
 
     def backward(self, dout, q, k, v, out, lse, spec, scale):
         _ver, _fwd, bwd, _ = self._lib()
-        cu_q, cu_k, mq, mk = _cu(spec, q.device)
+        cu_q, cu_k, mq, mk = varlen_bounds(spec, q.device)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         if mq == 0 or mk == 0:
             return dq.zero_(), dk.zero_(), dv.zero_()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from kernels.attention.backends.base import Backend, acc_dtype
+from kernels.attention.backends.varlen_index import padded_index, varlen_bounds
 from kernels.attention.spec import MaskSpec
 
 
@@ -19,32 +20,12 @@ def available() -> bool:
     return torch.cuda.is_available() and hasattr(torch.ops.aten, "_flash_attention_forward")
 
 
-def _cu(spec: MaskSpec, device):
-    key = ("cuda_cu", str(device))
-    if key not in spec._cache:
-        lq, lk = spec.cu_q.diff(), spec.cu_k.diff()
-        spec._cache[key] = (spec.cu_q.to(device, torch.int32), spec.cu_k.to(device, torch.int32),
-                            int(lq.max()) if lq.numel() else 0, int(lk.max()) if lk.numel() else 0)
-    return spec._cache[key]
-
-
-def _pad_index(spec: MaskSpec, device):
-    """(segment, offset) of every packed query row, for the padded [B, H, max_q] LSE layout."""
-    key = ("pad_index", str(device))
-    if key not in spec._cache:
-        lq = spec.cu_q.diff()
-        seg = torch.repeat_interleave(torch.arange(lq.numel()), lq)
-        off = torch.arange(spec.num_q) - spec.cu_q[seg]
-        spec._cache[key] = (seg.to(device), off.to(device))
-    return spec._cache[key]
-
-
 def _lse_rows(lse: torch.Tensor, spec: MaskSpec, H: int) -> torch.Tensor:
     """Kernel LSE ([H, total_q] packed, or [B, H, max_q] padded in older builds) -> [total_q, H]."""
     if lse.dim() == 2 and lse.shape[0] == H:
         return lse.transpose(0, 1)
     if lse.dim() == 3 and lse.shape[1] == H:
-        seg, off = _pad_index(spec, lse.device)
+        seg, off = padded_index(spec, lse.device)
         return lse[seg, :, off]
     raise RuntimeError(f"unexpected flash LSE shape {tuple(lse.shape)} for {H} heads")
 
@@ -53,7 +34,7 @@ def _lse_kernel(lse_rows: torch.Tensor, spec: MaskSpec, max_q: int) -> torch.Ten
     """[total_q, H] -> the layout the kernel's forward produced (see _lse_rows)."""
     if spec._cache.get("cuda_lse_layout", "packed") == "packed":
         return lse_rows.transpose(0, 1).contiguous()
-    seg, off = _pad_index(spec, lse_rows.device)
+    seg, off = padded_index(spec, lse_rows.device)
     out = torch.full((spec.cu_q.numel() - 1, lse_rows.shape[1], max_q), float("inf"), dtype=lse_rows.dtype,
                      device=lse_rows.device)
     out[seg, :, off] = lse_rows
@@ -83,7 +64,7 @@ class SdpaCudaBackend(Backend):
                 and dtype in (torch.float16, torch.bfloat16) and available())
 
     def forward(self, q, k, v, spec, scale):
-        cu_q, cu_k, mq, mk = _cu(spec, q.device)
+        cu_q, cu_k, mq, mk = varlen_bounds(spec, q.device)
         if mq == 0 or mk == 0:
             return (torch.zeros_like(q),
                     torch.full(q.shape[:2], float("-inf"), dtype=torch.float32, device=q.device))
@@ -105,7 +86,7 @@ class SdpaCudaBackend(Backend):
         return out, lse.float()
 
     def backward(self, dout, q, k, v, out, lse, spec, scale):
-        cu_q, cu_k, mq, mk = _cu(spec, q.device)
+        cu_q, cu_k, mq, mk = varlen_bounds(spec, q.device)
         if mq == 0 or mk == 0:
             z = (torch.zeros(q.shape, dtype=torch.float32, device=q.device),
                  torch.zeros(k.shape, dtype=torch.float32, device=q.device),
