@@ -74,6 +74,22 @@ def make_draft(family: str, policy, preset: dict):
     return d, (lambda dd=d: BlockProposer(dd))
 
 
+def loss_ends(losses: list[float]) -> dict[str, float]:
+    """Mean of the first and of the last tenth of a loss curve."""
+    k = max(1, len(losses) // 10)
+    return {"loss_first": sum(losses[:k]) / k, "loss_last": sum(losses[-k:]) / k}
+
+
+def pretrain_recorded(bench: BenchRun, policy, lang: MarkovLanguage, preset: dict) -> None:
+    """Pre-train ``policy`` on ``lang`` with the preset's settings and record it as the ``pretrain`` row."""
+    t0 = time.perf_counter()
+    losses = pretrain_policy(policy, lang, steps=preset["pretrain_steps"], batch_size=preset["pretrain_batch"],
+                             seq_len=preset["pretrain_len"], lr=preset["pretrain_lr"])
+    bench.record("pretrain", {"steps": len(losses)},
+                 extra={"pretrain_time_s": time.perf_counter() - t0, **loss_ends(losses),
+                        "language_entropy": lang.entropy()})
+
+
 def proposer_for(family: str, draft, preset: dict):
     return Eagle3Proposer(draft, preset["eagle_k"]) if family == "eagle3" else BlockProposer(draft)
 
@@ -124,13 +140,7 @@ def run(profile_name: str, out: Path, overrides: dict, deadline_s: float | None 
     skipped: list[str] = []
     config["skipped_for_deadline"] = skipped      # shared with BenchRun's (shallow) copy of the config
     with BenchRun(out, artifact="decode", profile=profile_name, config=config) as bench:
-        t0 = time.perf_counter()
-        losses = pretrain_policy(policy, lang, steps=preset["pretrain_steps"], batch_size=preset["pretrain_batch"],
-                                 seq_len=preset["pretrain_len"], lr=preset["pretrain_lr"])
-        k = max(1, len(losses) // 10)
-        bench.record("pretrain", {"steps": len(losses)},
-                     extra={"pretrain_time_s": time.perf_counter() - t0, "loss_first": sum(losses[:k]) / k,
-                            "loss_last": sum(losses[-k:]) / k, "language_entropy": lang.entropy()})
+        pretrain_recorded(bench, policy, lang, preset)
         t0 = time.perf_counter()
         seqs, plens = sample_sequences(policy, train_prompts, max_new_tokens=preset["sample_tokens"],
                                        temperature=temp)
@@ -142,10 +152,8 @@ def run(profile_name: str, out: Path, overrides: dict, deadline_s: float | None 
             losses = train_draft(d, policy, seqs, plens, steps=preset["train_steps"], lr=preset["lr"],
                                  batch_size=preset["train_batch"],
                                  fallback_backend="torch")
-            k = max(1, len(losses) // 10)
             bench.record(f"train/{fam}", {"family": fam, "steps": len(losses), "attn_backend": d.attn_backend},
-                         extra={"train_time_s": time.perf_counter() - t0,
-                                "loss_first": sum(losses[:k]) / k, "loss_last": sum(losses[-k:]) / k})
+                         extra={"train_time_s": time.perf_counter() - t0, **loss_ends(losses)})
             drafts[fam] = d.eval()
         ident = identity_check(policy, drafts, preset, eval_prompts[:4])
         for fam, frac in ident.items():

@@ -32,9 +32,10 @@ from pathlib import Path
 import torch
 
 from repro.bench.common import BenchRun, summarize, time_samples
+from repro.bench.decode import loss_ends, pretrain_recorded
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.models.policy import build_policy
-from repro.models.synthetic import MarkovLanguage, pretrain_policy
+from repro.models.synthetic import MarkovLanguage
 from repro.models.train_draft import sample_sequences, train_draft
 from repro.report.provenance import hardware
 from repro.rollout.engine import RolloutEngine
@@ -74,23 +75,15 @@ def run(out: Path, overrides: dict) -> list[dict]:
     T, N, K = p["temperature"], p["new_tokens"], p["k"]
     with BenchRun(out, artifact="vllm_decode", profile="cpu-tiny", config=config) as bench, \
             tempfile.TemporaryDirectory(prefix="vllm_decode_") as work:
-        t0 = time.perf_counter()
-        losses = pretrain_policy(policy, lang, steps=p["pretrain_steps"], batch_size=p["pretrain_batch"],
-                                 seq_len=p["pretrain_len"], lr=p["pretrain_lr"])
-        n = max(1, len(losses) // 10)
-        bench.record("pretrain", {"steps": len(losses)},
-                     extra={"pretrain_time_s": time.perf_counter() - t0, "loss_first": sum(losses[:n]) / n,
-                            "loss_last": sum(losses[-n:]) / n, "language_entropy": lang.entropy()})
+        pretrain_recorded(bench, policy, lang, p)
         seqs, plens = sample_sequences(policy, train_prompts, max_new_tokens=p["sample_tokens"], temperature=T)
         draft = Eagle3Draft(Eagle3Config.from_policy(policy, ttt_steps=K))
         draft.init_from_policy(policy)
         t0 = time.perf_counter()
         losses = train_draft(draft, policy, seqs, plens, steps=p["train_steps"], lr=p["lr"],
                              batch_size=p["train_batch"], fallback_backend="torch")
-        n = max(1, len(losses) // 10)
         bench.record("train/eagle3", {"family": "eagle3", "steps": len(losses)},
-                     extra={"train_time_s": time.perf_counter() - t0, "loss_first": sum(losses[:n]) / n,
-                            "loss_last": sum(losses[-n:]) / n})
+                     extra={"train_time_s": time.perf_counter() - t0, **loss_ends(losses)})
         draft.eval()
         policy.set_taps(draft.tap_spec)
         diag = eval_prompts[:max(p["batch_sizes"])]
