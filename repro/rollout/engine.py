@@ -72,6 +72,28 @@ class RolloutResult:
     cache_slots: int = 0              # policy cache length at the end
 
 
+def check_request(prompts: Sequence[Sequence[int]], max_new_tokens: int, greedy: bool, temperature: float, *,
+                  num_proposals: int, max_model_len: int, vocab_size: int) -> None:
+    """Refuse a generate() request any engine cannot serve, naming the bad value (shared with the vLLM backend)."""
+    if not prompts:
+        raise ValueError("generate() needs at least one prompt")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    for i, p in enumerate(prompts):
+        n = len(p)
+        if n < 1:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        if n + max_new_tokens + num_proposals > max_model_len:
+            raise ValueError(f"prompt {i} has {n} tokens; with max_new_tokens={max_new_tokens} and "
+                             f"{num_proposals} proposals per step it needs {n + max_new_tokens + num_proposals} "
+                             f"positions, over the limit max_model_len={max_model_len}")
+        bad = [t for t in p if not 0 <= int(t) < vocab_size]
+        if bad:
+            raise ValueError(f"prompt {i} has token ids {bad[:4]} outside the vocabulary [0, {vocab_size})")
+    if not greedy and temperature <= 0:
+        raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+
+
 class RolloutEngine:
     """Speculative (or, with ``proposer=None``, plain) batched decoding for one policy."""
 
@@ -103,23 +125,9 @@ class RolloutEngine:
 
     def _generate(self, prompts, *, max_new_tokens, greedy, temperature, stop_tokens, seed) -> RolloutResult:
         pol, k, dev = self.policy, self.k, self.policy.device
-        if not prompts:
-            raise ValueError("generate() needs at least one prompt")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_request(prompts, max_new_tokens, greedy, temperature, num_proposals=k,
+                      max_model_len=self.max_model_len, vocab_size=pol.vocab_size)
         lens = [len(p) for p in prompts]
-        for i, (p, n) in enumerate(zip(prompts, lens)):
-            if n < 1:
-                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
-            if n + max_new_tokens + k > self.max_model_len:
-                raise ValueError(f"prompt {i} has {n} tokens; with max_new_tokens={max_new_tokens} and "
-                                 f"{k} proposals per step it needs {n + max_new_tokens + k} positions, "
-                                 f"over the limit max_model_len={self.max_model_len}")
-            bad = [t for t in p if not 0 <= int(t) < pol.vocab_size]
-            if bad:
-                raise ValueError(f"prompt {i} has token ids {bad[:4]} outside the vocabulary [0, {pol.vocab_size})")
-        if not greedy and temperature <= 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
         temp = 1.0 if greedy else float(temperature)
         gen = torch.Generator(device=dev)
         gen.manual_seed(seed)

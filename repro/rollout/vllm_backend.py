@@ -51,7 +51,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from repro.rollout.engine import AcceptanceCounters, RolloutResult
+from repro.rollout.engine import AcceptanceCounters, RolloutResult, check_request
 
 METHODS = ("eagle3", "dflash", "dspark")
 EXPORTED_METHODS = ("eagle3",)
@@ -282,22 +282,8 @@ class VllmRolloutEngine:
                  temperature: float = 1.0, stop_tokens: Sequence[int] = (), seed: int = 0) -> RolloutResult:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        if not prompts:
-            raise ValueError("generate() needs at least one prompt")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        for i, p in enumerate(prompts):
-            if len(p) < 1:
-                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
-            if len(p) + max_new_tokens + self.k > self.max_model_len:
-                raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} and "
-                                 f"{self.k} proposals per step it needs {len(p) + max_new_tokens + self.k} "
-                                 f"positions, over the limit max_model_len={self.max_model_len}")
-            bad = [t for t in p if not 0 <= int(t) < self.vocab_size]
-            if bad:
-                raise ValueError(f"prompt {i} has token ids {bad[:4]} outside the vocabulary [0, {self.vocab_size})")
-        if not greedy and temperature <= 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+        check_request(prompts, max_new_tokens, greedy, temperature, num_proposals=self.k,
+                      max_model_len=self.max_model_len, vocab_size=self.vocab_size)
         if self.k and not greedy and _on_cpu() and not self.allow_inexact_sampling:
             raise NotImplementedError(
                 f"sampling with a draft on vLLM {self.vllm_version} (CPU) does not reproduce the policy's "
