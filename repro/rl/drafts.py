@@ -16,14 +16,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.attention.backends import NAMES as ATTENTION_BACKENDS
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dflash import DFlashDraft
 from repro.models.dspark import DSparkDraft
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.rl.config import ConfigError, DraftSpec
 
-EAGLE3_OPTIONS = ("ttt_steps", "decay", "pass_weights")
-BLOCK_OPTIONS = ("num_layers", "block_size", "num_anchors", "decay_gamma")
+# attn_backend (every family): the kernels.attention backend of the draft's training attention
+# ("auto" by default; e.g. "flex" to try flex_attention for the block drafts' masks on a GPU)
+EAGLE3_OPTIONS = ("ttt_steps", "decay", "pass_weights", "attn_backend")
+BLOCK_OPTIONS = ("num_layers", "block_size", "num_anchors", "decay_gamma", "attn_backend")
 DSPARK_OPTIONS = BLOCK_OPTIONS + ("markov_rank",)
 
 
@@ -67,6 +70,10 @@ def _options(spec: DraftSpec, allowed: tuple[str, ...]) -> dict:
     if bad:
         raise ConfigError(f"config draft.options {bad} are invalid for family {spec.family!r}: expected keys "
                           f"among {list(allowed)}")
+    backend = spec.options.get("attn_backend", "auto")
+    if backend not in ATTENTION_BACKENDS:
+        raise ConfigError(f"config draft.options.attn_backend={backend!r} is invalid: expected one of "
+                          f"{list(ATTENTION_BACKENDS)}")
     return dict(spec.options)
 
 
@@ -86,20 +93,24 @@ def check_draft_spec(spec: DraftSpec) -> None:
 def build_draft(spec: DraftSpec, policy, *, mask_token_id: int, train: bool = False) -> nn.Module:
     """The draft of ``spec`` for ``policy`` (taps set on the policy); ``train`` attaches stop-gradient parts."""
     check_draft_spec(spec)
+    backend = spec.options.get("attn_backend", "auto")
     if spec.family == "eagle3":
         opts = _options(spec, EAGLE3_OPTIONS)
+        opts.pop("attn_backend", None)
         if "pass_weights" in opts and opts["pass_weights"] is not None:
             opts["pass_weights"] = tuple(opts["pass_weights"])
         draft = Eagle3Draft(Eagle3Config.from_policy(policy, **opts))
         draft.init_from_policy(policy)
     else:
         opts = _options(spec, DSPARK_OPTIONS if spec.family == "dspark" else BLOCK_OPTIONS)
+        opts.pop("attn_backend", None)
         markov_rank = opts.pop("markov_rank", 32)
         num_layers = opts.pop("num_layers", 2)
         cfg = BlockDraftConfig.from_policy(policy, num_layers=num_layers, mask_token_id=mask_token_id, **opts)
         draft = DSparkDraft(cfg, markov_rank=markov_rank) if spec.family == "dspark" else DFlashDraft(cfg)
         draft.attach(StopGradParts(policy) if train else policy)
     draft = draft.to(device=policy.device)
+    draft.attn_backend = backend
     policy.set_taps(draft.tap_spec)
     return draft
 
