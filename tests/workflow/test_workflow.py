@@ -69,3 +69,27 @@ def test_unservable_profile_fails_before_any_job(tmp_path):
     assert out.returncode != 0
     assert "profile 'h200' cannot run on this machine" in text and "GPU" in text
     assert not (ROOT / "results" / hardware()["tag"] / "h200" / "envcheck" / "env.json").exists()
+
+
+@pytest.mark.parametrize("artifact", ["fig3", "fig4"])
+def test_baseline_seed_replicas_are_planned_with_their_seeds(artifact):
+    # cpu-tiny asks for baseline_seeds [1, 2]: the no-draft row runs again into no_draft_seed<k> with --seed k
+    out = snakemake("-n", "-p", "--forceall", artifact, "--config", "profile=cpu-tiny")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    for k in (1, 2):
+        assert f"{artifact}/no_draft_seed{k}/run.json" in text
+        assert re.search(rf"--row 'no draft' .*--out \S+/{artifact}/no_draft_seed{k} --seed {k} ", text), text
+    assert re.search(rf"--row 'no draft' .*--out \S+/{artifact}/no_draft --seed 0 ", text), text
+    assert not re.search(rf"--row 'DSpark' .*--seed [12] ", text)
+
+
+def test_profile_schema_refuses_bad_baseline_seeds():
+    from repro.report.profiles import ProfileError, load_profile, validate
+    profile = load_profile("cpu-tiny")
+    profile["fig3"] = {**profile["fig3"], "baseline_seeds": [1, -2]}
+    with pytest.raises(ProfileError, match=r"fig3\.baseline_seeds\.1: -2 is less than the minimum of 0"):
+        validate(profile, "profile.schema.yaml", "cpu-tiny")
+    profile["fig3"]["baseline_seeds"] = [1, 1]
+    with pytest.raises(ProfileError, match=r"fig3\.baseline_seeds: .*non-unique"):
+        validate(profile, "profile.schema.yaml", "cpu-tiny")

@@ -1,8 +1,11 @@
 # Shared by table1, table2, fig3 and fig4 (included once by whichever of them comes first):
 # the cached SFT warm start per (policy, workload), one co-training run per artifact row, and the
 # artifact's summary rows. Rows, models and step counts come from the profile (rl: and <artifact>:).
+# fig3/fig4 sections may add baseline_seeds: [k, ...]: the baseline row run again with seed k into
+# <row folder>_seed<k> (repro.report.seed_spread draws and judges the band of those runs).
 from pathlib import Path as _Path
 
+from repro.report.seed_spread import seed_run_name
 from repro.rl.summary import run_dir_name
 
 RL_RULES_INCLUDED = True
@@ -21,11 +24,41 @@ def rl_workload(artifact):
         "name", "math")
 
 
-def rl_row_of(artifact, run):
+def rl_baseline_row(artifact):
+    """The row every drafted row of ``artifact`` names as its baseline (needed only with baseline_seeds)."""
+    named = sorted({(spec or {}).get("baseline") for spec in rl_rows(artifact).values()} - {None})
+    if len(named) != 1 or named[0] not in rl_rows(artifact):
+        raise WorkflowError(f"profile {PROFILE_NAME}: {artifact}.baseline_seeds needs the rows to name one "
+                            f"baseline row; they name {named}")
+    return named[0]
+
+
+def rl_seed_runs(artifact):
+    """{run folder: (baseline row, seed)} of the baseline's seed replicas (the workflow seed is the main run)."""
+    seeds = (PROFILE.get(artifact) or {}).get("baseline_seeds") or []
+    if not seeds:
+        return {}
+    if PROFILE["engine"] == "nemo-rl":
+        raise WorkflowError(f"profile {PROFILE_NAME}: {artifact}.baseline_seeds is for the suite engine; the "
+                            "NeMo-RL driver takes no seed from this workflow (remove baseline_seeds)")
+    row = rl_baseline_row(artifact)
+    return {seed_run_name(run_dir_name(row), int(k)): (row, int(k))
+            for k in dict.fromkeys(seeds) if int(k) != int(config["seed"])}
+
+
+def rl_row_seed(artifact, run):
+    """(row, seed) run in folder ``run``: a row's main run (workflow seed) or a baseline seed replica."""
     for row in rl_rows(artifact):
         if run_dir_name(row) == run:
-            return row
-    raise WorkflowError(f"no {artifact} row of profile {PROFILE_NAME} has run folder {run!r}")
+            return row, config["seed"]
+    if run in rl_seed_runs(artifact):
+        return rl_seed_runs(artifact)[run]
+    raise WorkflowError(f"no {artifact} row (or baseline seed replica) of profile {PROFILE_NAME} has run "
+                        f"folder {run!r}")
+
+
+def rl_row_of(artifact, run):
+    return rl_row_seed(artifact, run)[0]
 
 
 def rl_sft_drafts(policy, workload):
@@ -50,11 +83,12 @@ def rl_warm_input(wildcards):
 
 
 def rl_run_markers(artifact):
-    return [f"{RUNS}/{artifact}/{run_dir_name(r)}/run.json" for r in rl_rows(artifact)]
+    return ([f"{RUNS}/{artifact}/{run_dir_name(r)}/run.json" for r in rl_rows(artifact)]
+            + [f"{RUNS}/{artifact}/{run}/run.json" for run in rl_seed_runs(artifact)])
 
 
 def rl_run_cmd(wildcards):
-    row = rl_row_of(wildcards.artifact, wildcards.run)
+    row, seed = rl_row_seed(wildcards.artifact, wildcards.run)
     out = f"{RUNS}/{wildcards.artifact}/{wildcards.run}"
     if PROFILE["engine"] == "nemo-rl":
         if not NEMO_RL_RUN.is_file():
@@ -66,7 +100,7 @@ def rl_run_cmd(wildcards):
         return (f"{PY} -m repro.nemo_rl.run --artifact {wildcards.artifact} --row '{row}' "
                 f"--profile {PROFILE_NAME} --out {out}{paths}")
     return (f"{PY} -m repro.rl.run --artifact {wildcards.artifact} --row '{row}' --profile {PROFILE_NAME} "
-            f"--warm-start {rl_warm_dir(wildcards)} --out {out} --seed {config['seed']} --threads 1")
+            f"--warm-start {rl_warm_dir(wildcards)} --out {out} --seed {seed} --threads 1")
 
 
 rule rl_sft:

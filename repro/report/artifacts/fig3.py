@@ -5,7 +5,10 @@ Six panels from the per-step rows of the runs (collected tidy table, metric name
 throughput (generated tokens per second of step) and step time (process CPU seconds on cpu-emulated
 runs, as in the summary). The paper's reported values are
 drawn dashed and labelled with the paper's hardware (the KL band on the KL panel); the summary
-numbers beside the paper's go to ``fig3.md``/``.csv``.
+numbers beside the paper's go to ``fig3.md``/``.csv``. When the profile ran seed replicas of the
+baseline row (``baseline_seeds``), the baseline's seed band is shaded behind the reward and accuracy
+curves and each co-trained row's verdict (inside the band or not, acceptance trend) goes to
+``fig3_spread.csv`` and into ``fig3.md`` (definitions: ``repro.report.seed_spread``).
 
     python -m repro.report.build --artifact fig3 --profile cpu-tiny \
         --tidy results/tidy/cpu-tiny/fig3.csv --out paper_figures/cpu-tiny
@@ -17,8 +20,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from repro.report import seed_spread
 from repro.report.style import measured_label, paper_label, paper_style, save_figure
-from repro.report.tables import write_table
+from repro.report.tables import to_markdown, write_table
 
 ROWS = ["no draft", "EAGLE-3", "DFlash", "DSpark"]
 PANELS = (("train/reward", "reward"), ("val/accuracy", "held-out accuracy"),
@@ -80,16 +84,27 @@ def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: s
     label = steps["hardware_label"].iloc[0] if len(steps) else ""
     steps = _cpu_basis(steps, label) if len(steps) else steps
     cpu_basis = label == "cpu-emulated" and (steps["metric"] == "train/step_cpu_s").any()
+    base = seed_spread.baseline_row(steps) if len(steps) else None
+    hw_steps = steps[steps["hardware"] == hw] if len(steps) else steps
+    curves = seed_spread.main_runs(steps) if len(steps) else steps
     fig, axes = plt.subplots(2, 3, figsize=(7.0, 3.9))
     cycle = plt.rcParams["axes.prop_cycle"].by_key()
     # one fixed style per row (a panel without the baseline, e.g. acceptance length, keeps the colours)
     styles = {row: {k: v[i % len(v)] for k, v in cycle.items()} for i, row in enumerate(ROWS)}
     for ax, (metric, ylabel) in zip(axes.flat, PANELS):
+        window = seed_spread.SMOOTH.get(metric, 1)
+        if base is not None and metric in dict(seed_spread.BAND_METRICS):
+            b = seed_spread.band(hw_steps, base, metric)
+            ax.fill_between(b["step"], b["lo"], b["hi"], color=styles.get(base, {}).get("color", "0.5"),
+                            alpha=0.2, linewidth=0, label=f"{base}: {b['runs'].iloc[0]}-seed band "
+                                                          f"(mean +- {seed_spread.K_SD:g} sd)")
         for row in ROWS:
-            d = steps[(steps["row"] == row) & (steps["metric"] == metric)].sort_values(["run", "step"])
+            d = curves[(curves["row"] == row) & (curves["metric"] == metric)].sort_values(["run", "step"])
             d = d.groupby("step", as_index=False).last()
             if len(d):
                 y = d["value"].clip(lower=KL_FLOOR) if metric == "train/train_inference_kl" else d["value"]
+                if window > 1:
+                    y = seed_spread.smooth(pd.Series(y.to_numpy(), index=d["step"]), window).to_numpy()
                 ax.plot(d["step"], y, marker=".", markersize=3, label=row, **styles[row])
         pm = PAPER_ON_PANEL.get(metric)
         if pm:
@@ -98,6 +113,8 @@ def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: s
         ax.set_xlabel("step")
         if cpu_basis and metric in ("train/step_time_s", "train/throughput_tok_s"):
             ylabel = ylabel.replace("(s)", "(CPU s)").replace("tok/s", "tok/CPU s")
+        if window > 1:
+            ylabel = f"{ylabel} ({window}-step mean)"
         ax.set_ylabel(ylabel)
         if metric == "train/train_inference_kl":
             ax.set_yscale("log")
@@ -116,6 +133,14 @@ def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: s
              "the drafted runs; rollout share is the no-draft run's rollout time over step time.",
              f"KL is drawn floored at {KL_FLOOR:g} (fp32 CPU runs are synced to rounding). On cpu-emulated runs "
              "step time and throughput are process CPU seconds (+ tool latency), the basis of the speedups."]
+    spread = seed_spread.spread_table(steps) if len(steps) else pd.DataFrame(columns=seed_spread.TABLE_COLUMNS)
+    if len(spread):
+        paths += write_table(spread, Path(out_dir) / f"{name}_spread")
+        notes += ["", "## Co-trained curves against the baseline's seed-to-seed spread", "",
+                  to_markdown(spread).rstrip("\n"), ""] + seed_spread.NOTES
+    else:
+        notes += ["No seed replicas of the baseline row were run (profile key baseline_seeds): the co-trained "
+                  "curves are not judged against a seed-to-seed spread."]
     return paths + write_table(summary_table(tidy, paper), Path(out_dir) / name, title=title, notes=notes)
 
 

@@ -1,0 +1,167 @@
+"""The baseline's seed-to-seed spread in Figures 3-4, and whether each co-trained curve stays inside it.
+
+A profile's ``fig3:``/``fig4:`` section may ask for ``baseline_seeds: [1, 2]``: the workflow
+(workflow/rules/rl.smk) then runs the baseline (no-draft) row again with each of those seeds, into
+run folders named ``<row folder>_seed<k>`` (``seed_run_name``). Their metrics are logged under the
+baseline's row label, so in the collected tidy table a seed replica is recognised by its run folder
+name (``seed_of_run``); the run without the suffix is the row's main run (the workflow's ``seed``).
+
+Definitions used by the figure and the table (``repro.report.artifacts.fig3.build_curves``):
+
+* curves are smoothed by a trailing mean over the last ``SMOOTH[metric]`` logged points (reward: 4
+  steps, one GRPO batch per step is noisy; validation accuracy: 1, i.e. none);
+* band, per logged step: mean +- ``K_SD`` sample standard deviations (ddof=1) over the baseline's
+  runs (main run + seed replicas) of the smoothed value, on the steps every baseline run logged;
+* a co-trained row's fraction: its smoothed values inside the band (inclusive, 1e-12 tolerance) over
+  the band's steps it logged; verdict "within the seed-to-seed spread" when the fraction is at least
+  ``MIN_FRACTION`` for reward and for validation accuracy, else "outside";
+* acceptance-length trend: slope of the least-squares line of acceptance length against step over
+  every logged step (per step); it "rises" when the slope is > 0.
+
+    python -m repro.report.seed_spread results/tidy/cpu-tiny/fig3.csv     # print the verdict table
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+SEED_SUFFIX = re.compile(r"_seed(\d+)$")
+SMOOTH = {"train/reward": 4, "val/accuracy": 1}
+BAND_METRICS = (("train/reward", "reward"), ("val/accuracy", "val accuracy"))
+K_SD = 2.0
+MIN_FRACTION = 0.5
+TOL = 1e-12
+WITHIN, OUTSIDE = "within the seed-to-seed spread", "outside"
+ACCEPTANCE = "train/acceptance_length"
+TABLE_COLUMNS = ["row", "baseline", "baseline runs", "reward in band", "val accuracy in band", "verdict",
+                 "acceptance slope/step", "acceptance rises", "measured on"]
+
+
+def seed_run_name(run_dir: str, seed: int) -> str:
+    """Run folder of a seed replica: ``seed_run_name("no_draft", 1) -> "no_draft_seed1"``."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"baseline seed {seed!r}: expected an integer >= 0")
+    return f"{run_dir}_seed{seed}"
+
+
+def seed_of_run(run: str) -> int | None:
+    """The seed of a replica run (its folder name ends in ``_seed<k>``); None for a row's main run."""
+    m = SEED_SUFFIX.search(str(run).rstrip("/"))
+    return int(m.group(1)) if m else None
+
+
+def main_runs(steps: pd.DataFrame) -> pd.DataFrame:
+    """The per-step rows of every row's main run (seed replicas left out)."""
+    return steps[[seed_of_run(r) is None for r in steps["run"]]]
+
+
+def baseline_row(steps: pd.DataFrame) -> str | None:
+    """The row that has seed replicas (None when there are none); more than one is an error."""
+    rows = sorted({r for r, run in zip(steps["row"], steps["run"]) if seed_of_run(run) is not None})
+    if len(rows) > 1:
+        raise ValueError(f"seed replicas of several rows {rows}; expected those of the one baseline row")
+    return rows[0] if rows else None
+
+
+def smooth(curve: pd.Series, window: int) -> pd.Series:
+    """Trailing mean over the last ``window`` logged points of a step-indexed curve."""
+    if window < 1:
+        raise ValueError(f"smoothing window {window}: expected an integer >= 1")
+    return curve.sort_index().rolling(window, min_periods=1).mean()
+
+
+def curve(steps: pd.DataFrame, run: str, metric: str) -> pd.Series:
+    """One run's smoothed values of ``metric``, indexed by step (a re-logged step: the last value)."""
+    d = steps[(steps["run"] == run) & (steps["metric"] == metric)]
+    s = d.groupby("step")["value"].last()
+    return smooth(s, SMOOTH.get(metric, 1))
+
+
+def band(steps: pd.DataFrame, row: str, metric: str) -> pd.DataFrame:
+    """Per step: the baseline runs' mean, sd, lo = mean - K_SD sd, hi = mean + K_SD sd, and run count."""
+    runs = sorted(set(steps.loc[steps["row"] == row, "run"]))
+    curves = [c for c in (curve(steps, r, metric) for r in runs) if len(c)]
+    if len(curves) < 2:
+        raise ValueError(f"row {row!r}, {metric}: {len(curves)} run(s) logged it; a seed band needs >= 2 "
+                         "(the main run plus baseline_seeds replicas)")
+    wide = pd.concat(curves, axis=1, join="inner")
+    mean, sd = wide.mean(axis=1), wide.std(axis=1, ddof=1)
+    return pd.DataFrame({"step": wide.index, "mean": mean.values, "sd": sd.values, "lo": (mean - K_SD * sd).values,
+                         "hi": (mean + K_SD * sd).values, "runs": len(curves)})
+
+
+def fraction_inside(values: pd.Series, b: pd.DataFrame) -> tuple[int, int]:
+    """(steps of ``values`` inside the band, band steps ``values`` logged)."""
+    bb = b.set_index("step")
+    common = [s for s in values.index if s in bb.index]
+    inside = sum(bool(bb.at[s, "lo"] - TOL <= values[s] <= bb.at[s, "hi"] + TOL) for s in common)
+    return inside, len(common)
+
+
+def acceptance_slope(steps: pd.DataFrame, run: str) -> float:
+    """Least-squares slope of acceptance length against step (per step); NaN with fewer than 2 steps."""
+    s = steps[(steps["run"] == run) & (steps["metric"] == ACCEPTANCE)].groupby("step")["value"].last()
+    if len(s) < 2:
+        return float("nan")
+    return float(np.polyfit(s.index.to_numpy(float), s.to_numpy(float), 1)[0])
+
+
+def spread_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """One line per co-trained row (per hardware): fraction of its steps in the baseline's band, verdict,
+    acceptance trend. Empty when no row has seed replicas."""
+    lines = []
+    for hw, h in steps.groupby("hardware", sort=True):
+        base = baseline_row(h)
+        if base is None:
+            continue
+        label = h["hardware_label"].iloc[0]
+        bands = {m: band(h, base, m) for m, _ in BAND_METRICS}
+        nruns = int(bands[BAND_METRICS[0][0]]["runs"].iloc[0])
+        mains = main_runs(h)
+        for row in sorted(set(mains["row"]) - {base}):
+            runs = sorted(set(mains.loc[mains["row"] == row, "run"]))
+            if len(runs) != 1:
+                raise ValueError(f"row {row!r} on {hw}: {len(runs)} main runs {runs}; expected one")
+            run = runs[0]
+            line = {"row": row, "baseline": base, "baseline runs": nruns}
+            ok = True
+            for metric, name in BAND_METRICS:
+                n_in, n = fraction_inside(curve(h, run, metric), bands[metric])
+                frac = n_in / n if n else float("nan")
+                ok = ok and n > 0 and frac >= MIN_FRACTION
+                line[f"{name} in band"] = f"{n_in}/{n} ({frac:.2f})" if n else "-"
+            slope = acceptance_slope(h, run)
+            line.update({"verdict": WITHIN if ok else OUTSIDE, "acceptance slope/step": slope,
+                         "acceptance rises": "-" if np.isnan(slope) else ("yes" if slope > 0 else "no"),
+                         "measured on": f"{hw} ({label})" if label else hw})
+            lines.append(line)
+    return pd.DataFrame(lines, columns=TABLE_COLUMNS)
+
+
+NOTES = [f"Seed band: per step, mean +- {K_SD:g} sd (ddof=1) over the baseline row's runs (main run + "
+         "baseline_seeds replicas, same SFT warm start; the seed also draws the problems and the held-out set) "
+         f"of the curve smoothed by a trailing mean over {SMOOTH['train/reward']} logged steps for reward and "
+         f"{SMOOTH['val/accuracy']} for validation accuracy (the figure's reward panel shows the same smoothing). "
+         f"Verdict: '{WITHIN}' when at least {MIN_FRACTION:.0%} of a co-trained row's band steps lie inside for "
+         "both reward and validation accuracy, else 'outside'. Acceptance slope: least-squares slope of "
+         "acceptance length against step over every logged step; 'rises' when > 0."]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from repro.report.collect import read_tidy
+    from repro.report.tables import to_markdown
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m repro.report.seed_spread <tidy csv>", file=sys.stderr)
+        return 2
+    tidy = read_tidy(Path(args[0]))
+    print(to_markdown(spread_table(tidy[tidy["metric"].str.startswith(("train/", "val/"))]), notes=NOTES))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

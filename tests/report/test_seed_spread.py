@@ -1,0 +1,112 @@
+"""Seed band and verdicts of Figures 3-4 (repro.report.seed_spread) on synthetic tidy frames, and the
+fig3 builder drawing the band and writing the verdict table.
+
+    .venv/bin/python -m pytest -q tests/report/test_seed_spread.py
+"""
+import numpy as np
+import pandas as pd
+import pytest
+
+from repro.report import seed_spread as ss
+
+pytestmark = pytest.mark.timeout(120)
+STEPS = list(range(12))
+
+
+def _rows(run, row, metric, values, steps=STEPS, hw="cpu-2c"):
+    return [{"artifact": "fig3", "profile": "cpu-tiny", "hardware": hw, "hardware_label": "cpu-emulated",
+             "run": f"{hw}/cpu-tiny/fig3/{run}", "engine": "suite", "row": row, "step": s, "metric": metric,
+             "value": float(v)} for s, v in zip(steps, values)]
+
+
+def _frame(draft_reward, draft_val, draft_al=None, base_seeds=True):
+    """Baseline rewards 0.4/0.5/0.6 (flat per seed) and val accuracy 0.2/0.3/0.4 every 4 steps."""
+    rows = []
+    runs = [("no_draft", 0.5, 0.3)] + ([("no_draft_seed1", 0.4, 0.2), ("no_draft_seed2", 0.6, 0.4)]
+                                       if base_seeds else [])
+    for run, r, v in runs:
+        rows += _rows(run, "no draft", "train/reward", [r] * len(STEPS))
+        rows += _rows(run, "no draft", "val/accuracy", [v] * 3, steps=[0, 4, 8])
+    rows += _rows("dspark", "DSpark", "train/reward", draft_reward)
+    rows += _rows("dspark", "DSpark", "val/accuracy", draft_val, steps=[0, 4, 8])
+    rows += _rows("dspark", "DSpark", "train/acceptance_length",
+                  draft_al if draft_al is not None else np.linspace(2.0, 3.0, len(STEPS)))
+    return pd.DataFrame(rows)
+
+
+def test_seed_run_names_round_trip_and_reject_bad_seeds():
+    assert ss.seed_run_name("no_draft", 2) == "no_draft_seed2"
+    assert ss.seed_of_run("cpu-2c/cpu-tiny/fig3/no_draft_seed2") == 2
+    assert ss.seed_of_run("cpu-2c/cpu-tiny/fig3/no_draft") is None
+    with pytest.raises(ValueError, match=r"baseline seed -1: expected an integer >= 0"):
+        ss.seed_run_name("no_draft", -1)
+
+
+def test_band_is_mean_plus_minus_two_sd_over_the_baseline_runs():
+    b = ss.band(_frame([0.5] * 12, [0.3] * 3), "no draft", "train/reward")
+    assert b["runs"].iloc[0] == 3 and list(b["step"]) == STEPS
+    # seeds 0.4/0.5/0.6: mean 0.5, sd 0.1 (ddof=1), band 0.3..0.7 (smoothing a flat curve keeps it flat)
+    assert np.allclose(b["mean"], 0.5) and np.allclose(b["lo"], 0.3) and np.allclose(b["hi"], 0.7)
+    v = ss.band(_frame([0.5] * 12, [0.3] * 3), "no draft", "val/accuracy")
+    assert list(v["step"]) == [0, 4, 8] and np.allclose(v["lo"], 0.1) and np.allclose(v["hi"], 0.5)
+
+
+def test_band_needs_two_baseline_runs():
+    with pytest.raises(ValueError, match=r"'no draft'.*1 run\(s\).*needs >= 2"):
+        ss.band(_frame([0.5] * 12, [0.3] * 3, base_seeds=False), "no draft", "train/reward")
+
+
+def test_smoothing_is_a_trailing_mean_over_logged_points():
+    s = ss.smooth(pd.Series([0.0, 1.0, 0.0, 1.0, 1.0], index=[0, 1, 2, 3, 4]), 4)
+    assert np.allclose(s.to_numpy(), [0.0, 0.5, 1 / 3, 0.5, 0.75])
+
+
+def test_verdict_within_for_a_baseline_like_row_and_outside_for_a_shifted_one():
+    inside = ss.spread_table(_frame([0.55] * 12, [0.35] * 3))
+    assert list(inside["row"]) == ["DSpark"] and inside["verdict"].iloc[0] == ss.WITHIN
+    assert inside["reward in band"].iloc[0] == "12/12 (1.00)"
+    # reward far above the band on every step: outside, even though validation accuracy is inside
+    high = ss.spread_table(_frame([0.95] * 12, [0.35] * 3))
+    assert high["verdict"].iloc[0] == ss.OUTSIDE and high["reward in band"].iloc[0] == "0/12 (0.00)"
+    assert high["val accuracy in band"].iloc[0] == "3/3 (1.00)"
+    # validation accuracy below the band at 2 of 3 points: outside (1/3 < MIN_FRACTION)
+    low_val = ss.spread_table(_frame([0.5] * 12, [0.3, 0.0, 0.0]))
+    assert low_val["verdict"].iloc[0] == ss.OUTSIDE and low_val["val accuracy in band"].iloc[0] == "1/3 (0.33)"
+
+
+def test_single_noisy_steps_are_smoothed_before_judging():
+    # one step in four jumps to 1.0: raw values leave the 0.3..0.7 band 3 times; the 4-step trailing
+    # mean (at most 0.5 + 0.5 / 4 = 0.625) stays inside on every step
+    reward = [0.5, 0.5, 0.5, 1.0] * 3
+    f = _frame(reward, [0.3] * 3)
+    raw = pd.Series(reward, index=STEPS)
+    assert ss.fraction_inside(raw, ss.band(f, "no draft", "train/reward")) == (9, 12)
+    t = ss.spread_table(f)
+    assert t["reward in band"].iloc[0] == "12/12 (1.00)" and t["verdict"].iloc[0] == ss.WITHIN
+
+
+def test_acceptance_trend_is_the_least_squares_slope():
+    up = ss.spread_table(_frame([0.5] * 12, [0.3] * 3, draft_al=np.linspace(2.0, 3.1, 12)))
+    assert up["acceptance slope/step"].iloc[0] == pytest.approx(0.1) and up["acceptance rises"].iloc[0] == "yes"
+    down = ss.spread_table(_frame([0.5] * 12, [0.3] * 3, draft_al=[3.0, 2.0] * 6))
+    assert down["acceptance slope/step"].iloc[0] < 0 and down["acceptance rises"].iloc[0] == "no"
+
+
+def test_no_seed_replicas_gives_no_table_and_two_baselines_are_refused():
+    assert ss.spread_table(_frame([0.5] * 12, [0.3] * 3, base_seeds=False)).empty
+    f = _frame([0.5] * 12, [0.3] * 3)
+    f = pd.concat([f, pd.DataFrame(_rows("dspark_seed1", "DSpark", "train/reward", [0.5] * 12))])
+    with pytest.raises(ValueError, match=r"several rows \['DSpark', 'no draft'\]"):
+        ss.spread_table(f)
+
+
+def test_fig3_builder_draws_the_band_and_writes_the_verdicts(tmp_path):
+    from repro.report.artifacts.fig3 import build
+    tidy = _frame([0.95] * 12, [0.35] * 3)
+    paper = pd.DataFrame(columns=["row", "metric", "stat", "value", "paper_hardware"])
+    paths = build(tidy, paper, tmp_path)
+    spread = pd.read_csv(tmp_path / "fig3_spread.csv")
+    assert list(spread["row"]) == ["DSpark"] and spread["verdict"].iloc[0] == ss.OUTSIDE
+    md = (tmp_path / "fig3.md").read_text()
+    assert "seed-to-seed spread" in md and "| DSpark | no draft | 3 |" in md
+    assert tmp_path / "fig3.png" in paths
