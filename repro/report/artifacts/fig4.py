@@ -3,7 +3,9 @@
 The same six panels as Figure 3 (``repro.report.artifacts.fig3.build_curves``) from the fig4 runs,
 whose rollouts include tool calls with a configurable latency; the paper's final acceptance-length
 range is drawn dashed on the acceptance panel, and the summary (speedups, rollout share of the step)
-goes beside the paper's values in ``fig4.md``/``.csv``.
+goes beside the paper's values in ``fig4.md``/``.csv``. With ``baseline_seeds`` in the profile's fig4
+section the baseline's seed band and each drafted row's verdict are added as for Figure 3
+(``fig4_spread.csv``; definitions in ``repro.report.seed_spread``).
 
     python -m repro.report.build --artifact fig4 --profile cpu-tiny \
         --tidy results/tidy/cpu-tiny/fig4.csv --out paper_figures/cpu-tiny
