@@ -2,15 +2,19 @@
 
 One file per run folder, ``<out>/ckpt/latest.pt``, replaced atomically after each checkpointed step,
 so a crash leaves the previous checkpoint intact. The run's config is stored with it and a resume
-refuses a checkpoint written under a different config (naming the first differing key).
+refuses a checkpoint written under a different config (naming the first differing key). The digest of
+the warm-start files the run started from is stored too: a checkpoint whose warm start has since been
+rebuilt (same path, other weights) is stale, so it is dropped and the run starts over.
 
-    save_checkpoint(out, step, {"policy": ..., "draft": ..., "optimizer": ...}, cfg_dict)
-    state = load_checkpoint(out, cfg_dict)        # None when the run has no checkpoint yet
+    save_checkpoint(out, step, {"policy": ..., "draft": ..., "optimizer": ...}, cfg_dict, warm_digest)
+    state = load_checkpoint(out, cfg_dict, warm_digest)   # None: no checkpoint yet, or a stale one dropped
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +30,40 @@ def _comparable(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if k not in _IGNORED_KEYS}
 
 
-def save_checkpoint(out: str | os.PathLike, step: int, state: dict[str, Any], config: dict) -> Path:
+def warm_start_digest(warm_start: str | os.PathLike) -> str:
+    """sha256 over the warm start's weight files (policy.pt, drafts/*.pt), in name order; "" for none."""
+    if not warm_start:
+        return ""
+    root = Path(warm_start)
+    h = hashlib.sha256()
+    for f in sorted([root / "policy.pt", *sorted((root / "drafts").glob("*.pt"))]):
+        if f.is_file():
+            h.update(str(f.relative_to(root)).encode())
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 24), b""):
+                    h.update(block)
+    return h.hexdigest()
+
+
+def save_checkpoint(out: str | os.PathLike, step: int, state: dict[str, Any], config: dict,
+                    warm_digest: str = "") -> Path:
     buf = io.BytesIO()
-    torch.save({"step": int(step), "config": config, "rng": torch.get_rng_state(), **state}, buf)
+    torch.save({"step": int(step), "config": config, "rng": torch.get_rng_state(), "warm_start_digest": warm_digest,
+                **state}, buf)
     return write_atomic(Path(out) / CKPT, buf.getvalue())
 
 
-def load_checkpoint(out: str | os.PathLike, config: dict) -> dict[str, Any] | None:
+def load_checkpoint(out: str | os.PathLike, config: dict, warm_digest: str = "") -> dict[str, Any] | None:
     path = Path(out) / CKPT
     if not path.is_file():
         return None
     state = torch.load(path, map_location="cpu", weights_only=False)
+    old_digest = state.get("warm_start_digest", warm_digest)     # checkpoints from before digests: trusted
+    if old_digest != warm_digest:
+        print(f"checkpoint {path} continues a run from another warm start (its files changed since); "
+              "dropping it and starting the run over", file=sys.stderr, flush=True)
+        path.unlink()
+        return None
     old, new = _comparable(state.get("config", {})), _comparable(config)
     if old != new:
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))

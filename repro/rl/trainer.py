@@ -20,14 +20,15 @@ last checkpoint of its run folder.
 from __future__ import annotations
 
 import copy
+import functools
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from repro.rl.checkpoint import load_checkpoint, save_checkpoint
+from repro.rl.checkpoint import load_checkpoint, save_checkpoint, warm_start_digest
 from repro.rl.config import RunConfig
 from repro.rl.drafts import build_draft, make_proposer
 from repro.rl.episodes import RolloutBatch, math_rollout, workplace_rollout
@@ -191,15 +192,20 @@ class CoTrainer:
         return m, batch, stats
 
     # -- checkpoints -------------------------------------------------------------------------------------
+    @functools.cached_property
+    def warm_digest(self) -> str:
+        """Digest of the warm start's weights: a checkpoint made from other weights is not resumed."""
+        return warm_start_digest(self.cfg.warm_start)
+
     def save(self, step: int) -> None:
         state = {"policy": self.policy.model.state_dict(), "optimizer": self.update.state_dict()}
         if self.draft is not None:
             state["draft"] = self.draft.state_dict()
-        save_checkpoint(self.cfg.out, step, state, self.cfg.to_dict())
+        save_checkpoint(self.cfg.out, step, state, self.cfg.to_dict(), self.warm_digest)
 
     def try_resume(self) -> int:
         """Load the run folder's last checkpoint; returns the first step still to run (0 if none)."""
-        state = load_checkpoint(self.cfg.out, self.cfg.to_dict())
+        state = load_checkpoint(self.cfg.out, self.cfg.to_dict(), self.warm_digest)
         if state is None:
             return 0
         self.policy.model.load_state_dict(state["policy"])

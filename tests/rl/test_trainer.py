@@ -3,6 +3,7 @@ bad configs fail before any model is built, multi-turn rollouts mask what the po
 
     .venv/bin/python -m pytest -q tests/rl/test_trainer.py
 """
+import dataclasses
 import json
 
 import pytest
@@ -70,6 +71,29 @@ def test_crashed_run_resumes_from_its_checkpoint_without_losing_steps(tmp_path, 
     full_rows = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     assert full_rows[2]["train/draft_loss"] == json.loads(
         (tmp_path / "crash" / "metrics.jsonl").read_text().splitlines()[2])["train/draft_loss"]
+
+
+def _fake_warm_start(root, cfg, seed):
+    """A warm-start folder as repro.rl.sft writes it (policy.pt only), with seed-dependent weights."""
+    from repro.rl.warmstart import make_policy
+    pol = make_policy(dataclasses.replace(cfg.policy), cfg.vocab_size, seed=seed, dtype=torch.float32, device="cpu")
+    root.mkdir(parents=True, exist_ok=True)
+    torch.save({"family": cfg.policy.family, "scale": cfg.policy.scale, "overrides": dict(cfg.policy.overrides),
+                "vocab_size": cfg.vocab_size, "state_dict": pol.model.state_dict()}, root / "policy.pt")
+
+
+def test_checkpoint_of_a_rebuilt_warm_start_is_dropped_not_resumed(tmp_path, tok, capsys):
+    """Same config and warm-start path, other weights (the SFT was rebuilt): the stale checkpoint must not
+    be continued; with unchanged weights the run resumes."""
+    cfg = tiny_config(tmp_path / "run", steps=1)
+    cfg.warm_start = str(tmp_path / "warm")
+    _fake_warm_start(tmp_path / "warm", cfg, seed=1)
+    _train(cfg, tok)
+    assert CoTrainer(cfg, tok).try_resume() == 1                 # same weights: resumes after step 0
+    _fake_warm_start(tmp_path / "warm", cfg, seed=2)             # rebuilt: other weights at the same path
+    assert CoTrainer(cfg, tok).try_resume() == 0
+    assert "another warm start" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "ckpt" / "latest.pt").exists()
 
 
 def test_resume_refuses_a_checkpoint_of_another_config(tmp_path, tok):
