@@ -33,7 +33,7 @@ def test_attn_backend_option_reaches_the_draft_and_changes_nothing_numerically(f
         feats = TargetFeatures(dict(zip(policy.tap_spec.as_output_layers(), [t.detach() for t in out.taps])))
         batch = DraftBatch(input_ids=ids, loss_mask=draft_loss_mask(mask), policy_logits=out.logits.detach(),
                            extras={"anchor_generator": torch.Generator().manual_seed(1)})
-        losses[backend] = float(draft.draft_loss(feats, batch))
+        losses[backend] = float(draft.draft_loss(feats, batch).detach())
     assert losses["auto"] == pytest.approx(losses["torch"], rel=1e-10, abs=1e-12)
 
 
