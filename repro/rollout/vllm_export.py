@@ -69,18 +69,17 @@ def _tap_order(draft) -> tuple[list[int], list[int]]:
     return [ids[i] for i in order], order
 
 
-def eagle3_vllm_config(draft, *, max_position_embeddings: int = 4096, dtype: str = "float32") -> dict:
-    """The ``config.json`` of an exported EAGLE-3 draft (see the module docstring)."""
-    c = draft.cfg
-    aux_ids, _ = _tap_order(draft)
+def _decoder_config(c, *, arch: str, model_type: str, hidden_size: int, num_layers: int,
+                    max_position_embeddings: int, dtype: str) -> dict:
+    """The decoder fields both draft layouts share (llama/qwen3-style config.json keys)."""
     if max_position_embeddings < 2:
         raise ValueError(f"max_position_embeddings must be >= 2, got {max_position_embeddings}")
     return {
-        "architectures": [EAGLE3_ARCH],
-        "model_type": "llama",
-        "hidden_size": c.hidden_size,
+        "architectures": [arch],
+        "model_type": model_type,
+        "hidden_size": hidden_size,
         "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": num_layers,
         "num_attention_heads": c.num_heads,
         "num_key_value_heads": c.num_kv_heads,
         "head_dim": c.head_dim,
@@ -90,17 +89,24 @@ def eagle3_vllm_config(draft, *, max_position_embeddings: int = 4096, dtype: str
         "rope_parameters": {"rope_type": "default", "rope_theta": float(c.rope_theta)},
         "max_position_embeddings": int(max_position_embeddings),
         "vocab_size": c.vocab_size,
-        "draft_vocab_size": c.draft_vocab_size,
         "target_hidden_size": c.target_hidden,
         "attention_bias": False,
-        "mlp_bias": False,
         "tie_word_embeddings": False,
         "bos_token_id": None,
         "eos_token_id": None,
         "pad_token_id": None,
         "dtype": dtype,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux_ids, "use_aux_hidden_state": True},
     }
+
+
+def eagle3_vllm_config(draft, *, max_position_embeddings: int = 4096, dtype: str = "float32") -> dict:
+    """The ``config.json`` of an exported EAGLE-3 draft (see the module docstring)."""
+    c = draft.cfg
+    aux_ids, _ = _tap_order(draft)
+    return {**_decoder_config(c, arch=EAGLE3_ARCH, model_type="llama", hidden_size=c.hidden_size, num_layers=1,
+                              max_position_embeddings=max_position_embeddings, dtype=dtype),
+            "draft_vocab_size": c.draft_vocab_size, "mlp_bias": False,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux_ids, "use_aux_hidden_state": True}}
 
 
 def eagle3_vllm_state_dict(draft) -> dict[str, torch.Tensor]:
@@ -162,34 +168,11 @@ def dflash_vllm_config(draft, *, max_position_embeddings: int = 4096, dtype: str
     """The ``config.json`` of an exported DFlash draft (see the module docstring)."""
     c = draft.cfg
     ids, _ = _dflash_taps(draft)
-    if max_position_embeddings < 2:
-        raise ValueError(f"max_position_embeddings must be >= 2, got {max_position_embeddings}")
-    return {
-        "architectures": [DFLASH_ARCH],
-        "model_type": "qwen3",
-        "hidden_size": c.target_hidden,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": c.rms_eps,
-        "rope_theta": float(c.rope_theta),
-        "rope_parameters": {"rope_type": "default", "rope_theta": float(c.rope_theta)},
-        "max_position_embeddings": int(max_position_embeddings),
-        "vocab_size": c.vocab_size,
-        "target_hidden_size": c.target_hidden,
-        "block_size": c.block_size,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "bos_token_id": None,
-        "eos_token_id": None,
-        "pad_token_id": None,
-        "dtype": dtype,
-        "dflash_config": {"mask_token_id": int(c.mask_token_id), "target_layer_ids": ids,
-                          "use_aux_hidden_state": True, "causal": False},
-    }
+    return {**_decoder_config(c, arch=DFLASH_ARCH, model_type="qwen3", hidden_size=c.target_hidden,
+                              num_layers=c.num_layers, max_position_embeddings=max_position_embeddings, dtype=dtype),
+            "block_size": c.block_size,
+            "dflash_config": {"mask_token_id": int(c.mask_token_id), "target_layer_ids": ids,
+                              "use_aux_hidden_state": True, "causal": False}}
 
 
 def dflash_vllm_state_dict(draft) -> dict[str, torch.Tensor]:
