@@ -35,7 +35,7 @@ import inspect
 import torch
 
 from kernels.attention.backends.base import Backend
-from kernels.attention.backends.varlen_index import padded_index, varlen_bounds
+from kernels.attention.backends.varlen_index import lse_to_kernel, padded_lse_rows, varlen_bounds
 from kernels.attention.spec import MaskSpec
 
 _PROBE: dict = {}
@@ -100,21 +100,9 @@ def lse_to_rows(lse: torch.Tensor, spec: MaskSpec, H: int) -> tuple[torch.Tensor
     if lse.dim() == 2 and lse.shape == (H, spec.num_q):
         return lse.transpose(0, 1).float(), "packed"
     if lse.dim() == 3 and lse.shape[0] == spec.cu_q.numel() - 1 and lse.shape[1] == H:
-        seg, off = padded_index(spec, lse.device)
-        return lse[seg, :, off].float(), "padded"
+        return padded_lse_rows(lse, spec).float(), "padded"
     raise RuntimeError(f"unexpected flash-attn softmax_lse shape {tuple(lse.shape)} for {H} heads, "
                        f"{spec.num_q} packed rows in {spec.cu_q.numel() - 1} sequences")
-
-
-def rows_to_lse(rows: torch.Tensor, spec: MaskSpec, layout: str, max_q: int) -> torch.Tensor:
-    """[T, H] -> the kernel's layout (see lse_to_rows); padding entries +inf (never read)."""
-    if layout == "packed":
-        return rows.transpose(0, 1).contiguous()
-    seg, off = padded_index(spec, rows.device)
-    out = torch.full((spec.cu_q.numel() - 1, rows.shape[1], max_q), float("inf"), dtype=rows.dtype,
-                     device=rows.device)
-    out[seg, :, off] = rows
-    return out
 
 
 class FlashAttnBackend(Backend):
@@ -170,7 +158,7 @@ class FlashAttnBackend(Backend):
         l = torch.where(torch.isneginf(l), torch.full_like(l, float("inf")), l)
         causal = spec.kind == "causal"
         values = {"dout": dout.to(q.dtype).contiguous(), "q": q, "k": k, "v": v, "out": out.to(q.dtype).contiguous(),
-                  "softmax_lse": rows_to_lse(l, spec, layout, mq), "dq": dq, "dk": dk, "dv": dv,
+                  "softmax_lse": lse_to_kernel(l, spec, layout, mq), "dq": dq, "dk": dk, "dv": dv,
                   "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "max_seqlen_q": mq, "max_seqlen_k": mk,
                   "dropout_p": 0.0, "softmax_scale": scale, "causal": causal, "is_causal": causal,
                   "window_size_left": -1, "window_size_right": -1, "window_size": (-1, -1), "softcap": 0.0,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from kernels.attention.backends.base import Backend, acc_dtype
-from kernels.attention.backends.varlen_index import padded_index, varlen_bounds
+from kernels.attention.backends.varlen_index import lse_to_kernel, padded_lse_rows, varlen_bounds
 from kernels.attention.spec import MaskSpec
 
 
@@ -25,20 +25,8 @@ def _lse_rows(lse: torch.Tensor, spec: MaskSpec, H: int) -> torch.Tensor:
     if lse.dim() == 2 and lse.shape[0] == H:
         return lse.transpose(0, 1)
     if lse.dim() == 3 and lse.shape[1] == H:
-        seg, off = padded_index(spec, lse.device)
-        return lse[seg, :, off]
+        return padded_lse_rows(lse, spec)
     raise RuntimeError(f"unexpected flash LSE shape {tuple(lse.shape)} for {H} heads")
-
-
-def _lse_kernel(lse_rows: torch.Tensor, spec: MaskSpec, max_q: int) -> torch.Tensor:
-    """[total_q, H] -> the layout the kernel's forward produced (see _lse_rows)."""
-    if spec._cache.get("cuda_lse_layout", "packed") == "packed":
-        return lse_rows.transpose(0, 1).contiguous()
-    seg, off = padded_index(spec, lse_rows.device)
-    out = torch.full((spec.cu_q.numel() - 1, lse_rows.shape[1], max_q), float("inf"), dtype=lse_rows.dtype,
-                     device=lse_rows.device)
-    out[seg, :, off] = lse_rows
-    return out
 
 
 class SdpaCudaBackend(Backend):
@@ -93,7 +81,7 @@ class SdpaCudaBackend(Backend):
                  torch.zeros(v.shape, dtype=torch.float32, device=q.device))
             return z
         lse_k = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
-        lse_k = _lse_kernel(lse_k.float(), spec, mq)
+        lse_k = lse_to_kernel(lse_k.float(), spec, spec._cache.get("cuda_lse_layout", "packed"), mq)
         if self._rng is None:      # no dropout: the generator state is never read
             self._rng = (torch.zeros(2, dtype=torch.int64, device=q.device),
                          torch.zeros((), dtype=torch.int64, device=q.device))

@@ -2,6 +2,8 @@
 
     cu_q, cu_k, max_q, max_k = varlen_bounds(spec, device)   # int32 boundaries + longest segments
     seg, off = padded_index(spec, device)                    # packed row -> (segment, offset)
+    rows = padded_lse_rows(lse, spec)                        # padded kernel LSE -> [T, H]
+    lse = lse_to_kernel(rows, spec, layout, max_q)           # and back
 
 Both torch's bundled flash kernels (sdpa_cuda) and the external flash-attn package (flash_attn) take
 int32 cu_seqlens and the longest segment, and some builds return the LSE padded per segment.
@@ -31,3 +33,21 @@ def padded_index(spec: MaskSpec, device):
         seg = torch.repeat_interleave(torch.arange(lq.numel()), lq)
         spec._cache[key] = (seg.to(device), (torch.arange(spec.num_q) - spec.cu_q[seg]).to(device))
     return spec._cache[key]
+
+
+def padded_lse_rows(lse: torch.Tensor, spec: MaskSpec) -> torch.Tensor:
+    """A padded ``[B, H, max_q]`` kernel LSE -> ``[total_q, H]`` rows."""
+    seg, off = padded_index(spec, lse.device)
+    return lse[seg, :, off]
+
+
+def lse_to_kernel(rows: torch.Tensor, spec: MaskSpec, layout: str, max_q: int) -> torch.Tensor:
+    """``[total_q, H]`` rows -> the kernel's LSE layout: ``[H, total_q]`` ("packed") or ``[B, H, max_q]``
+    ("padded", padding entries +inf, never read)."""
+    if layout == "packed":
+        return rows.transpose(0, 1).contiguous()
+    seg, off = padded_index(spec, rows.device)
+    out = torch.full((spec.cu_q.numel() - 1, rows.shape[1], max_q), float("inf"), dtype=rows.dtype,
+                     device=rows.device)
+    out[seg, :, off] = rows
+    return out
