@@ -106,6 +106,33 @@ def _consistent(c):
 
 
 # -- plain decoding ---------------------------------------------------------------------------------------
+def _zero(draft):
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.zero_()
+
+
+def _reload_cycle(engine, trained, zeroed, ours, prompts):
+    """Reload trained -> zeroed -> trained: each time vLLM's counters are ours for the weights just pushed,
+    the trained draft is not collapsed, the zeroed one drops, the target's tokens never change, and the
+    trained draft's counters come back exactly."""
+    engine.reload_draft(trained)
+    vb = engine.generate(prompts, max_new_tokens=NEW, greedy=True)
+    _consistent(vb.counters)
+    assert vb.counters.as_dict() == ours(trained).counters.as_dict()
+    assert vb.counters.acceptance_length > 1.5                     # not collapsed to 1.0 (NeMo-RL #2646)
+
+    engine.reload_draft(zeroed)
+    vz = engine.generate(prompts, max_new_tokens=NEW, greedy=True)
+    assert vz.counters.as_dict() == ours(zeroed).counters.as_dict()
+    assert vz.counters.acceptance_length < vb.counters.acceptance_length - 0.4
+    assert vz.tokens == vb.tokens                                  # the target was not touched by the draft
+
+    engine.reload_draft(trained)
+    again = engine.generate(prompts, max_new_tokens=NEW, greedy=True)
+    assert again.counters.as_dict() == vb.counters.as_dict()
+
+
 def test_plain_greedy_equals_suite_engine(policy, plain_engine, test_prompts):
     v = plain_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
     o = _ours(policy, None, test_prompts)
@@ -184,26 +211,9 @@ def test_eagle3_sampling_refused_on_cpu_and_logprobs_exact_when_allowed(policy, 
 
 def test_reload_draft_regression(policy, drafts, spec_engine, test_prompts):
     """After a reload, vLLM runs the new weights: trained -> AL > 1.5, zeroed -> AL drops, back -> restored."""
-    b = drafts[1]
-    spec_engine.reload_draft(b)
-    vb = spec_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
-    _consistent(vb.counters)
-    assert vb.counters.as_dict() == _ours(policy, b, test_prompts).counters.as_dict()
-    assert vb.counters.acceptance_length > 1.5                     # not collapsed to 1.0 (NeMo-RL #2646)
-
-    z = copy.deepcopy(b)
-    with torch.no_grad():
-        for p in z.parameters():
-            p.zero_()
-    spec_engine.reload_draft(z)
-    vz = spec_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
-    assert vz.counters.as_dict() == _ours(policy, z, test_prompts).counters.as_dict()
-    assert vz.counters.acceptance_length < vb.counters.acceptance_length - 0.4
-    assert vz.tokens == vb.tokens                                  # the target was not touched by the draft
-
-    spec_engine.reload_draft(b)
-    again = spec_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
-    assert again.counters.as_dict() == vb.counters.as_dict()
+    z = copy.deepcopy(drafts[1])
+    _zero(z)
+    _reload_cycle(spec_engine, drafts[1], z, lambda d: _ours(policy, d, test_prompts), test_prompts)
 
 
 def test_reload_draft_rejects_another_shape(policy, spec_engine):
@@ -271,27 +281,10 @@ def test_dflash_lossless_and_counters_equal_suite(policy, dflash_drafts, dflash_
 def test_dflash_reload_draft_regression(policy, dflash_drafts, dflash_engine, test_prompts):
     """After a reload vLLM runs the new weights (its fused context-K/V buffer included): B's counters are
     ours for B, a zeroed draft's are ours for it, and B again restores them."""
-    b = dflash_drafts[1]
-    dflash_engine.reload_draft(b)
-    vb = dflash_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
-    _consistent(vb.counters)
-    assert vb.counters.as_dict() == _ours_dflash(policy, b, test_prompts).counters.as_dict()
-    assert vb.counters.acceptance_length > 1.5
-
-    z = copy.deepcopy(b)
+    z = copy.deepcopy(dflash_drafts[1])
     z.attach(policy)
-    with torch.no_grad():
-        for p in z.parameters():
-            p.zero_()
-    dflash_engine.reload_draft(z)
-    vz = dflash_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
-    assert vz.counters.as_dict() == _ours_dflash(policy, z, test_prompts).counters.as_dict()
-    assert vz.counters.acceptance_length < vb.counters.acceptance_length - 0.4
-    assert vz.tokens == vb.tokens                                  # the target was not touched by the draft
-
-    dflash_engine.reload_draft(b)
-    again = dflash_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
-    assert again.counters.as_dict() == vb.counters.as_dict()
+    _zero(z)
+    _reload_cycle(dflash_engine, dflash_drafts[1], z, lambda d: _ours_dflash(policy, d, test_prompts), test_prompts)
 
 
 def test_dflash_bad_config_raises(policy, dflash_drafts, dflash_engine, tmp_path):
