@@ -8,6 +8,9 @@ for the caller to assert on. Used by tests/attention (gloo, CPU) and repro/bench
     from kernels.launch import spawn
     from kernels.attention.selfcheck import Case, run_case
     errs = spawn(run_case, 2, args=(Case("ttt", lengths=(5, 37, 22), passes=3),))
+
+``split_keys_backward`` is the single-process counterpart for one backend: the keys split in parts,
+each part's backward run with the *joint* (out, lse), the gradients summed back.
 """
 from __future__ import annotations
 
@@ -20,6 +23,21 @@ from kernels.attention.api import block_draft_attention, eagle3_ttt_attention
 from kernels.attention.layout import make_layout
 from kernels.attention.reference import block_mask, dense_attention, eagle3_ttt_mask
 from kernels.attention.ring import RingStats
+
+
+def split_keys_backward(backend, dout, q, k, v, out, lse, parts, scale: float):
+    """(dq, dk, dv) of attention over all keys, from ``backend.backward`` on each key part.
+
+    ``parts``: ``(key index, MaskSpec of q against k[index])`` pairs partitioning the keys; ``out``/``lse``
+    are the joint result (the parts merged by LSE). dq sums over parts; dk/dv land at their indices.
+    """
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for idx, spec in parts:
+        gq, gk, gv = backend.backward(dout, q, k[idx], v[idx], out, lse, spec, scale)
+        dq += gq
+        dk[idx] += gk
+        dv[idx] += gv
+    return dq, dk, dv
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import torch
 from kernels.attention import backends
 from kernels.attention.merge import merge
 from kernels.attention.reference import dense_attention
+from kernels.attention.selfcheck import split_keys_backward
 from kernels.attention.spec import MaskSpec
 
 pytestmark = pytest.mark.timeout(120)
@@ -71,13 +72,7 @@ def test_split_keys_joint_lse_backward(name):
     out, lse = merge(*parts[0][2], *parts[1][2])
     ref_out, ref_lse = b.forward(q, k, v, whole, 0.5)
     assert (out - ref_out).abs().max() < 1e-13 and (lse - ref_lse).abs().max() < 1e-13
-    dq = torch.zeros_like(q)
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-    for idx, spec, _ in parts:
-        gq, gk, gv = b.backward(do, q, k[idx], v[idx], out, lse, spec, 0.5)
-        dq += gq
-        dk[idx] += gk
-        dv[idx] += gv
+    dq, dk, dv = split_keys_backward(b, do, q, k, v, out, lse, [(idx, spec) for idx, spec, _ in parts], 0.5)
     rq, rk, rv = b.backward(do, q, k, v, ref_out, ref_lse, whole, 0.5)
     for a, r in ((dq, rq), (dk, rk), (dv, rv)):
         assert (a - r).abs().max() < 1e-13
