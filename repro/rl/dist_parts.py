@@ -7,7 +7,6 @@
 * ``clip_across``: the policy's global gradient norm when its parameters are spread over ranks
   (squared norms summed over a group in fp64), clipped like ``torch.nn.utils.clip_grad_norm_``.
 * ``allreduce_grads``: gradients summed over a group in one flat buffer per parameter list.
-* ``joint_optimizer``: ``JointUpdate``'s AdamW (a policy group and a draft group).
 * ``grpo_rows_loss``: GRPO's clipped loss over packed rows (``repro.parallel.cp_batch.grpo_targets``)
   plus the clip count and train-inference KL sum the metrics need.
 
@@ -23,7 +22,7 @@ import torch.distributed as dist
 from kernels.transport import TapChannel, sequence_stamp
 from kernels.transport import TapSpec as ChannelTapSpec
 from repro.parallel.taps import tap_name
-from repro.rl.config import DraftSpec, GRPOSpec
+from repro.rl.config import GRPOSpec
 from repro.rl.grpo import clipped_policy_loss, kl_k3
 
 
@@ -97,14 +96,6 @@ def allreduce_grads(params, group) -> None:
         n = p.numel()
         p.grad.copy_(flat[off:off + n].view_as(p.grad))
         off += n
-
-
-def joint_optimizer(params, dparams, grpo: GRPOSpec, draft: DraftSpec | None) -> torch.optim.AdamW:
-    """JointUpdate's optimizer: AdamW with a policy group and (if any) a draft group."""
-    groups = [{"params": params, "lr": grpo.lr, "name": "policy"}]
-    if dparams:
-        groups.append({"params": dparams, "lr": draft.lr, "name": "draft"})
-    return torch.optim.AdamW(groups, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 
 
 def grpo_rows_loss(logits: torch.Tensor, target: torch.Tensor, n_tok: float, grpo: GRPOSpec):

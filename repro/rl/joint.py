@@ -53,6 +53,15 @@ def draft_loss_mask(token_mask: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def joint_optimizer(params, dparams, grpo: GRPOSpec, draft: DraftSpec | None) -> torch.optim.AdamW:
+    """The joint update's AdamW: a policy group and (if any) a draft group, each with its learning rate
+    (also built by the distributed updates, repro.rl.pp / mesh_update, on each rank's parameters)."""
+    groups = [{"params": params, "lr": grpo.lr, "name": "policy"}]
+    if dparams:
+        groups.append({"params": dparams, "lr": draft.lr, "name": "draft"})
+    return torch.optim.AdamW(groups, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+
+
 class JointUpdate:
     """One optimizer (policy group + draft group), per-group clipping, GRPO + lambda * draft loss."""
 
@@ -68,12 +77,8 @@ class JointUpdate:
         self.reference = reference
         self.autocast_dtype = autocast_dtype
         self.policy_params = [p for p in policy.parameters() if p.requires_grad]
-        groups = [{"params": self.policy_params, "lr": grpo.lr, "name": "policy"}]
-        self.draft_params: list[nn.Parameter] = []
-        if draft is not None:
-            self.draft_params = trainable_parameters(draft)
-            groups.append({"params": self.draft_params, "lr": draft_spec.lr, "name": "draft"})
-        self.optimizer = torch.optim.AdamW(groups, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        self.draft_params: list[nn.Parameter] = trainable_parameters(draft) if draft is not None else []
+        self.optimizer = joint_optimizer(self.policy_params, self.draft_params, grpo, draft_spec)
 
     def _features(self, taps) -> TargetFeatures:
         spec = self.policy.tap_spec

@@ -49,14 +49,13 @@ from repro.rl.dist_parts import (
     allreduce_grads,
     clip_across,
     grpo_rows_loss,
-    joint_optimizer,
     read_remote_taps,
     release_after_backward,
     stage_to_hf,
     tap_sources,
 )
 from repro.rl.drafts import StopGradParts, build_draft, trainable_parameters
-from repro.rl.joint import UpdateStats, draft_loss_mask
+from repro.rl.joint import UpdateStats, draft_loss_mask, joint_optimizer
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ from repro.parallel.taps import TapRouter
 from repro.rl.config import RunConfig
 from repro.rl.dist_parts import (
     clip_across,
-    joint_optimizer,
     read_remote_taps,
     release_after_backward,
     stage_to_hf,
@@ -40,7 +39,7 @@ from repro.rl.dist_parts import (
 from repro.rl.drafts import build_draft, trainable_parameters
 from repro.rl.episodes import RolloutBatch
 from repro.rl.grpo import clipped_policy_loss, token_logprobs
-from repro.rl.joint import draft_loss_mask
+from repro.rl.joint import draft_loss_mask, joint_optimizer
 from repro.rl.warmstart import make_policy
 
 
