@@ -86,25 +86,18 @@ def load_eagle3_checkpoint(draft, path: str | Path) -> dict:
         src[f"{p.split('.')[-1]}.weight" if p.startswith("self_attn") else f"{p}.weight"] = take(f"{prefix}{p}.weight")
     if "embed_tokens.weight" in t:
         src["embed_tokens.weight"] = t["embed_tokens.weight"]
-    if "d2t" in t:
-        d2t = t["d2t"].long()
-        target = torch.arange(d2t.numel()) + d2t
-        src["d2t"] = d2t
+    if "d2t" in t:                                  # offsets: target id = draft id + d2t
+        src["d2t"] = t["d2t"].long()
         if "t2d" in t:
             src["t2d"] = t["t2d"].bool()
-        elif getattr(draft, "t2d", None) is not None:
-            t2d = torch.zeros_like(draft.t2d, dtype=torch.bool)
-            t2d[target] = True
+        else:                                       # vLLM does not need t2d; it follows from d2t
+            t2d = torch.zeros_like(draft.t2d)
+            t2d[torch.arange(src["d2t"].numel()) + src["d2t"]] = True
             src["t2d"] = t2d
     own = draft.state_dict()
-    mapped = {}
-    for k, v in src.items():
-        key = k if k in own else next((o for o in own if o.endswith("." + k) or o == k), None)
-        if key is None:
-            raise KeyError(f"the draft has no parameter for checkpoint weight {k!r}")
-        _expect(f"{k} shape", tuple(v.shape), tuple(own[key].shape))
-        mapped[key] = v.to(own[key].dtype)
+    for k, v in src.items():                        # every check before the first copy
+        _expect(f"{k} shape", tuple(v.shape), tuple(own[k].shape))
     with torch.no_grad():
-        for k, v in mapped.items():
-            own[k].copy_(v)
+        for k, v in src.items():
+            own[k].copy_(v.to(own[k].dtype))
     return cfg

@@ -72,3 +72,16 @@ def test_a_checkpoint_of_another_shape_is_refused_naming_the_field(tmp_path, pol
     (path / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
         load_eagle3_checkpoint(src, path)
+
+
+def test_t2d_follows_from_d2t_when_the_checkpoint_has_none(tmp_path, policy):
+    from safetensors.torch import load_file, save_file
+    taps = TapSpec((0, 1, 3), "output", policy.num_layers)
+    src = _draft(policy, taps, draft_vocab=40, seed=3)
+    path = export_eagle3(src, tmp_path / "ckpt")
+    t = load_file(str(path / "model.safetensors"))
+    del t["t2d"]
+    save_file(t, str(path / "model.safetensors"))
+    dst = _draft(policy, taps, draft_vocab=40, seed=7)
+    load_eagle3_checkpoint(dst, path)
+    assert torch.equal(dst.t2d, src.t2d) and torch.equal(dst.d2t, src.d2t)
