@@ -21,6 +21,7 @@ from typing import Any, Mapping
 POLICY_FAMILIES = ("qwen3", "qwen3_moe", "llama", "gpt_oss")
 POLICY_SCALES = ("tiny", "gpu")
 DRAFT_FAMILIES = ("eagle3", "dflash", "dspark")
+DRAFT_CHECKPOINT_FAMILIES = ("eagle3",)   # drafts that can start from a released checkpoint (DraftSpec.checkpoint)
 WORKLOADS = ("math", "workplace")
 DTYPES = ("float32", "bfloat16", "float16")
 ARTIFACTS = ("table1", "table2", "fig3", "fig4")
@@ -98,6 +99,12 @@ class DraftSpec:
     max_grad_norm: float = 1.0
     num_proposals: int = 3             # k proposals per verify step
     options: dict = field(default_factory=dict)   # family options (ttt_steps, block_size, num_layers, ...)
+    # A released draft to start from instead of a random init (a warm start; families in
+    # DRAFT_CHECKPOINT_FAMILIES): ``checkpoint`` is a key of the profile's ``checkpoints:``, ``path`` its
+    # folder under checkpoint_root (filled by run_config_from_profile, as for PolicySpec). The draft takes
+    # the checkpoint's shape (repro.models.eagle3_import.build_eagle3_from_checkpoint).
+    checkpoint: str = ""
+    path: str = ""
 
     def validate(self, key: str = "draft") -> None:
         _check(self.family in DRAFT_FAMILIES, f"{key}.family", self.family, f"one of {DRAFT_FAMILIES}")
@@ -106,6 +113,30 @@ class DraftSpec:
         _check(self.max_grad_norm > 0, f"{key}.max_grad_norm", self.max_grad_norm, "a positive number")
         _check(isinstance(self.num_proposals, int) and 1 <= self.num_proposals <= 32, f"{key}.num_proposals",
                self.num_proposals, "an integer in [1, 32]")
+        if self.checkpoint:
+            self._validate_checkpoint(key)
+
+    def _validate_checkpoint(self, key: str) -> None:
+        """The checkpoint's folder, config.json and weights exist (nothing is read but the listing)."""
+        _check(self.family in DRAFT_CHECKPOINT_FAMILIES, f"{key}.checkpoint", self.checkpoint,
+               f"no checkpoint for family {self.family!r}: only {DRAFT_CHECKPOINT_FAMILIES} drafts load released "
+               "checkpoints so far (the others start from their random init)")
+        how = ("set --checkpoint-root /path (workflow: --config checkpoint_root=/path) to the folder that holds "
+               "the profile's checkpoints: entries")
+        if not self.path:
+            raise ConfigError(f"config {key}.checkpoint={self.checkpoint!r} has no path: checkpoint_root is not "
+                              f"set; {how}")
+        root, what = Path(self.path), ""
+        if not root.is_dir():
+            what = "does not exist"
+        elif not checkpoint_config_path(root).is_file():
+            what = "has no config.json"
+        elif not any(root.glob("*.safetensors")) and not any(root.glob("pytorch_model*.bin")):
+            what = "has no *.safetensors or pytorch_model*.bin weights"
+        if what:
+            raise ConfigError(f"config {key}.checkpoint={self.checkpoint!r} is invalid: its folder {self.path} "
+                              f"{what}; expected a released {self.family} draft (config.json and weights, the "
+                              f"layout vLLM loads); {how}")
 
 
 @dataclass
@@ -227,6 +258,10 @@ class RunConfig:
             self.draft.validate()
             from repro.rl.drafts import check_draft_spec   # family options and proposal count
             check_draft_spec(self.draft)
+            if self.draft.checkpoint:
+                _check(not self.warm_start, "warm_start", self.warm_start,
+                       f"'' with draft checkpoint {self.draft.checkpoint!r} (the draft starts from its checkpoint; "
+                       "the SFT warm start's draft would replace it)")
         if self.device == "cpu" and self.dtype != "float32":
             raise ConfigError(f"config dtype={self.dtype!r} on device 'cpu' is invalid: expected float32 "
                               "(CPU runs are fp32; bf16 is for GPUs)")
@@ -243,6 +278,9 @@ class RunConfig:
         for k in ("checkpoint", "path", "tokens"):   # likewise the checkpoint keys of random-init policies
             if not d["policy"][k]:
                 del d["policy"][k]
+        for k in ("checkpoint", "path"):             # and of randomly initialised drafts
+            if d["draft"] is not None and not d["draft"][k]:
+                del d["draft"][k]
         return d
 
     @classmethod
@@ -303,12 +341,14 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any] | None) -> dict:
     return out
 
 
-def checkpoint_path(profile: Mapping[str, Any], key: str, checkpoint_root: str | Path | None) -> str:
+def checkpoint_path(profile: Mapping[str, Any], key: str, checkpoint_root: str | Path | None,
+                    what: str = "policy.checkpoint") -> str:
     """``<checkpoint_root>/<checkpoints[key]>`` (as repro.report.profiles.missing_paths and the NeMo-RL
-    driver resolve it); "" when no root is set (validation then says how to set it)."""
+    driver resolve it); "" when no root is set (validation then says how to set it). ``what`` names the
+    config key that gave ``key`` in the error."""
     ckpts = profile.get("checkpoints") or {}
     if key not in ckpts:
-        raise ConfigError(f"config policy.checkpoint={key!r} is invalid: expected one of {sorted(ckpts)} "
+        raise ConfigError(f"config {what}={key!r} is invalid: expected one of {sorted(ckpts)} "
                           f"(checkpoints: of profile {profile.get('name')!r})")
     return str(Path(checkpoint_root).resolve() / ckpts[key]) if checkpoint_root else ""
 
@@ -354,6 +394,9 @@ def run_config_from_profile(profile: Mapping[str, Any], artifact: str, row: str,
             raise ConfigError(f"config {artifact}.rows[{row!r}].draft={spec['draft']!r} is invalid: expected "
                               f"one of {sorted(drafts)} (rl.drafts)")
         draft = DraftSpec(**_merge(drafts[spec["draft"]], spec.get("draft_overrides")))
+        if draft.checkpoint:
+            draft.path = checkpoint_path(profile, draft.checkpoint, checkpoint_root,
+                                         f"rl.drafts.{spec['draft']}.checkpoint")
     workload = _merge(rl.get("workload", {}), section.get("workload"))
     grpo = _merge(rl.get("grpo", {}), section.get("grpo"))
     dtype = profile.get("dtype", "float32")

@@ -7,6 +7,11 @@ on the policy's embedding and output head; in the trainer they are attached to
 is a function of the draft's own parameters only (the paper's ``L_draft(phi; x, sg(H_theta(x)))``)
 while always seeing the current head. ``make_proposer`` wraps a draft for the rollout engine.
 
+A spec with ``checkpoint`` (EAGLE-3; ``spec.path`` resolved under checkpoint_root) builds the draft in
+the released checkpoint's shape and loads its weights (``repro.models.eagle3_import``): the run's draft
+starts warm instead of from a random init, on every process that builds it. A missing file or a shape
+that does not fit the policy raises ``ConfigError`` naming the checkpoint before any weight is copied.
+
     draft = build_draft(DraftSpec(family="dflash", options={"block_size": 4}), policy, mask_token_id=2)
     proposer = make_proposer(draft, num_proposals=3)
 """
@@ -21,6 +26,7 @@ from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dflash import DFlashDraft
 from repro.models.dspark import DSparkDraft
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
+from repro.models.eagle3_import import build_eagle3_from_checkpoint
 from repro.rl.config import ConfigError, DraftSpec
 
 # attn_backend (every family): the kernels.attention backend of the draft's training attention
@@ -99,8 +105,11 @@ def build_draft(spec: DraftSpec, policy, *, mask_token_id: int, train: bool = Fa
         opts.pop("attn_backend", None)
         if "pass_weights" in opts and opts["pass_weights"] is not None:
             opts["pass_weights"] = tuple(opts["pass_weights"])
-        draft = Eagle3Draft(Eagle3Config.from_policy(policy, **opts))
-        draft.init_from_policy(policy)
+        if spec.checkpoint:
+            draft = _eagle3_from_checkpoint(spec, policy, opts)
+        else:
+            draft = Eagle3Draft(Eagle3Config.from_policy(policy, **opts))
+            draft.init_from_policy(policy)
     else:
         opts = _options(spec, DSPARK_OPTIONS if spec.family == "dspark" else BLOCK_OPTIONS)
         opts.pop("attn_backend", None)
@@ -113,6 +122,17 @@ def build_draft(spec: DraftSpec, policy, *, mask_token_id: int, train: bool = Fa
     draft.attn_backend = backend
     policy.set_taps(draft.tap_spec)
     return draft
+
+
+def _eagle3_from_checkpoint(spec: DraftSpec, policy, opts: dict) -> Eagle3Draft:
+    """The EAGLE-3 draft of ``spec.path`` for ``policy`` (its shape and weights), ``opts`` its TTT options."""
+    spec.validate()                                  # folder, config.json and weights present
+    try:
+        return build_eagle3_from_checkpoint(policy, spec.path, **opts)
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        raise ConfigError(f"config draft.checkpoint={spec.checkpoint!r} ({spec.path}) cannot be loaded into "
+                          f"the {spec.family} draft of this policy: {msg}") from exc
 
 
 def trainable_parameters(draft: nn.Module) -> list[nn.Parameter]:

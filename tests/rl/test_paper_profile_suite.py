@@ -5,7 +5,8 @@ Qwen3's special-token names are written to ``tmp_path``; a copy of paper-h100's 
 ``qwen3-8b`` checkpoint there, with tiny GRPO sizes. Checked: a missing checkpoint fails naming the key,
 the path and how to set checkpoint_root before any model is built; the tokenizer adapter's role ids
 and errors; a DFlash row runs 2 steps through ``repro.rl.run`` and an EAGLE-3 row through torchrun
-at PP=2; without ``--engine suite`` the nemo-rl profile is still refused.
+at PP=2 (its draft warm-started from a tiny released-layout EAGLE-3 checkpoint); without ``--engine
+suite`` the nemo-rl profile is still refused.
 
     .venv/bin/python -m pytest -q tests/rl/test_paper_profile_suite.py
 """
@@ -31,6 +32,7 @@ QWEN3_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "<too
                  "<tool_response>", "</tool_response>", "<|mask|>"]
 VOCAB = 320          # embedding rows; the tokenizer has fewer tokens (as Qwen3's 151,936 vs 151,669)
 CKPT_DIR = "tiny-qwen3"
+EAGLE3_DIR = "tiny-qwen3-eagle3"     # a released-layout EAGLE-3 draft of the tiny policy (rl.drafts.eagle3)
 
 
 def _save_tokenizer(folder: Path) -> None:
@@ -61,7 +63,23 @@ def ckpt_root(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     Qwen3ForCausalLM(cfg).save_pretrained(root / CKPT_DIR)
     _save_tokenizer(root / CKPT_DIR)
+    _save_eagle3(root / CKPT_DIR, root / EAGLE3_DIR)
     return root
+
+
+def _save_eagle3(policy_dir: Path, out: Path) -> None:
+    """An EAGLE-3 draft of the policy at ``policy_dir`` (default taps, full vocabulary), in vLLM's layout."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from repro.models.eagle3 import Eagle3Config, Eagle3Draft
+    from repro.models.policy import Policy
+    from repro.rollout.vllm_export import export_eagle3
+    policy = Policy(AutoModelForCausalLM.from_pretrained(policy_dir, local_files_only=True), family="qwen3")
+    torch.manual_seed(1)
+    draft = Eagle3Draft(Eagle3Config.from_policy(policy))
+    draft.init_from_policy(policy)
+    export_eagle3(draft, out)
 
 
 @pytest.fixture()
@@ -69,6 +87,7 @@ def profile_file(tmp_path) -> Path:
     """paper-h100 with its qwen3-8b checkpoint at the tiny one, on CPU in fp32, tiny GRPO sizes and drafts."""
     prof = yaml.safe_load((PROFILE_DIR / "paper-h100.yaml").read_text())
     prof["checkpoints"]["qwen3-8b"] = CKPT_DIR
+    prof["checkpoints"]["qwen3-8b-eagle3"] = EAGLE3_DIR
     prof["hardware"].update(device="cpu", gpus=0)
     prof["dtype"] = "float32"
     rl = prof["rl"]
@@ -150,12 +169,14 @@ def test_config_resolves_checkpoint_vocab_and_keeps_old_configs(ckpt_root, profi
 
 def test_paper_profile_rows_use_paper_lengths_and_drafts(ckpt_root):
     prof = yaml.safe_load((PROFILE_DIR / "paper-h100.yaml").read_text())
-    prof["checkpoints"]["qwen3-8b"] = CKPT_DIR          # only to pass the checkpoint check; sizes are paper's
+    prof["checkpoints"]["qwen3-8b"] = CKPT_DIR          # only to pass the checkpoint checks; sizes are paper's
+    prof["checkpoints"]["qwen3-8b-eagle3"] = EAGLE3_DIR
     cfg = run_config_from_profile(prof, "table1", "Qwen3-8B/DFlash", out="o", checkpoint_root=ckpt_root)
     assert cfg.grpo.max_new_tokens == 16384 and cfg.draft.options["block_size"] == 16 and cfg.draft.num_proposals == 15
     cfg = run_config_from_profile(prof, "fig4", "EAGLE-3", out="o", checkpoint_root=ckpt_root)
     assert cfg.workload.name == "workplace" and cfg.grpo.max_new_tokens == 28672
     assert cfg.draft.options == {"ttt_steps": 3} and cfg.draft.num_proposals == 3
+    assert cfg.draft.checkpoint == "qwen3-8b-eagle3" and cfg.draft.path == str(ckpt_root.resolve() / EAGLE3_DIR)
 
 
 @pytest.mark.parametrize("name", ["paper-h100", "paper-gb200"])
@@ -235,3 +256,4 @@ def test_eagle3_row_runs_through_torchrun_pp2_with_mesh_suggestion(ckpt_root, pr
         assert r["train/train_inference_kl"] < 1e-5, "trainer (PP) and engine disagree on the policy"
     env_json = json.loads((out / "env.json").read_text())
     assert env_json["config"]["parallel"]["pp"] == 2 and env_json["config"]["policy"]["checkpoint"] == "qwen3-8b"
+    assert env_json["config"]["draft"]["checkpoint"] == "qwen3-8b-eagle3"     # every rank built it warm
