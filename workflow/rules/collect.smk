@@ -15,15 +15,16 @@ rule collect:
 
 
 rule collect_artifact:
-    # One artifact's runs (every hardware it was measured on, this profile); orders reports after runs.
+    # One artifact's runs (every hardware it was measured on, this profile; with an engine other than the
+    # profile's, this machine's <profile>-<engine> folders only); orders reports after runs.
     input:
         lambda wc: ARTIFACT_RUNS[wc.artifact],
     output:
-        f"{TIDY}/{PROFILE_NAME}/{{artifact}}.csv",
+        f"{TIDY}/{LABEL}/{{artifact}}.csv",
     wildcard_constraints:
         artifact="|".join(PAPER_ARTIFACTS),
     shell:
-        "{PY} -m repro.report.collect --results results --artifact {wildcards.artifact} "
+        "{PY} -m repro.report.collect --results {COLLECT_ROOT} --artifact {wildcards.artifact} "
         "--profile {PROFILE_NAME} --tidy-file {output}"
 
 

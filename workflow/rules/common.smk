@@ -16,6 +16,34 @@ except ProfileError as exc:
     raise WorkflowError(str(exc))
 
 PROFILE_NAME = PROFILE["name"]
+# The engine of the end-to-end rows (rl.smk): the profile's own unless --config engine= names the other.
+# Outputs of the other engine are kept apart from the profile's own: run folders, per-artifact tidy tables
+# and reports are labelled <profile>-<engine> (the runs still read experiments/profiles/<profile>.yaml).
+ENGINE = config.get("engine") or PROFILE["engine"]
+LABEL = PROFILE_NAME if ENGINE == PROFILE["engine"] else f"{PROFILE_NAME}-{ENGINE}"
+
+
+def suite_checkpoints(profile):
+    """Keys of checkpoints: that the profile's rl: section loads (policies and drafts with a checkpoint)."""
+    rl = profile.get("rl") or {}
+    return sorted({entry["checkpoint"] for section in ("policies", "drafts")
+                   for entry in (rl.get(section) or {}).values()
+                   if isinstance(entry, dict) and entry.get("checkpoint")})
+
+
+# Engine choices that cannot work fail here, before the DAG is built (dry runs too), naming the flag.
+if ENGINE == "nemo-rl" and not PROFILE.get("nemo_rl"):
+    raise WorkflowError(f"--config engine=nemo-rl is invalid for profile {PROFILE_NAME!r}: it has no nemo_rl: "
+                        f"section (experiments/profiles/{PROFILE_NAME}.yaml); expected engine=suite")
+if ENGINE == "suite" and not PROFILE.get("rl"):
+    raise WorkflowError(f"--config engine=suite is invalid for profile {PROFILE_NAME!r}: it has no rl: section "
+                        f"(experiments/profiles/{PROFILE_NAME}.yaml); expected engine=nemo-rl")
+if ENGINE == "suite" and suite_checkpoints(PROFILE) and not config.get("checkpoint_root"):
+    raise WorkflowError(
+        f"--config engine=suite on profile {PROFILE_NAME!r} loads the checkpoints "
+        f"{', '.join(suite_checkpoints(PROFILE))} (its rl: section) but checkpoint_root is not set: add "
+        f"--config checkpoint_root=/path, the folder holding "
+        f"{', '.join(PROFILE['checkpoints'][k] for k in suite_checkpoints(PROFILE))}")
 # Run folders are named after the detected machine when jobs run here. Under a cluster executor the
 # Snakefile is parsed on the login node and again inside each job on a compute node, so the folder
 # name must not depend on either machine; env.json inside records the hardware that ran the job.
@@ -23,9 +51,12 @@ HW = (hardware()["tag"] if workflow.local_exec and not workflow.remote_exec
       else f"cluster-{PROFILE_NAME}")
 # The interpreter Snakemake runs under is the suite's environment.
 PY = sys.executable
-RUNS = f"results/{HW}/{PROFILE_NAME}"
-FIGS = f"paper_figures/{PROFILE_NAME}"
+RUNS = f"results/{HW}/{LABEL}"
+FIGS = f"paper_figures/{LABEL}"
 TIDY = "results/tidy"
+# Where an artifact's tidy table is collected from: every machine's runs of the profile, or only this
+# label's run folders when the engine is not the profile's own (the collector cannot tell engines apart).
+COLLECT_ROOT = "results" if LABEL == PROFILE_NAME else RUNS
 ENV_JSON = f"{RUNS}/envcheck/env.json"
 
 # artifact -> files its run rule writes / files its report rule writes (filled by workflow/rules/<artifact>.smk)
@@ -49,7 +80,7 @@ def existing_runs():
 def report_cmd(artifact):
     """Shell command building an artifact's tables/figures from its collected data."""
     return (f"{PY} -m repro.report.build --artifact {artifact} --profile {PROFILE_NAME} "
-            f"--tidy {TIDY}/{PROFILE_NAME}/{artifact}.csv --out {FIGS}")
+            f"--tidy {TIDY}/{LABEL}/{artifact}.csv --out {FIGS}")
 
 
 COLLECT_CMD = f"{PY} -m repro.report.collect --results results --out {TIDY}"
@@ -61,6 +92,6 @@ onstart:
     # The profile's hardware and local paths are checked before any job runs (dry runs plan freely).
     # Under a cluster executor (SLURM) jobs run on compute nodes: only local paths are checked here.
     try:
-        check_servable(PROFILE, config, jobs_run_here=workflow.local_exec)
+        check_servable({**PROFILE, "engine": ENGINE}, config, jobs_run_here=workflow.local_exec)
     except ProfileError as exc:
         raise WorkflowError(str(exc))

@@ -18,7 +18,7 @@ rule fig5_run:
 
 rule fig5_report:
     input:
-        f"{TIDY}/{PROFILE_NAME}/fig5.csv",
+        f"{TIDY}/{LABEL}/fig5.csv",
     output:
         f"{FIGS}/fig5.md",
         f"{FIGS}/fig5.csv",

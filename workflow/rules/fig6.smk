@@ -18,7 +18,7 @@ rule fig6_run:
 
 rule fig6_report:
     input:
-        f"{TIDY}/{PROFILE_NAME}/fig6.csv",
+        f"{TIDY}/{LABEL}/fig6.csv",
     output:
         f"{FIGS}/fig6.md",
         f"{FIGS}/fig6.csv",

@@ -18,7 +18,7 @@ rule fig7_run:
 
 rule fig7_report:
     input:
-        f"{TIDY}/{PROFILE_NAME}/fig7.csv",
+        f"{TIDY}/{LABEL}/fig7.csv",
     output:
         f"{FIGS}/fig7.md",
         f"{FIGS}/fig7.csv",

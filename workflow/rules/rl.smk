@@ -3,6 +3,10 @@
 # artifact's summary rows. Rows, models and step counts come from the profile (rl: and <artifact>:).
 # fig3/fig4 sections may add baseline_seeds: [k, ...]: the baseline row run again with seed k into
 # <row folder>_seed<k> (repro.report.seed_spread draws and judges the band of those runs).
+# ENGINE (common.smk: --config engine=, default the profile's own) picks who runs a row: NeMo-RL
+# (repro.nemo_rl.run) or the suite (repro.rl). On the suite, a row whose policy loads a checkpoint (the
+# paper profiles' rl: section) has no SFT warm start and runs under torchrun on its policy's mesh
+# (repro.rl.dist_run, pp * cp processes on one node); the others run in one process (repro.rl.run).
 from pathlib import Path as _Path
 
 from repro.report.seed_spread import seed_run_name
@@ -38,7 +42,7 @@ def rl_seed_runs(artifact):
     seeds = (PROFILE.get(artifact) or {}).get("baseline_seeds") or []
     if not seeds:
         return {}
-    if PROFILE["engine"] == "nemo-rl":
+    if ENGINE == "nemo-rl":
         raise WorkflowError(f"profile {PROFILE_NAME}: {artifact}.baseline_seeds is for the suite engine; the "
                             "NeMo-RL driver takes no seed from this workflow (remove baseline_seeds)")
     row = rl_baseline_row(artifact)
@@ -78,8 +82,17 @@ def rl_warm_dir(wildcards):
     return f"{SFT_DIR}/{spec.get('policy', 'dense')}-{rl_workload(wildcards.artifact)}"
 
 
+def rl_policy_entry(artifact, row):
+    """The row's policy in the profile's rl.policies ({} when the profile has none)."""
+    name = (rl_rows(artifact)[row] or {}).get("policy", "dense")
+    return ((PROFILE.get("rl") or {}).get("policies") or {}).get(name) or {}
+
+
 def rl_warm_input(wildcards):
-    return [] if PROFILE["engine"] == "nemo-rl" else [f"{rl_warm_dir(wildcards)}/policy.pt"]
+    row = rl_row_of(wildcards.artifact, wildcards.run)
+    if ENGINE == "nemo-rl" or rl_policy_entry(wildcards.artifact, row).get("checkpoint"):
+        return []          # NeMo-RL, or a checkpoint policy: it starts from its checkpoint, no SFT
+    return [f"{rl_warm_dir(wildcards)}/policy.pt"]
 
 
 def rl_run_markers(artifact):
@@ -90,7 +103,7 @@ def rl_run_markers(artifact):
 def rl_run_cmd(wildcards):
     row, seed = rl_row_seed(wildcards.artifact, wildcards.run)
     out = f"{RUNS}/{wildcards.artifact}/{wildcards.run}"
-    if PROFILE["engine"] == "nemo-rl":
+    if ENGINE == "nemo-rl":
         if not NEMO_RL_RUN.is_file():
             return ("echo 'profile " + PROFILE_NAME + " runs its end-to-end rows through NeMo-RL, whose "
                     "driver (repro/nemo_rl/run.py) is not in this checkout; this rule only plans' >&2; exit 2")
@@ -99,7 +112,19 @@ def rl_run_cmd(wildcards):
                         if config.get(key))
         return (f"{PY} -m repro.nemo_rl.run --artifact {wildcards.artifact} --row '{row}' "
                 f"--profile {PROFILE_NAME} --out {out}{paths}")
-    return (f"{PY} -m repro.rl.run --artifact {wildcards.artifact} --row '{row}' --profile {PROFILE_NAME} "
+    engine = "" if PROFILE["engine"] == "suite" else " --engine suite"   # a nemo-rl profile on the suite
+    policy = rl_policy_entry(wildcards.artifact, row)
+    if policy.get("checkpoint"):
+        mesh = policy.get("mesh")
+        if not mesh:
+            name = (rl_rows(wildcards.artifact)[row] or {}).get("policy")
+            raise WorkflowError(f"profile {PROFILE_NAME}: rl.policies.{name} loads a checkpoint but has no "
+                                "mesh: {pp, cp}, the layout of its torchrun run (repro.rl.dist_run)")
+        return (f"{PY} -m torch.distributed.run --standalone --nproc-per-node {mesh['pp'] * mesh['cp']} "
+                f"-m repro.rl.dist_run --artifact {wildcards.artifact} --row '{row}' --profile {PROFILE_NAME}"
+                f"{engine} --checkpoint-root {config['checkpoint_root']} --pp {mesh['pp']} --cp {mesh['cp']} "
+                f"--out {out} --seed {seed}")
+    return (f"{PY} -m repro.rl.run --artifact {wildcards.artifact} --row '{row}' --profile {PROFILE_NAME}{engine} "
             f"--warm-start {rl_warm_dir(wildcards)} --out {out} --seed {seed} --threads 1")
 
 
@@ -151,7 +176,7 @@ rule rl_summary:
 
 rule rl_report:
     input:
-        f"{TIDY}/{PROFILE_NAME}/{{artifact}}.csv",
+        f"{TIDY}/{LABEL}/{{artifact}}.csv",
     output:
         f"{FIGS}/{{artifact}}.md",
     wildcard_constraints:

@@ -1,0 +1,94 @@
+"""The workflow's ``--config engine=``: the paper profiles' rows planned on the suite's own engine.
+
+``snakemake table1 --config profile=paper-h100 engine=suite checkpoint_root=<root>`` plans every row as
+``torchrun -m repro.rl.dist_run --engine suite --checkpoint-root <root>`` on the policy's mesh, with no
+SFT job, into ``results/<hw>/paper-h100-suite``; the root here holds the tiny Qwen3 checkpoint and
+EAGLE-3 draft of test_paper_profile_suite under the profile's folder names, and every planned row's
+config validates against it. A bad engine, a missing checkpoint_root and engine=nemo-rl on a profile
+without a nemo_rl: section fail before planning, naming the value; the default (NeMo-RL) plan is unchanged.
+
+    .venv/bin/python -m pytest -q tests/rl/test_workflow_engine.py
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from repro.report.profiles import load_profile
+from repro.report.provenance import hardware
+
+from .test_paper_profile_suite import CKPT_DIR, EAGLE3_DIR, ckpt_root  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.timeout(120)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def snakemake(*args):
+    return subprocess.run([sys.executable, "-m", "snakemake", "--nolock", *args], check=False, cwd=ROOT,
+                          capture_output=True, text=True, timeout=110)
+
+
+@pytest.fixture(scope="module")
+def paper_root(ckpt_root, tmp_path_factory):  # noqa: F811 (fixture imported above)
+    """A checkpoint root in paper-h100's layout: its policies and EAGLE-3 draft are the tiny ones (links)."""
+    root = tmp_path_factory.mktemp("paper-ckpts")
+    ckpts = load_profile("paper-h100")["checkpoints"]
+    for key, folder in ckpts.items():
+        if key == "qwen3-8b-eagle3":
+            (root / folder).symlink_to(ckpt_root / EAGLE3_DIR)
+        elif key in ("qwen3-8b", "qwen3.5-35b-a3b"):
+            (root / folder).symlink_to(ckpt_root / CKPT_DIR)
+        else:                                      # block-draft checkpoints: only the NeMo-RL engine reads them
+            (root / folder).mkdir()
+    return root
+
+
+def test_suite_engine_plans_the_paper_rows_as_torchrun_commands(paper_root):
+    out = snakemake("-n", "-p", "--forceall", "table1", "--config", "profile=paper-h100", "engine=suite",
+                    f"checkpoint_root={paper_root}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    cmds = [line for line in text.splitlines() if "-m repro.rl.dist_run" in line]
+    rows = load_profile("paper-h100")["table1"]["rows"]
+    assert len(cmds) == len(rows), text
+    runs = f"results/{hardware()['tag']}/paper-h100-suite/table1"
+    for row in rows:
+        mesh = {"Qwen3-8B": "--pp 4 --cp 2", "Qwen3.5-35B-A3B": "--pp 8 --cp 1"}[row.split("/")[0]]
+        folder = re.sub(r"[^a-z0-9.-]+", "_", row.lower()).strip("_")
+        want = (f"-m torch.distributed.run --standalone --nproc-per-node 8 -m repro.rl.dist_run --artifact table1 "
+                f"--row '{row}' --profile paper-h100 --engine suite --checkpoint-root {paper_root} {mesh} "
+                f"--out {runs}/{folder} --seed 0")
+        assert any(want in c for c in cmds), f"{want}\nnot among\n" + "\n".join(cmds)
+    assert "rl_sft" not in text and "repro.nemo_rl" not in text and "--warm-start" not in text
+    assert "--results results/" in text and "paper_figures/paper-h100-suite/table1.md" in text
+    # every planned row's config holds against this root (the draft checkpoint included)
+    check = subprocess.run([sys.executable, "-m", "repro.rl.config", "--profile", "paper-h100", "--artifact",
+                            "table1", "--checkpoint-root", str(paper_root)], check=False, cwd=ROOT,
+                           capture_output=True, text=True, timeout=110)
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.count('"checkpoint": "qwen3-8b-eagle3"') == 1
+
+
+@pytest.mark.parametrize("config,message", [
+    (["profile=paper-h100", "engine=foo"], r"engine: 'foo' is not one of \['suite', 'nemo-rl'\]"),
+    (["profile=paper-h100", "engine=suite"],
+     r"engine=suite on profile 'paper-h100' .*checkpoint_root is not set: add --config checkpoint_root=/path"),
+    (["profile=cpu-tiny", "engine=nemo-rl"], r"engine=nemo-rl is invalid for profile 'cpu-tiny': it has no nemo_rl:"),
+])
+def test_engine_choices_that_cannot_work_fail_before_planning(config, message):
+    out = snakemake("-n", "table1", "--config", *config)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and re.search(message, text), text
+    assert "Building DAG" not in text
+
+
+def test_default_engine_of_a_paper_profile_is_still_nemo_rl():
+    out = snakemake("-n", "-p", "--forceall", "table1", "--config", "profile=paper-h100")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert text.count("-m repro.nemo_rl.run --artifact table1") == 6 and "dist_run" not in text
+    assert f"results/{hardware()['tag']}/paper-h100/table1/qwen3-8b_eagle-3" in text and "-suite" not in text
