@@ -92,3 +92,17 @@ def test_default_engine_of_a_paper_profile_is_still_nemo_rl():
     assert out.returncode == 0, text
     assert text.count("-m repro.nemo_rl.run --artifact table1") == 6 and "dist_run" not in text
     assert f"results/{hardware()['tag']}/paper-h100/table1/qwen3-8b_eagle-3" in text and "-suite" not in text
+
+
+@pytest.mark.skipif(hardware()["gpus"]["count"] > 0, reason="checks the refusal on a CPU-only machine")
+def test_suite_engine_needs_neither_nemo_rl_nor_its_draft_checkpoints(ckpt_root, tmp_path):  # noqa: F811
+    root = tmp_path / "ckpts"                      # only what the rl: section loads
+    root.mkdir()
+    (root / "Qwen3-8B").symlink_to(ckpt_root / CKPT_DIR)
+    (root / "Qwen3-8B-EAGLE3").symlink_to(ckpt_root / EAGLE3_DIR)
+    out = snakemake("-c1", "table1", "--config", "profile=paper-h100", "engine=suite", f"checkpoint_root={root}")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "profile 'paper-h100' cannot run on this machine" in text, text
+    assert "GPU" in text and "checkpoint qwen3.5-35b-a3b:" in text      # the other policy is still needed
+    assert "nemo_rl_dir" not in text and "Qwen3-8B-DFlash" not in text and "qwen3-8b-eagle3" not in text
+    assert not list((ROOT / "results").glob("*/paper-h100-suite"))

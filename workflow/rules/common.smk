@@ -92,6 +92,10 @@ onstart:
     # The profile's hardware and local paths are checked before any job runs (dry runs plan freely).
     # Under a cluster executor (SLURM) jobs run on compute nodes: only local paths are checked here.
     try:
-        check_servable({**PROFILE, "engine": ENGINE}, config, jobs_run_here=workflow.local_exec)
+        # on the suite engine only the checkpoints its rl: section loads are needed (not NeMo-RL's drafts)
+        needs = dict(PROFILE, engine=ENGINE)
+        if ENGINE == "suite":
+            needs["checkpoints"] = {k: PROFILE["checkpoints"][k] for k in suite_checkpoints(PROFILE)}
+        check_servable(needs, config, jobs_run_here=workflow.local_exec)
     except ProfileError as exc:
         raise WorkflowError(str(exc))
