@@ -5,10 +5,10 @@ repro.models.eagle3_import reads (``fc``, ``layers.0.*``, ``norm``, ``lm_head``,
 config.json with ``draft_vocab_size``, ``target_hidden_size`` and the taps as
 ``eagle_aux_hidden_state_layer_ids``) for the tiny Qwen3 checkpoint of test_paper_profile_suite. The
 profile copy's ``rl.drafts.eagle3.checkpoint`` names it (resolved under checkpoint_root like a policy's
-checkpoint). Checked: a run's trainer and rollout drafts hold exactly the saved weights; a checkpoint
-that does not fit the policy, a tensor of the wrong shape, a missing folder or weights file fail with
-a ConfigError naming the checkpoint (the missing ones before any model is built); the config keeps
-older configs equal.
+checkpoint). Checked: a run's trainer and rollout drafts hold exactly the saved weights, and a step
+trains from them; a checkpoint that does not fit the policy, a tensor of the wrong shape, a missing
+folder or weights file fail with a ConfigError naming the checkpoint (the missing ones before any model
+is built); the config keeps older configs equal.
 
     .venv/bin/python -m pytest -q tests/rl/test_draft_checkpoint.py
 """
@@ -101,6 +101,9 @@ def test_run_starts_from_the_checkpoint_weights(draft_profile, ckpt_root, tmp_pa
             assert torch.equal(own[name], saved[name].to(own[name].dtype)), name
         # no embed_tokens in the checkpoint: the draft keeps the policy's
         assert torch.equal(own["embed_tokens.weight"], trainer.policy.embed_tokens.weight)
+    m, _, _ = trainer.train_step(0)                 # the warm draft proposes and trains
+    assert m["train/acceptance_length"] >= 1 and m["train/draft_loss"] > 0
+    assert not torch.equal(trainer.draft.state_dict()["fc.weight"], saved["fc.weight"])
 
 
 @pytest.mark.parametrize("case,match", [
