@@ -1,0 +1,245 @@
+"""Where a co-training step's time goes, without a profiler in the way: synchronised timers per phase.
+
+``repro.bench.profile_step`` runs a whole step under ``torch.profiler``, which slows a launch-bound
+step several-fold. This tool times the pieces directly (``torch.cuda.synchronize`` around each, so the
+pieces add up to a little more than an unsynchronised step) for each table1 row of a profile
+(random-initialised models: the cost of a step depends on shapes and verify steps, not on what the
+weights know):
+
+* rollout: wall time, policy forwards (verify steps), time per forward; then, over one more rollout
+  with the engine's phases wrapped in synchronised timers: policy forward, draft proposal, draft
+  observation, verification, the rest;
+* update, one microbatch of the rollout batch: the policy's forward + backward alone, the draft's
+  loss forward + backward alone (on the detached taps), anchor sampling alone; then the draft's
+  microbatch once under ``torch.profiler`` for its operator and kernel counts (``draft_ops``), the
+  number that decides a launch-bound draft's cost;
+* the whole update (``JointUpdate.step``) as the trainer runs it.
+
+Writes ``<out>/step_breakdown.json`` (per row: the timings, raw samples, counts, top operators, plus
+provenance) and prints a summary.
+
+    python -m repro.bench.step_breakdown --profile h200 --out $OUT/breakdown          # one GPU, ~3 min
+    python -m repro.bench.step_breakdown --profile cpu-tiny --rows "Qwen3-8B/DFlash"  # CPU check
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from repro.bench.common import summarize
+from repro.parallel.draft_interface import DraftBatch, TargetFeatures
+from repro.report.profiles import load_profile
+from repro.report.provenance import provenance, write_json_atomic
+from repro.rl.config import artifact_rows, run_config_from_profile
+from repro.rl.grpo import group_advantages
+from repro.rl.joint import draft_loss_mask
+from repro.rl.summary import run_dir_name
+from repro.rl.tokenizer import build_workload_tokenizer
+from repro.rl.trainer import CoTrainer
+
+
+class PhaseTimer:
+    """Accumulates synchronised wall time per label; ``wrap(obj, name, label)`` times every call."""
+
+    def __init__(self, device: str):
+        self.sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+        self.total: dict[str, float] = collections.defaultdict(float)
+        self.calls: dict[str, int] = collections.defaultdict(int)
+        self._undo: list = []
+
+    @contextlib.contextmanager
+    def span(self, label: str):
+        self.sync()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sync()
+            self.total[label] += time.perf_counter() - t0
+            self.calls[label] += 1
+
+    def wrap(self, obj, name: str, label: str) -> None:
+        fn = getattr(obj, name)
+
+        def timed(*a, **kw):
+            with self.span(label):
+                return fn(*a, **kw)
+        setattr(obj, name, timed)
+        self._undo.append((obj, name, fn))
+
+    def unwrap(self) -> None:
+        for obj, name, fn in reversed(self._undo):
+            setattr(obj, name, fn)
+        self._undo.clear()
+
+
+def _samples(fn, sync, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _top_ops(prof, top: int = 20) -> tuple[int, int, list[dict]]:
+    """(top-level operator calls, device kernels, the most frequent operators)."""
+    ops, kernels = collections.Counter(), 0
+    for e in prof.events():
+        if getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA"):
+            kernels += 1
+            continue
+        par = e.cpu_parent
+        if e.name.startswith("aten::") and not (par is not None and par.name.startswith("aten::")):
+            ops[e.name] += 1
+    return sum(ops.values()), kernels, [{"name": n, "count": c} for n, c in ops.most_common(top)]
+
+
+def breakdown_row(prof_cfg: dict, row: str, out: Path, warmup: int, repeats: int, device: str) -> dict:
+    cfg = run_config_from_profile(prof_cfg, "table1", row, out=str(out / "runs" / run_dir_name(row)))
+    tok = build_workload_tokenizer(out / "tokenizer", cfg.vocab_size, 0)
+    tr = CoTrainer(cfg, tok)
+    for s in range(warmup):
+        tr.train_step(s)
+    timer = PhaseTimer(device)
+    res: dict = {"row": row}
+
+    # -- rollout: plain, then with the phases timed ------------------------------------------------------
+    batch = tr.rollout(warmup)
+    res["rollout"] = {"time_s": batch.rollout_time_s, "policy_forwards": batch.policy_forwards,
+                      "gen_tokens": batch.gen_tokens,
+                      "ms_per_forward": 1e3 * batch.rollout_time_s / max(1, batch.policy_forwards)}
+    eng = tr.engine
+    import repro.rollout.engine as engine_mod
+    timer.wrap(eng.policy, "decode_step", "policy_forward")
+    if eng.proposer is not None:
+        timer.wrap(eng.proposer, "propose", "draft_propose")
+        timer.wrap(eng.proposer, "observe", "draft_observe")
+    timer.wrap(engine_mod, "verify", "verify")
+    timer.wrap(eng, "_commit", "commit")
+    with timer.span("rollout_total"):
+        tr.rollout(warmup + 1)
+    timer.unwrap()
+    tot = timer.total.pop("rollout_total")
+    timer.calls.pop("rollout_total")
+    res["rollout_phases_s"] = dict(timer.total)
+    res["rollout_phases_s"]["rest"] = tot - sum(timer.total.values())
+    res["rollout_phase_calls"] = dict(timer.calls)
+    res["rollout_synced_s"] = tot
+
+    # -- update pieces on one microbatch -----------------------------------------------------------------
+    upd, dev = tr.update, tr.policy.device
+    mb = min(cfg.grpo.microbatch, batch.size)
+    ids, att = batch.input_ids[:mb].to(dev), batch.attention_mask[:mb].to(dev)
+    mask = batch.loss_mask[:mb].to(dev)
+    amp = (torch.autocast(dev.type, dtype=upd.autocast_dtype) if upd.autocast_dtype is not None
+           else contextlib.nullcontext())
+    want_taps = tr.draft is not None
+
+    def policy_fb():
+        with amp:
+            o = tr.policy.forward_train(ids, want_taps=want_taps, attention_mask=att)
+            loss = o.logits.float().logsumexp(-1).mean()
+        loss.backward()
+        tr.policy.model.zero_grad(set_to_none=True)
+    sync = timer.sync
+    res["update_microbatch"] = {"rows": mb, "seq_len": int(ids.shape[1]),
+                                "policy_fwd_bwd_s": summarize(_samples(policy_fb, sync, repeats))}
+    if tr.draft is not None:
+        with torch.no_grad(), amp:
+            o = tr.policy.forward_train(ids, want_taps=True, attention_mask=att)
+        feats = TargetFeatures(dict(zip(tr.policy.tap_spec.as_output_layers(), o.taps)))
+        gen = torch.Generator().manual_seed(0)
+        dbatch = DraftBatch(input_ids=ids, loss_mask=draft_loss_mask(mask), policy_logits=o.logits.detach(),
+                            extras={"anchor_generator": gen})
+
+        def draft_fb():
+            with amp:
+                dl = tr.draft.draft_loss(feats, dbatch)
+            dl.backward()
+            tr.draft.zero_grad(set_to_none=True)
+        res["update_microbatch"]["draft_fwd_bwd_s"] = summarize(_samples(draft_fb, sync, repeats))
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+        with profile(activities=acts) as p:
+            draft_fb()
+            sync()
+        n_ops, n_kernels, top = _top_ops(p)
+        res["draft_ops"] = {"top_level_ops": n_ops, "device_kernels": n_kernels, "top": top}
+        with profile(activities=acts) as p:
+            policy_fb()
+            sync()
+        n_ops, n_kernels, _ = _top_ops(p)
+        res["policy_ops"] = {"top_level_ops": n_ops, "device_kernels": n_kernels}
+        sampler = getattr(tr.draft, "cfg", None)
+        if sampler is not None and hasattr(sampler, "num_anchors"):
+            from repro.models.block_draft import sample_anchors
+            lm = draft_loss_mask(mask)
+            res["update_microbatch"]["sample_anchors_s"] = summarize(
+                _samples(lambda: sample_anchors(lm, sampler.num_anchors, gen), sync, repeats))
+
+    # -- the whole update as the trainer runs it -----------------------------------------------------------
+    adv = group_advantages(batch.rewards, cfg.grpo.generations_per_prompt, cfg.grpo.normalize_std)
+    st = [upd.step(batch, adv, anchor_seed=s, temperature=cfg.grpo.temperature) for s in range(repeats)]
+    res["update"] = {"time_s": summarize([s.update_time_s for s in st]),
+                     "draft_time_s": summarize([s.draft_time_s for s in st])}
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="h200", help="profile whose table1 rows are measured (default h200)")
+    ap.add_argument("--rows", default="", help="comma-separated table1 rows (default: every row of the first policy)")
+    ap.add_argument("--out", type=Path, default=Path("step_breakdown_out"))
+    ap.add_argument("--warmup", type=int, default=2, help="training steps before measuring (default 2)")
+    ap.add_argument("--repeats", type=int, default=5, help="samples per timed piece (default 5)")
+    args = ap.parse_args(argv)
+    prof_cfg = load_profile(args.profile)
+    rows = artifact_rows(prof_cfg, "table1")
+    if args.rows:
+        wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
+        bad = [r for r in wanted if r not in rows]
+        if bad:
+            raise SystemExit(f"--rows {bad} are not table1 rows of {args.profile!r}; expected some of {sorted(rows)}")
+    else:
+        first = next(iter(rows.values())).get("policy", "dense")
+        wanted = [r for r, s in rows.items() if s.get("policy", "dense") == first]
+    device = "cuda" if prof_cfg["hardware"]["device"] == "cuda" else "cpu"
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {"profile": args.profile, "warmup": args.warmup, "repeats": args.repeats, "rows": {}, "errors": {}}
+    for row in wanted:
+        try:
+            r = breakdown_row(prof_cfg, row, args.out, args.warmup, args.repeats, device)
+        except Exception as exc:  # noqa: BLE001 -- one failing row keeps the others
+            import traceback
+            traceback.print_exc()
+            report["errors"][row] = f"{type(exc).__name__}: {exc}"
+            continue
+        report["rows"][row] = r
+        ro, um = r["rollout"], r["update_microbatch"]
+        print(f"[{row}] rollout {ro['time_s']:.3f}s / {ro['policy_forwards']} forwards = "
+              f"{ro['ms_per_forward']:.1f} ms; phases " +
+              ", ".join(f"{k} {v:.3f}s" for k, v in r["rollout_phases_s"].items()), flush=True)
+        print(f"    update {r['update']['time_s']['median']:.3f}s; microbatch of {um['rows']}: policy fwd+bwd "
+              f"{um['policy_fwd_bwd_s']['median'] * 1e3:.1f} ms" +
+              (f", draft fwd+bwd {um['draft_fwd_bwd_s']['median'] * 1e3:.1f} ms "
+               f"({r['draft_ops']['top_level_ops']} ops, {r['draft_ops']['device_kernels']} kernels; policy "
+               f"{r['policy_ops']['top_level_ops']} ops, {r['policy_ops']['device_kernels']} kernels)"
+               if "draft_fwd_bwd_s" in um else ""), flush=True)
+        with contextlib.suppress(Exception):
+            torch.cuda.empty_cache()
+        write_json_atomic(args.out / "step_breakdown.json", {**report, "provenance": provenance()})
+    write_json_atomic(args.out / "step_breakdown.json", {**report, "provenance": provenance()})
+    return 0 if not report["errors"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
