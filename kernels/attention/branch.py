@@ -34,6 +34,19 @@ def _owned(o: torch.Tensor, q: torch.Tensor, others) -> bool:
     return all(st != t.untyped_storage()._cdata for t in (q, *others))
 
 
+def _head_sum(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """sum_h w[n, g, h] x[n, g, h, :] -> [n, g, D], one fused multiply-add per head of the group.
+
+    The per-row outer products and head sums of the TTT branch have an inner size of 1 or H/G; as
+    batched GEMMs (bmm, einsum) they run as n*G tiny matrix products, several times slower on CPUs
+    than these elementwise ops, which also need no [n, G, hg, D] temporary.
+    """
+    out = w[:, :, 0, None] * x[:, :, 0]
+    for h in range(1, w.shape[2]):
+        out.addcmul_(w[:, :, h, None], x[:, :, h])
+    return out
+
+
 class TTTBranch:
     """P = pass index k branch keys per row: tensors are ks (P tensors [T,G,D]) then vs (P tensors).
 
@@ -72,9 +85,8 @@ class TTTBranch:
             Ls = _safe(L, 0.0)
             oc = torch.empty(n, G, hg, D, dtype=acc, device=q.device)      # contiguous, ours
             torch.mul(o_t[a:b].reshape(n, G, hg, D), torch.exp(lt - Ls).unsqueeze(-1), out=oc)
-            ob = oc.view(n * G, hg, D)
             for p in range(P):                         # oc += w_p (outer) v_p, in place
-                ob.baddbmm_(torch.exp(s[p] - Ls).view(n * G, hg, 1), vs[p][a:b].to(acc).view(n * G, 1, D))
+                oc.addcmul_(torch.exp(s[p] - Ls).unsqueeze(-1), vs[p][a:b].to(acc).unsqueeze(2))
             out[a:b] = oc.view(n, H, D).to(q.dtype)
             lse[a:b] = L.view(n, H)
         return out, lse
@@ -100,11 +112,11 @@ class TTTBranch:
             for p in range(P):
                 kp, vp = ks[p][a:b].to(acc), vs[p][a:b].to(acc)                        # [n,G,D]
                 w = torch.exp(torch.einsum("nghd,ngd->ngh", qc, kp) * scale - Ls)      # [n,G,hg]
-                dvs[p][a:b] = torch.einsum("ngh,nghd->ngd", w, do).to(dvs[p].dtype)
+                dvs[p][a:b] = _head_sum(w, do).to(dvs[p].dtype)
                 ds = w * (torch.einsum("nghd,ngd->ngh", do, vp) - delta) * scale
-                outer = (ds.view(n * G, hg, 1), kp.view(n * G, 1, D))          # dq += ds (outer) k_p
-                dqc = torch.bmm(*outer) if dqc is None else dqc.baddbmm_(*outer)
-                dks[p][a:b] = torch.einsum("ngh,nghd->ngd", ds, qc).to(dks[p].dtype)
+                outer = (ds.unsqueeze(-1), kp.unsqueeze(2))                    # dq += ds (outer) k_p
+                dqc = torch.mul(*outer) if dqc is None else dqc.addcmul_(*outer)
+                dks[p][a:b] = _head_sum(ds, qc).to(dks[p].dtype)
             dq[a:b] += dqc.view(n, H, D).to(dq.dtype)
         return (*dks, *dvs)
 
