@@ -7,6 +7,10 @@ At ring step s rank r holds the K/V of rank j = (r - s) mod C. A ``RingPlan`` gi
     upper  (j > r)            zigzag: back-half queries x all keys;   sequential: nothing
 
 Every zigzag step after the first costs exactly half a block, so work per rank is equal.
+The causal (trunk) plan selects the halves without gathering rows: a document's front and back
+chunks are contiguous local rows, so each document becomes two segments of the step's MaskSpec, one
+of them empty (lower: the back-half keys that no query sees; upper: the front-half queries that see
+no key, out = 0 and lse = -inf, which the LSE merge leaves unchanged). Block plans gather their rows.
 
     plan = causal_plan(layout, device)                       # EAGLE-3 trunk (queries = trunk rows)
     plan = prefix_plan(layout, doc, key_end, is_back, valid, device)   # DFlash/DSpark blocks
@@ -54,14 +58,20 @@ def _cu_from_docs(doc: torch.Tensor, num_docs: int) -> torch.Tensor:
     return torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
 
 
+def _two_per_doc(first_end: torch.Tensor, second_end: torch.Tensor) -> torch.Tensor:
+    """Boundaries [0, first_end[0], second_end[0], first_end[1], ...] of two segments per document."""
+    return torch.cat([torch.zeros(1, dtype=torch.int64), torch.stack([first_end, second_end], 1).flatten()])
+
+
 def causal_plan(layout: Layout, device=None) -> RingPlan:
-    """Causal main-sequence attention; queries are the local trunk rows."""
-    mv = lambda t: t.to(device) if device is not None else t
+    """Causal main-sequence attention; queries are the local trunk rows (every step sees all of them)."""
     diag = StepPlan(None, None, MaskSpec.causal(layout.cu_local))
     lower = upper = None
     if layout.cp_size > 1 and layout.scheme == "zigzag":
-        lower = StepPlan(None, mv(layout.front_rows), MaskSpec.full(layout.cu_local, layout.cu_half))
-        upper = StepPlan(mv(layout.back_rows), None, MaskSpec.full(layout.cu_half, layout.cu_local))
+        start, end = layout.cu_local[:-1], layout.cu_local[1:]
+        mid = start + layout.chunk                  # end of each document's front chunk
+        lower = StepPlan(None, None, MaskSpec.full(_two_per_doc(end, end), _two_per_doc(mid, end)))
+        upper = StepPlan(None, None, MaskSpec.full(_two_per_doc(mid, end), _two_per_doc(start, end)))
     elif layout.cp_size > 1:
         lower = StepPlan(None, None, MaskSpec.full(layout.cu_local, layout.cu_local))
     return RingPlan(layout.cp_size, layout.rank, diag, lower, upper)

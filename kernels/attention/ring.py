@@ -157,17 +157,21 @@ def ring_backward(dout, q, k, v, out, lse, plan: RingPlan, group, backend, scale
         if sp is not None:
             if stats is not None:
                 stats.pairs["bwd"] += sp.pairs()
-            gq, gk, gv = _step_bwd(dout, q, kv[0], kv[1], out, lse, sp, backend, scale)
-            if sp.q_rows is None:
-                dq += gq
+            if sp.q_rows is None and sp.k_rows is None:       # every trunk step: straight into the sums
+                b = backends.select(backend, sp.spec, q.device, q.dtype)
+                b.backward_into(dout, q, kv[0], kv[1], out, lse, sp.spec, scale, dq, contrib[0], contrib[1])
             else:
-                dq.index_add_(0, sp.q_rows, gq.to(acc))
-            if sp.k_rows is None:
-                contrib[0] += gk
-                contrib[1] += gv
-            else:
-                contrib[0].index_add_(0, sp.k_rows, gk.to(acc))
-                contrib[1].index_add_(0, sp.k_rows, gv.to(acc))
+                gq, gk, gv = _step_bwd(dout, q, kv[0], kv[1], out, lse, sp, backend, scale)
+                if sp.q_rows is None:
+                    dq += gq
+                else:
+                    dq.index_add_(0, sp.q_rows, gq.to(acc))
+                if sp.k_rows is None:
+                    contrib[0] += gk
+                    contrib[1] += gv
+                else:
+                    contrib[0].index_add_(0, sp.k_rows, gk.to(acc))
+                    contrib[1].index_add_(0, sp.k_rows, gv.to(acc))
         if pending is not None:
             _wait(pending)
             contrib += incoming

@@ -9,6 +9,9 @@
         block's exact share of the gradient of the joint softmax. Gradients come back in acc_dtype(q)
         or in q's dtype (flash kernels); ring steps accumulate them in acc_dtype(q) buffers. Rows whose
         joint lse is -inf get zero gradient.
+    backend.backward_into(dout, q, k, v, out, lse, spec, scale, dq, dk, dv)
+        The same gradients added into the caller's accumulators (the ring's); by default backward +
+        add, overridden where a kernel's per-segment results can go straight in (no zeroed buffers).
 
 ``supports(spec, device, dtype)`` says whether a backend can run a case; ``select`` in
 ``backends/__init__.py`` picks one.
@@ -56,3 +59,9 @@ class Backend:
 
     def backward(self, dout, q, k, v, out, lse, spec: MaskSpec, scale: float):
         raise NotImplementedError
+
+    def backward_into(self, dout, q, k, v, out, lse, spec: MaskSpec, scale: float, dq, dk, dv) -> None:
+        gq, gk, gv = self.backward(dout, q, k, v, out, lse, spec, scale)
+        dq += gq
+        dk += gk
+        dv += gv
