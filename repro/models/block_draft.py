@@ -30,6 +30,7 @@ from repro.models.draft_layers import (
     batch_to_packed,
     cache_attention,
     row_cu_seqlens,
+    row_layout,
 )
 from repro.models.taps import TapSpec
 from repro.parallel.cp_batch import PackedShard
@@ -196,7 +197,7 @@ class BlockDraftBackbone(nn.Module):
         if bad.any():
             raise ValueError(f"anchors {anchors[bad][:4].tolist()} are outside the sequence [0, {S})")
         N, Bs, dev = anchors.shape[1], self.cfg.block_size, input_ids.device
-        cu = row_cu_seqlens(Bt, S, dev)
+        cu = row_cu_seqlens(Bt, S, dev) if attn_impl == "dense" else row_layout(Bt, S)
         ctx = batch_to_packed(self.context(taps))                              # [T, H]
         ctx_pos = torch.arange(S, device=dev).repeat(Bt)
         glob = (anchors + torch.arange(Bt, device=dev)[:, None] * S).flatten()  # [Nb]

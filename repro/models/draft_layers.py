@@ -9,10 +9,13 @@ live there). Inference-time attention over a draft's ragged KV cache uses the ma
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.attention import Layout, make_layout
 from repro.rollout.kv import SlotTable, gather_slots
 
 
@@ -123,6 +126,16 @@ def batch_to_packed(x: torch.Tensor) -> torch.Tensor:
 
 def row_cu_seqlens(B: int, S: int, device) -> torch.Tensor:
     return torch.arange(B + 1, dtype=torch.long, device=device) * S
+
+
+@functools.lru_cache(maxsize=64)
+def row_layout(B: int, S: int) -> Layout:
+    """The single-rank packed layout of a right-padded ``[B, S]`` batch (each row one document of S).
+
+    Built once per shape and handed to every attention call of a forward (all TTT passes, all block
+    layers) instead of ``cu_seqlens``, which would rebuild it per call: a per-document loop that costs
+    more host time than the draft's kernels at RL batch shapes. Layouts are read-only."""
+    return make_layout(row_cu_seqlens(B, S, "cpu"))
 
 
 def new_table(batch: int, device) -> SlotTable:

@@ -39,6 +39,7 @@ from repro.models.draft_layers import (
     batch_to_packed,
     cache_attention,
     row_cu_seqlens,
+    row_layout,
 )
 from repro.models.taps import TapSpec, TapSpecFromConfig
 from repro.models.vocab import check_vocab_maps, draft_to_target_ids, full_draft_vocab
@@ -189,7 +190,7 @@ class Eagle3Draft(TapSpecFromConfig, nn.Module):
         if cp is None:
             if taps.shape[:2] != (B, S):
                 raise ValueError(f"taps are {tuple(taps.shape[:2])}, expected [batch, seq] = {(B, S)}")
-            cu = row_cu_seqlens(B, S, dev)
+            cu = row_cu_seqlens(B, S, dev) if attn_impl == "dense" else row_layout(B, S)
             pos = torch.arange(S, device=dev).repeat(B)                 # [T]
             g = batch_to_packed(self.fuse(taps))                         # [T, H]
         else:

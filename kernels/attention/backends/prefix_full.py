@@ -20,36 +20,44 @@ from kernels.attention.spec import MaskSpec
 
 
 def _expand(spec: MaskSpec):
-    """(replica -> query row index, full MaskSpec over (replicas x all keys)); cached on the spec."""
+    """(replica -> query row index, full MaskSpec over (replicas x all keys)); cached on the spec.
+
+    Vectorised over rows and intervals (a per-block Python loop cost more host time than the kernels at
+    RL batch shapes): the intervals are the distinct (segment, key end) pairs; row t belongs to the
+    first J_t intervals of its segment (those ending at or before its key end)."""
     if "prefix_full" in spec._cache:
         return spec._cache["prefix_full"]
-    ke_all = spec.key_end.cpu()
-    rep, cq, ck = [], [0], [0]
-    cu_q, cu_k = spec.cu_q.tolist(), spec.cu_k.tolist()
-    nq = 0
-
-    def seg(rows: torch.Tensor | None, k_end: int):
-        nonlocal nq
-        if rows is not None and rows.numel():
-            rep.append(rows)
-            nq += rows.numel()
-        cq.append(nq)
-        ck.append(k_end)
-
-    for s in range(len(cu_q) - 1):
-        q0, q1, k0, k1 = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
-        if k1 > ck[-1] and k0 > ck[-1]:
-            seg(None, k0)                         # keys between segments that nobody sees
-        ke = ke_all[q0:q1].clamp(k0, k1)
-        rows = torch.arange(q0, q1)
-        ends = torch.unique(ke[ke > k0]).tolist()
-        for e in ends:
-            seg(rows[ke >= e], e)
-        if k1 > ck[-1]:
-            seg(None, k1)
+    cu_q_t, cu_k_t = spec.cu_q.cpu().long(), spec.cu_k.cpu().long()
+    S, T, W = cu_q_t.numel() - 1, spec.num_q, spec.num_k + 1
+    seg = torch.repeat_interleave(torch.arange(S), cu_q_t.diff())                 # segment of each row
+    k0, k1 = cu_k_t[seg], cu_k_t[seg + 1]
+    ke = torch.minimum(torch.maximum(spec.key_end.cpu().long(), k0), k1)
+    code = seg * W + ke                                                           # sorts by (segment, end)
+    groups = torch.unique(code[ke > k0])                                          # the intervals, in order
+    first = torch.searchsorted(groups, torch.arange(S + 1) * W)                   # each segment's first one
+    J = torch.searchsorted(groups, code, right=True) - first[seg]
+    t_rep = torch.repeat_interleave(torch.arange(T), J)
+    g_rep = first[seg][t_rep] + torch.arange(t_rep.numel()) - torch.repeat_interleave(J.cumsum(0) - J, J)
+    idx = t_rep[torch.argsort(g_rep * max(T, 1) + t_rep)]                        # interval-major, rows in order
+    counts = torch.bincount(g_rep, minlength=groups.numel()).tolist()
+    ends, first_l = (groups % W).tolist(), first.tolist()
+    cu_q, cu_k = cu_q_t.tolist(), cu_k_t.tolist()
+    cq, ck, nq = [0], [0], 0
+    for s in range(S):
+        lo, hi = cu_k[s], cu_k[s + 1]
+        if hi > ck[-1] and lo > ck[-1]:           # keys between segments that nobody sees
+            cq.append(nq)
+            ck.append(lo)
+        for g in range(first_l[s], first_l[s + 1]):
+            nq += counts[g]
+            cq.append(nq)
+            ck.append(ends[g])
+        if hi > ck[-1]:
+            cq.append(nq)
+            ck.append(hi)
     if ck[-1] < spec.num_k:
-        seg(None, spec.num_k)
-    idx = torch.cat(rep) if rep else torch.zeros(0, dtype=torch.int64)
+        cq.append(nq)
+        ck.append(spec.num_k)
     full = MaskSpec.full(torch.tensor(cq), torch.tensor(ck))
     spec._cache["prefix_full"] = (idx, full)
     return idx, full
