@@ -1,10 +1,12 @@
 """The one-GPU co-training session: Table 1's rows of the ``h200`` profile end to end on one device call.
 
 Meant for a single call on a machine with one H200 (the suite's ``run`` device), where the workflow
-cannot run (no snakemake or wandb there). It does what the workflow's table1 rules do, in one process:
+cannot run (no snakemake or wandb there). It does what the workflow's table1 rules do, each job in its
+own process as the workflow runs them (a row never inherits an earlier row's memory, allocator state or
+garbage-collector load: in one process the later rows' update times grew row after row):
 
-    1. the SFT warm start of each policy the rows need (``repro.rl.sft``: tokenizer, policy, drafts);
-    2. each table1 row (``repro.rl.run``'s code path: config from the profile, ``CoTrainer``,
+    1. ``python -m repro.rl.sft`` for each policy the rows need (tokenizer, policy, drafts);
+    2. ``python -m repro.rl.run --artifact table1`` for each row (config from the profile, ``CoTrainer``,
        ``MetricsLogger`` with W&B disabled) in profile order, no-draft rows first, while the time
        budget lasts (rows left out are listed as skipped, never invented);
     3. ``repro.rl.summary`` over the finished rows.
@@ -14,27 +16,41 @@ packed into ``<out>/h200_rl.tar.gz`` plus ``<out>/gpu_rl.json`` (summary, timing
 unpack the tarball into ``results/<hw>/h200/`` afterwards so ``collect`` sees the runs.
 
     PYTHONUNBUFFERED=1 WANDB_MODE=disabled python -m repro.bench.gpu_rl --out $OUT --budget-s 330
+    ... --policies dense --steps 16          # the dense rows only, 16 steps each
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tarfile
 import time
 import traceback
 from pathlib import Path
 
-import torch
+import yaml
 
 from repro.report.metrics import MetricsLogger
 from repro.report.profiles import load_profile
 from repro.report.provenance import provenance, write_json_atomic
-from repro.rl.config import DraftSpec, PolicySpec, SFTSpec, artifact_rows, run_config_from_profile
-from repro.rl.sft import build_warm_start
+from repro.rl.config import artifact_rows
 from repro.rl.summary import run_dir_name, summarize
-from repro.rl.tokenizer import WorkloadTokenizer
-from repro.rl.trainer import CoTrainer
+
+
+def _job(cmd: list[str], log: Path) -> None:
+    """Run one workflow job in its own process, its output teed to ``log``; raise on failure."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print("$ " + " ".join(cmd), flush=True)
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            fh.write(line)
+            print(line, end="", flush=True)
+        rc = proc.wait()
+    if rc:
+        raise RuntimeError(f"{cmd[2]} exited with {rc} (log: {log})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=0, help="override the profile's table1 steps (0: keep)")
     ap.add_argument("--sft-steps", type=int, default=0, help="override rl.sft.steps and draft_steps (0: keep; "
                     "for a quick CPU check of this script)")
+    ap.add_argument("--policies", default="", help="comma-separated keys of rl.policies whose rows run (default all)")
     args = ap.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
     t0 = time.perf_counter()
@@ -55,14 +72,24 @@ def main(argv: list[str] | None = None) -> int:
     rl, rows = prof["rl"], artifact_rows(prof, "table1")
     if args.sft_steps:
         rl["sft"] = {**rl["sft"], "steps": args.sft_steps, "draft_steps": args.sft_steps}
-    device = "cuda" if prof["hardware"]["device"] == "cuda" else "cpu"
+    out.mkdir(parents=True, exist_ok=True)
+    prof_file = out / f"profile_{prof['name']}.yaml"        # the profile with this call's overrides, for the jobs
+    prof_file.write_text(yaml.safe_dump(prof, sort_keys=False))
     # no-draft rows first within each policy, policies in order of appearance
     policies = list(dict.fromkeys((spec or {}).get("policy", "dense") for spec in rows.values()))
+    if args.policies:
+        wanted = [p for p in args.policies.split(",") if p]
+        bad = [p for p in wanted if p not in policies]
+        if bad:
+            raise SystemExit(f"--policies {bad} are not policies of table1's rows; expected some of {policies}")
+        policies = [p for p in policies if p in wanted]
     order = [r for p in policies for r in sorted((r for r, s in rows.items() if s.get("policy", "dense") == p),
                                                   key=lambda r: bool(rows[r].get("draft")))]
-    report: dict = {"profile": args.profile, "rows": {}, "skipped": [], "sft": {}, "errors": {}}
+    report: dict = {"profile": args.profile, "rows": {}, "skipped": [r for r in rows if r not in order],
+                    "sft": {}, "errors": {}, "overrides": {"steps": args.steps, "sft_steps": args.sft_steps}}
     warm: dict[str, Path] = {}
     done: dict[str, dict] = {}
+    py = [sys.executable, "-m"]
     for row in order:
         spec = rows[row]
         pol = spec.get("policy", "dense")
@@ -78,27 +105,19 @@ def main(argv: list[str] | None = None) -> int:
                 names = sorted({s["draft"] for s in rows.values() if s.get("policy", "dense") == pol and s.get("draft")})
                 ws = out / "sft" / f"{pol}-math"
                 ts = time.perf_counter()
-                summ = build_warm_start(ws, PolicySpec(**rl["policies"][pol]), "math", SFTSpec(**rl["sft"]),
-                                        [DraftSpec(**rl["drafts"][n]) for n in names],
-                                        vocab_size=int(rl["vocab_size"]), seed=0, device=device)
-                report["sft"][pol] = {k: summ[k] for k in ("sft_loss_first", "sft_loss_last", "heldout_accuracy",
-                                                           "drafts", "sft_time_s", "total_time_s")}
+                _job(py + ["repro.rl.sft", "--profile", str(prof_file), "--policy", pol, "--workload", "math",
+                           "--drafts", ",".join(names), "--out", str(ws)], out / "sft" / f"{pol}-math.log")
+                summ = json.loads((ws / "sft.json").read_text())
+                report["sft"][pol] = {k: summ.get(k) for k in ("sft_loss_first", "sft_loss_last", "heldout_accuracy",
+                                                               "drafts", "sft_time_s", "total_time_s")}
                 report["sft"][pol]["wall_s"] = time.perf_counter() - ts
                 warm[pol] = ws
             run_dir = out / "table1" / run_dir_name(row)
-            cfg = run_config_from_profile(prof, "table1", row, out=str(run_dir), warm_start=str(warm[pol]))
-            tok = WorkloadTokenizer.load(warm[pol] / "tokenizer")
-            tr = CoTrainer(cfg, tok)
-            with MetricsLogger(run_dir, artifact="table1", profile=args.profile, config=cfg.to_dict(),
-                               name=run_dir.name) as log:
-                steps = tr.run(log)
-            write_json_atomic(run_dir / "run.json", {"row": row, "steps": cfg.steps, "last": steps[-1],
-                                                     "draft_warm_start": tr.draft_warm})
-            done[row] = steps[-1]
-            report["rows"][row] = {"last_step": steps[-1], "elapsed_s": time.perf_counter() - t0}
-            del tr
-            if device == "cuda":
-                torch.cuda.empty_cache()
+            _job(py + ["repro.rl.run", "--artifact", "table1", "--row", row, "--profile", str(prof_file),
+                       "--out", str(run_dir), "--warm-start", str(warm[pol])], out / "table1" / f"{run_dir.name}.log")
+            last = json.loads((run_dir / "run.json").read_text()).get("last")
+            done[row] = last
+            report["rows"][row] = {"last_step": last, "elapsed_s": time.perf_counter() - t0}
         except Exception as exc:   # one failing row must not lose the others' measurements
             traceback.print_exc()
             report["errors"][row] = f"{type(exc).__name__}: {exc}"

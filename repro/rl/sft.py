@@ -181,9 +181,10 @@ def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sf
 
 
 def main(argv: list[str] | None = None) -> int:
-    from repro.report.profiles import load_profile
+    from repro.report.profiles import ProfileError
+    from repro.rl.config import load_run_profile
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default="cpu-tiny")
+    ap.add_argument("--profile", default="cpu-tiny", help="profile name, or a path to a profile .yaml file")
     ap.add_argument("--policy", required=True, help="a key of the profile's rl.policies")
     ap.add_argument("--workload", required=True, choices=WORKLOADS)
     ap.add_argument("--drafts", default="", help="comma-separated keys of rl.drafts to warm-start")
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        prof = load_profile(args.profile)
+        prof = load_run_profile(args.profile)
         rl = prof.get("rl") or {}
         if args.policy not in rl.get("policies", {}):
             raise ConfigError(f"--policy {args.policy!r} is invalid: expected one of {sorted(rl.get('policies', {}))}")
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         build_warm_start(args.out, PolicySpec(**rl["policies"][args.policy]), args.workload,
                          SFTSpec(**rl.get("sft", {})), drafts, vocab_size=int(rl.get("vocab_size", 512)),
                          seed=args.seed, device=device)
-    except (ConfigError, FileNotFoundError) as exc:
+    except (ConfigError, ProfileError, FileNotFoundError) as exc:
         print(f"sft: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -46,7 +46,8 @@ STEP_METRICS = ("train/reward", "train/response_len", "train/train_inference_kl"
                 "train/rollout_time_s", "train/update_time_s", "train/step_time_s", "train/throughput_tok_s",
                 "train/rollout_cpu_s", "train/update_cpu_s", "train/step_cpu_s",
                 "train/rollout_tok_s", "train/draft_loss", "train/policy_loss", "train/weight_push_s",
-                "train/tool_time_s", "train/draft_time_s", "train/gen_tokens", "val/accuracy")
+                "train/tool_time_s", "train/draft_time_s", "train/gen_tokens", "train/rollout_forwards",
+                "val/accuracy")
 
 
 @torch.no_grad()
@@ -70,6 +71,9 @@ def step_metrics(cfg: RunConfig, batch: RolloutBatch, stats: UpdateStats, *, pus
     m = {"train/reward": float(batch.rewards.mean()),
          "train/response_len": batch.gen_tokens / batch.size,
          "train/gen_tokens": batch.gen_tokens,
+         # policy forwards of the rollout (verify steps, summed over turns): rollout time / forwards is the
+         # cost of one decoding step, which separates per-step overhead from the batch's longest row
+         "train/rollout_forwards": batch.policy_forwards,
          "train/train_inference_kl": stats.train_inference_kl,
          "train/rollout_time_s": batch.rollout_time_s,
          "train/tool_time_s": batch.tool_time_s,
