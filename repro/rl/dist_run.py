@@ -92,6 +92,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tap-transport", default="auto", choices=TRANSPORTS,
                     help="TapChannel transport (auto: shm on CPU, cuda_ipc on GPUs of one node)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads per rank (0: torch's default)")
+    ap.add_argument("--log-artifact", choices=("dist", "artifact"), default="dist",
+                    help="artifact label of the logged run: 'dist' (default) keeps it out of the single-process "
+                         "artifact's tables; 'artifact' logs it as --artifact's own run (the workflow's paper "
+                         "profiles on the suite engine, where torchrun is how every row runs)")
     return ap.parse_args(argv)
 
 
@@ -248,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                         "tap_transport": upd.transport, "backend": dist.get_backend()}
             # artifact "dist": the run keeps its row label and config (cfg.artifact) but stays out of the
             # single-process artifact's summaries and tables (different microbatching, parallel layout)
-            with MetricsLogger(args.out, artifact=DIST_ARTIFACT, profile=cfg.profile,
+            label = DIST_ARTIFACT if args.log_artifact == "dist" else args.artifact
+            with MetricsLogger(args.out, artifact=label, profile=cfg.profile,
                                config={**cfg.to_dict(), "parallel": parallel}, name=Path(args.out).name,
                                extra_tags=[f"row:{args.row}", f"draft:{cfg.draft.family if cfg.draft else 'none'}",
                                            f"source_artifact:{args.artifact}", f"pp:{shape.pp}", f"cp:{shape.cp}",

@@ -61,7 +61,7 @@ def test_suite_engine_plans_the_paper_rows_as_torchrun_commands(paper_root):
         folder = re.sub(r"[^a-z0-9.-]+", "_", row.lower()).strip("_")
         want = (f"-m torch.distributed.run --standalone --nproc-per-node 8 -m repro.rl.dist_run --artifact table1 "
                 f"--row '{row}' --profile paper-h100 --engine suite --checkpoint-root {paper_root} {mesh} "
-                f"--out {runs}/{folder} --seed 0")
+                f"--out {runs}/{folder} --seed 0 --log-artifact artifact")
         assert any(want in c for c in cmds), f"{want}\nnot among\n" + "\n".join(cmds)
     assert "rl_sft" not in text and "repro.nemo_rl" not in text and "--warm-start" not in text
     assert "--results results/" in text and "paper_figures/paper-h100-suite/table1.md" in text

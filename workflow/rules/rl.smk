@@ -123,7 +123,7 @@ def rl_run_cmd(wildcards):
         return (f"{PY} -m torch.distributed.run --standalone --nproc-per-node {mesh['pp'] * mesh['cp']} "
                 f"-m repro.rl.dist_run --artifact {wildcards.artifact} --row '{row}' --profile {PROFILE_NAME}"
                 f"{engine} --checkpoint-root {config['checkpoint_root']} --pp {mesh['pp']} --cp {mesh['cp']} "
-                f"--out {out} --seed {seed}")
+                f"--out {out} --seed {seed} --log-artifact artifact")
     return (f"{PY} -m repro.rl.run --artifact {wildcards.artifact} --row '{row}' --profile {PROFILE_NAME}{engine} "
             f"--warm-start {rl_warm_dir(wildcards)} --out {out} --seed {seed} --threads 1")
 
