@@ -40,7 +40,7 @@ def merge_(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse:
     """In place: ``acc[rows] <- merge(acc[rows], (out, lse))``; ``rows`` None means all rows."""
     if rows is None:
         ca, cb, new = _weights(acc_lse, lse.to(acc_lse.dtype))
-        acc_out.mul_(ca.unsqueeze(-1)).add_(cb.unsqueeze(-1) * out.to(acc_out.dtype))
+        acc_out.mul_(ca.unsqueeze(-1)).addcmul_(cb.unsqueeze(-1), out.to(acc_out.dtype))
         acc_lse.copy_(new)
         return
     a_out, a_lse = acc_out.index_select(0, rows), acc_lse.index_select(0, rows)

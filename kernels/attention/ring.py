@@ -105,8 +105,7 @@ def ring_forward(q, k, v, plan: RingPlan, group, backend, scale: float, stats: R
         out.index_copy_(0, sp.q_rows, o.to(out.dtype))
         lse.index_copy_(0, sp.q_rows, l)
         return out, lse
-    out = torch.zeros(T, H, D, dtype=acc, device=q.device)
-    lse = torch.full((T, H), float("-inf"), dtype=acc, device=q.device)
+    out = lse = None
     comm = RingComm(group, stats, "fwd")
     kv = torch.stack([k, v])
     for s in range(C):
@@ -119,10 +118,19 @@ def ring_forward(q, k, v, plan: RingPlan, group, backend, scale: float, stats: R
             if stats is not None:
                 stats.pairs["fwd"] += sp.pairs()
             o, l = _step_fwd(q, kv[0], kv[1], sp, backend, scale)
-            merge_(out, lse, o, l, sp.q_rows)
+            if out is None and sp.q_rows is None:      # the first partial is the accumulator (a fresh tensor)
+                out, lse = o.to(acc), l.to(acc)
+            else:
+                if out is None:
+                    out = torch.zeros(T, H, D, dtype=acc, device=q.device)
+                    lse = torch.full((T, H), float("-inf"), dtype=acc, device=q.device)
+                merge_(out, lse, o, l, sp.q_rows)
         if works is not None:
             _wait(works)
             kv = nxt
+    if out is None:                                    # no step had queries (e.g. no block on this rank)
+        out = torch.zeros(T, H, D, dtype=acc, device=q.device)
+        lse = torch.full((T, H), float("-inf"), dtype=acc, device=q.device)
     return out, lse
 
 
