@@ -13,9 +13,13 @@ the best USP row over all of them is the baseline
 and times forward + backward of the 3 passes (wall: slowest rank per sample; and each rank's CPU time
 per step: on CPUs (few shared cores, often fewer than ranks) wall time measures the machine's total
 work and other load, so CPU runs compute the speedup from the critical path = largest per-rank CPU
-time per step; the wall-time speedup is logged beside it). Logged rows (metric names
-of experiments/paper_numbers.csv): "cp=<C>": speedup_vs_best_usp, peak_mem_ratio_usp_over_zigzag,
-usp_pad_factor; "all": the same pooled (smallest speedup and ratio), longest_seq_tokens.
+time per step; the wall-time speedup is logged beside it). Peak memory per rank is that of the
+fastest USP row; it is measured from the inputs through the first step, after an untimed step of the
+same method on a tiny batch (worker): on CPUs the resident set then no longer counts the ~50 MB per
+process of code pages and library state that the first call of any method loads. Logged rows
+(metric names of experiments/paper_numbers.csv): "cp=<C>": speedup_vs_best_usp,
+peak_mem_ratio_usp_over_zigzag, usp_pad_factor; "all": the same pooled (smallest speedup and ratio),
+longest_seq_tokens.
 CPU results are cpu-emulated: compare the ratios, not the times.
 
     python -m repro.bench.fig5 --profile cpu-tiny              # -> results/<hw>/cpu-tiny/fig5/
@@ -47,6 +51,7 @@ DEFAULTS = {  # per profile: scale divides the lengths; heads keep Qwen3-8B's 4:
     "h200": {"scale": 1, "heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bfloat16", "cp": [2, 4, 8],
              "repeats": 5, "warmup": 2},
 }
+WARMUP_SCALE = 256      # the untimed warm-up step before the memory window: longest 80 tokens
 
 
 def workload(scale: int) -> list[int]:
@@ -64,46 +69,60 @@ def consumed_leaf(shape, dtype, device, gen):
     return x
 
 
-def worker(rank: int, world: int, cfg: dict) -> dict:
-    """One method on one CP group: returns this rank's samples, peak memory and counters."""
+def build_step(cfg: dict, lengths: list[int], gen: torch.Generator, stats: RingStats, groups=None):
+    """This rank's inputs for ``lengths`` and its step (TTT passes, fwd + bwd): (step, local tokens)."""
     H, G, D, P = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], cfg["passes"]
     dtype, device = getattr(torch, cfg["dtype"]), torch.device(cfg["device"])
+    world = dist.get_world_size()
+    if cfg["method"] == "zigzag":
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+        lay = make_layout(cu, dist.group.WORLD)
+        T = lay.num_local
+        qs = [consumed_leaf((T, H, D), dtype, device, gen) for _ in range(P)]
+        ks = [consumed_leaf((T, G, D), dtype, device, gen) for _ in range(P)]
+        vs = [consumed_leaf((T, G, D), dtype, device, gen) for _ in range(P)]
+        dout = torch.randn(T, H, D, generator=gen).to(device, dtype)
+
+        def step():
+            outs = [eagle3_ttt_attention(qs[p], ks[:p + 1], vs[:p + 1], lay, dist.group.WORLD,
+                                         backend=cfg["backend"], stats=stats) for p in range(P)]
+            torch.autograd.backward(outs, [dout] * P)
+        return step, T
+    U = cfg["usp"][0]
+    batch = UspBatch(lengths, world, ttt_length=P, ulysses=U, ring=cfg["usp_ring"])
+    shp = (len(lengths), batch.chunk)
+    qs = [consumed_leaf((*shp, H, D), dtype, device, gen) for _ in range(P)]
+    ks = [consumed_leaf((*shp, G, D), dtype, device, gen) for _ in range(P)]
+    vs = [consumed_leaf((*shp, G, D), dtype, device, gen) for _ in range(P)]
+    dout = torch.randn(*shp, H, D, generator=gen).to(device, dtype)
+
+    def step():
+        cache: list = []
+        outs = [usp_eagle3_ttt_attention(qs[p], ks[p], vs[p], cache, groups, backend=cfg["backend"],
+                                         ring=cfg["usp_ring"], stats=stats) for p in range(P)]
+        torch.autograd.backward(outs, [dout] * P)
+    return step, shp[0] * shp[1]
+
+
+def worker(rank: int, world: int, cfg: dict) -> dict:
+    """One method on one CP group: returns this rank's samples, peak memory and counters.
+
+    Before the memory window the method's process groups are made and one step runs on a tiny batch
+    (WARMUP_SCALE): the same code path loads its kernels, code pages and library state (about 50 MB
+    of resident set per process on CPUs, the same for every method), which are not the method's
+    memory. The window then holds the inputs, the first step and everything it allocates.
+    """
+    device = torch.device(cfg["device"])
     if device.type == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    lengths = cfg["lengths"]
     gen = torch.Generator().manual_seed(rank)
+    groups = make_usp_groups(*cfg["usp"]) if cfg["method"] == "usp" else None
+    warm, _ = build_step(cfg, workload(WARMUP_SCALE), gen, RingStats(), groups)
+    warm()
+    del warm
     stats = RingStats()
     with PeakMemory(device) as pm:
-        if cfg["method"] == "zigzag":
-            cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-            lay = make_layout(cu, dist.group.WORLD)
-            T = lay.num_local
-            qs = [consumed_leaf((T, H, D), dtype, device, gen) for _ in range(P)]
-            ks = [consumed_leaf((T, G, D), dtype, device, gen) for _ in range(P)]
-            vs = [consumed_leaf((T, G, D), dtype, device, gen) for _ in range(P)]
-            dout = torch.randn(T, H, D, generator=gen).to(device, dtype)
-
-            def step():
-                outs = [eagle3_ttt_attention(qs[p], ks[:p + 1], vs[:p + 1], lay, dist.group.WORLD,
-                                             backend=cfg["backend"], stats=stats) for p in range(P)]
-                torch.autograd.backward(outs, [dout] * P)
-            tokens = T
-        else:
-            U, R = cfg["usp"]
-            groups = make_usp_groups(U, R)
-            batch = UspBatch(lengths, world, ttt_length=P, ulysses=U, ring=cfg["usp_ring"])
-            shp = (len(lengths), batch.chunk)
-            qs = [consumed_leaf((*shp, H, D), dtype, device, gen) for _ in range(P)]
-            ks = [consumed_leaf((*shp, G, D), dtype, device, gen) for _ in range(P)]
-            vs = [consumed_leaf((*shp, G, D), dtype, device, gen) for _ in range(P)]
-            dout = torch.randn(*shp, H, D, generator=gen).to(device, dtype)
-
-            def step():
-                cache: list = []
-                outs = [usp_eagle3_ttt_attention(qs[p], ks[p], vs[p], cache, groups, backend=cfg["backend"],
-                                                 ring=cfg["usp_ring"], stats=stats) for p in range(P)]
-                torch.autograd.backward(outs, [dout] * P)
-            tokens = shp[0] * shp[1]
+        step, tokens = build_step(cfg, cfg["lengths"], gen, stats, groups)
         step()                                     # first step inside the memory window
     samples, cpu = timed_samples(step, cfg, device)
     return {"rank": rank, "samples": samples, "cpu_s": cpu, "peak_gb": pm.peak_gb, "local_tokens": tokens,
@@ -179,6 +198,7 @@ def main(argv=None) -> int:
             "passes": args.passes, "lengths": lengths, "device": device, "backend": args.backend,
             "repeats": d["repeats"], "warmup": d["warmup"]}
     config = {**base, "cp": cps, "scale": d["scale"], "workload": "8 rollouts, fixed fractions of the longest",
+              "memory_warmup_scale": WARMUP_SCALE,
               "fractions": list(FRACTIONS)}
     pooled_speedup, pooled_mem, pad = [], [], None
     with BenchRun(out, artifact="fig5", profile=args.profile, config=config) as bench:
