@@ -121,18 +121,25 @@ class BlockLayer(nn.Module):
 def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator | None = None):
     """Up to ``num_anchors`` distinct anchors per row, uniformly among positions ``a`` with ``a + 1 < S``
     and ``loss_mask[a]`` (the prediction of ``x_{a+1}`` counts), sorted; returns ``(anchors [B, N] long,
-    valid [B, N] bool)``, missing anchors padded with 0 and ``valid = False``."""
+    valid [B, N] bool)``, missing anchors padded with 0 and ``valid = False``.
+
+    One draw for the whole batch: every position gets a uniform random key (candidates below 1, the rest
+    at 2), and each row keeps its ``N`` smallest keys, a uniform random subset of its candidates (all of
+    them when there are fewer). The mask crosses to the host once, not once per row."""
     B, S = loss_mask.shape
-    ok = loss_mask.bool().clone()
+    ok = loss_mask.detach().to("cpu").bool().clone()
     ok[:, S - 1:] = False
+    keys = torch.rand(B, S, generator=generator).masked_fill_(~ok, 2.0)
+    n = min(num_anchors, S)
+    pick = keys.topk(n, dim=1, largest=False).indices
+    valid = ok.gather(1, pick)
+    pick = torch.where(valid, pick, torch.full_like(pick, S)).sort(dim=1).values     # invalid ones last
+    valid = pick < S
     anchors = torch.zeros(B, num_anchors, dtype=torch.long)
-    valid = torch.zeros(B, num_anchors, dtype=torch.bool)
-    for b in range(B):
-        cand = ok[b].nonzero().flatten().cpu()
-        pick = cand[torch.randperm(cand.numel(), generator=generator)[:num_anchors]].sort().values
-        anchors[b, :pick.numel()] = pick
-        valid[b, :pick.numel()] = True
-    return anchors.to(loss_mask.device), valid.to(loss_mask.device)
+    anchor_valid = torch.zeros(B, num_anchors, dtype=torch.bool)
+    anchors[:, :n] = torch.where(valid, pick, torch.zeros_like(pick))
+    anchor_valid[:, :n] = valid
+    return anchors.to(loss_mask.device), anchor_valid.to(loss_mask.device)
 
 
 class BlockDraftBackbone(nn.Module):

@@ -235,3 +235,30 @@ def test_drafts_satisfy_the_pp_tap_contract(policy64, family):
         if fam_feats is feats:
             ref = loss
     torch.testing.assert_close(loss, ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.timeout(60)
+def test_sample_anchors_is_a_uniform_subset_of_the_candidates():
+    from repro.models.block_draft import sample_anchors
+    mask = torch.zeros(3, 12)
+    mask[0, 2:10] = 1            # 8 candidates (a + 1 < S holds for all)
+    mask[1, 5:] = 1              # 7 positions, the last one (a = 11) is no candidate: 6
+    mask[2, 3:5] = 1             # 2 candidates: fewer than N
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(3, 12)
+    draws = 4000
+    for _ in range(draws):
+        a, v = sample_anchors(mask, 4, g)
+        assert a.shape == v.shape == (3, 4)
+        assert v.sum(1).tolist() == [4, 4, 2]
+        for r in range(3):
+            picked = a[r][v[r]]
+            assert torch.all(picked[1:] > picked[:-1]), "anchors must be sorted and distinct"
+            assert torch.all(mask[r, picked] == 1) and torch.all(picked < 11)
+            assert torch.all(a[r][~v[r]] == 0)
+            counts[r, picked] += 1
+    # each candidate of a row is picked with probability N / candidates (4/8, 4/6, 1): with 4000 draws a
+    # binomial's 6-sigma band is below +-0.05 (false alarm ~ 1e-9 per cell)
+    for r, cand, p in ((0, range(2, 10), 0.5), (1, range(5, 11), 4 / 6), (2, range(3, 5), 1.0)):
+        freq = counts[r, list(cand)] / draws
+        assert torch.all((freq - p).abs() < 0.05), (r, freq)
