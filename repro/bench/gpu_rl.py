@@ -17,6 +17,7 @@ unpack the tarball into ``results/<hw>/h200/`` afterwards so ``collect`` sees th
 
     PYTHONUNBUFFERED=1 WANDB_MODE=disabled python -m repro.bench.gpu_rl --out $OUT --budget-s 330
     ... --policies dense --steps 16          # the dense rows only, 16 steps each
+    ... --rows "Qwen3-8B/DFlash,Qwen3-8B/DSpark" --budget-s 420   # two rows and their no-draft baseline
 """
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sft-steps", type=int, default=0, help="override rl.sft.steps and draft_steps (0: keep; "
                     "for a quick CPU check of this script)")
     ap.add_argument("--policies", default="", help="comma-separated keys of rl.policies whose rows run (default all)")
+    ap.add_argument("--rows", default="", help="comma-separated table1 rows to run (default all of --policies); "
+                    "a drafted row brings its baseline row along")
     args = ap.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
     t0 = time.perf_counter()
@@ -72,9 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     rl, rows = prof["rl"], artifact_rows(prof, "table1")
     if args.sft_steps:
         rl["sft"] = {**rl["sft"], "steps": args.sft_steps, "draft_steps": args.sft_steps}
-    out.mkdir(parents=True, exist_ok=True)
-    prof_file = out / f"profile_{prof['name']}.yaml"        # the profile with this call's overrides, for the jobs
-    prof_file.write_text(yaml.safe_dump(prof, sort_keys=False))
     # no-draft rows first within each policy, policies in order of appearance
     policies = list(dict.fromkeys((spec or {}).get("policy", "dense") for spec in rows.values()))
     if args.policies:
@@ -85,6 +85,16 @@ def main(argv: list[str] | None = None) -> int:
         policies = [p for p in policies if p in wanted]
     order = [r for p in policies for r in sorted((r for r, s in rows.items() if s.get("policy", "dense") == p),
                                                   key=lambda r: bool(rows[r].get("draft")))]
+    if args.rows:
+        wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
+        bad = [r for r in wanted if r not in order]
+        if bad:
+            raise SystemExit(f"--rows {bad} are not table1 rows of the chosen policies; expected some of {order}")
+        keep = set(wanted) | {rows[r]["baseline"] for r in wanted if rows[r].get("baseline")}
+        order = [r for r in order if r in keep]
+    out.mkdir(parents=True, exist_ok=True)
+    prof_file = out / f"profile_{prof['name']}.yaml"        # the profile with this call's overrides, for the jobs
+    prof_file.write_text(yaml.safe_dump(prof, sort_keys=False))
     report: dict = {"profile": args.profile, "rows": {}, "skipped": [r for r in rows if r not in order],
                     "sft": {}, "errors": {}, "overrides": {"steps": args.steps, "sft_steps": args.sft_steps}}
     warm: dict[str, Path] = {}
@@ -102,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         try:
             if pol not in warm:
-                names = sorted({s["draft"] for s in rows.values() if s.get("policy", "dense") == pol and s.get("draft")})
+                names = sorted({rows[r]["draft"] for r in order                 # the drafts this call runs
+                                if rows[r].get("policy", "dense") == pol and rows[r].get("draft")})
                 ws = out / "sft" / f"{pol}-math"
                 ts = time.perf_counter()
                 _job(py + ["repro.rl.sft", "--profile", str(prof_file), "--policy", pol, "--workload", "math",
@@ -118,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             last = json.loads((run_dir / "run.json").read_text()).get("last")
             done[row] = last
             report["rows"][row] = {"last_step": last, "elapsed_s": time.perf_counter() - t0}
-        except Exception as exc:   # one failing row must not lose the others' measurements
+        except Exception as exc:  # noqa: BLE001 -- one failing row must not lose the others' measurements
             traceback.print_exc()
             report["errors"][row] = f"{type(exc).__name__}: {exc}"
     finished = {r: s for r, s in rows.items() if r in done}
@@ -132,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                     log.log(m, row=r, step=0)
             write_json_atomic(out / "table1" / "summary" / "summary.json", {"rows": summary})
             report["summary"] = summary
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- the rows stay on disk; the report says why
             traceback.print_exc()
             report["errors"]["summary"] = f"{type(exc).__name__}: {exc}"
     report["wall_s"] = time.perf_counter() - t0
