@@ -27,7 +27,7 @@ import torch
 
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.report.provenance import provenance, write_atomic, write_json_atomic
-from repro.rl.config import ConfigError, DraftSpec, PolicySpec, SFTSpec, WORKLOADS
+from repro.rl.config import WORKLOADS, ConfigError, DraftSpec, PolicySpec, SFTSpec
 from repro.rl.drafts import build_draft, trainable_parameters
 from repro.rl.episodes import chat_prompt, math_rollout, workplace_rollout
 from repro.rl.grpo import token_logprobs

@@ -41,7 +41,7 @@ def _expand(spec: MaskSpec):
     idx = t_rep[torch.argsort(g_rep * max(T, 1) + t_rep)]                        # interval-major, rows in order
     counts = torch.bincount(g_rep, minlength=groups.numel()).tolist()
     ends, first_l = (groups % W).tolist(), first.tolist()
-    cu_q, cu_k = cu_q_t.tolist(), cu_k_t.tolist()
+    cu_k = cu_k_t.tolist()
     cq, ck, nq = [0], [0], 0
     for s in range(S):
         lo, hi = cu_k[s], cu_k[s + 1]
