@@ -2,9 +2,10 @@
 
 A rollout-like packed batch (8 rollouts, longest 20,480 tokens; the others are fixed fractions of
 it whose mean is 0.444 of the longest, so padding every rollout to the longest costs 2.25x; the
-suite's choice of workload shape) is divided by ``--scale`` on CPUs. For each CP size, every method
-runs in a fresh process group (one process per rank; gloo on CPU) so per-rank peak memory is that
-method's alone:
+suite's choice of workload shape) is divided by ``--scale`` on CPUs. For each CP size, each method's
+peak memory is measured in a fresh process group (one process per rank; gloo on CPU), so it is that
+method's alone, and all methods are timed in one process group in interleaved rounds (sample k of
+every method in turn), so the drifting load of a shared machine falls on all of them alike:
     zigzag          packed THD, zigzag ring trunk + rank-local branch (kernels.attention)
     usp U=.. R=..   SpecForge's USP on the padded batch, every (U, R) with U*R = C that divides
                     the head counts
@@ -20,7 +21,9 @@ process of code pages and library state that the first call of any method loads.
 (metric names of experiments/paper_numbers.csv): "cp=<C>": speedup_vs_best_usp,
 peak_mem_ratio_usp_over_zigzag, usp_pad_factor; "all": the same pooled (smallest speedup and ratio),
 longest_seq_tokens.
-CPU results are cpu-emulated: compare the ratios, not the times.
+CPU results are cpu-emulated: compare the ratios, not the times. cpu-tiny keeps scale 8 (longest
+2,560 tokens): at CP=4 a zigzag rank's chunks are 47-320 tokens, small for the fused CPU kernel, but a
+smaller scale multiplies USP's padded quadratic work past the few minutes the run may take on 2 cores.
 
     python -m repro.bench.fig5 --profile cpu-tiny              # -> results/<hw>/cpu-tiny/fig5/
     python -m repro.bench.fig5 --cp 2 --scale 32 --repeats 2   # quicker
@@ -104,8 +107,8 @@ def build_step(cfg: dict, lengths: list[int], gen: torch.Generator, stats: RingS
     return step, shp[0] * shp[1]
 
 
-def worker(rank: int, world: int, cfg: dict) -> dict:
-    """One method on one CP group: returns this rank's samples, peak memory and counters.
+def memory_worker(rank: int, world: int, cfg: dict) -> dict:
+    """Peak memory of one method on one CP group (a fresh process group, so the peak is its alone).
 
     Before the memory window the method's process groups are made and one step runs on a tiny batch
     (WARMUP_SCALE): the same code path loads its kernels, code pages and library state (about 50 MB
@@ -124,9 +127,40 @@ def worker(rank: int, world: int, cfg: dict) -> dict:
     with PeakMemory(device) as pm:
         step, tokens = build_step(cfg, cfg["lengths"], gen, stats, groups)
         step()                                     # first step inside the memory window
-    samples, cpu = timed_samples(step, cfg, device)
-    return {"rank": rank, "samples": samples, "cpu_s": cpu, "peak_gb": pm.peak_gb, "local_tokens": tokens,
-            "stats": stats.as_dict()}
+    return {"rank": rank, "peak_gb": pm.peak_gb, "local_tokens": tokens, "stats": stats.as_dict()}
+
+
+def timing_worker(rank: int, world: int, cfgs: list[dict]) -> list[dict]:
+    """Every method of one CP size in one process group, timed in interleaved rounds.
+
+    Round k times sample k of every method in turn, so slow periods of a shared machine fall on all
+    methods alike. Returns, per method, the wall seconds per sample (slowest rank) and this rank's
+    CPU seconds per sample (process time). With more ranks than cores, wall time measures the
+    machine's total work, not C devices; the largest per-rank CPU time per sample is then the
+    emulated critical path (``cpu_critical_s``).
+    """
+    device = torch.device(cfgs[0]["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    gen = torch.Generator().manual_seed(rank)
+    group = dist.group.WORLD if world > 1 else None
+    steps, out = [], []
+    for cfg in cfgs:
+        groups = make_usp_groups(*cfg["usp"]) if cfg["method"] == "usp" else None
+        step, _ = build_step(cfg, cfg["lengths"], gen, RingStats(), groups)
+        steps.append(step)
+        out.append({"samples": [], "cpu_s": []})
+    for _ in range(cfgs[0]["warmup"]):
+        for step in steps:
+            step()
+    for _ in range(cfgs[0]["repeats"]):
+        for step, o in zip(steps, out):
+            def timed(step=step, o=o):
+                c = time.process_time()
+                step()
+                o["cpu_s"].append(time.process_time() - c)
+            o["samples"] += time_samples(timed, warmup=0, repeats=1, device=device, group=group)
+    return out
 
 
 def timed_samples(step, cfg: dict, device) -> tuple[list[float], list[float]]:
@@ -134,6 +168,7 @@ def timed_samples(step, cfg: dict, device) -> tuple[list[float], list[float]]:
 
     With more ranks than cores, wall time measures the machine's total work, not C devices; the
     largest per-rank CPU time per step is then the emulated critical path (``cpu_critical_s``).
+    (fig6 times its steps with this; fig5 interleaves its methods in timing_worker.)
     """
     cpu: list[float] = []
 
@@ -148,7 +183,7 @@ def timed_samples(step, cfg: dict, device) -> tuple[list[float], list[float]]:
 
 
 def critical_path(res: list[dict]) -> list[float]:
-    """Per sample, the largest per-rank CPU time (see timed_samples)."""
+    """Per sample, the largest per-rank CPU time (see timing_worker)."""
     return [max(r["cpu_s"][i] for r in res) for i in range(len(res[0]["cpu_s"]))]
 
 
@@ -159,16 +194,23 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def run_method(cfg: dict, C: int, timeout_s: float) -> dict:
-    res = spawn(worker, C, args=(cfg,), timeout_s=timeout_s)
-    samples = res[0]["samples"]                    # already the slowest rank per sample
-    peaks = [r["peak_gb"] for r in res]
-    crit = critical_path(res)
-    emulated = cfg["device"] == "cpu"     # one basis on CPUs, robust to other load on a shared machine
-    return {"samples": samples, "wall_median": summarize(samples)["median"], "cpu_critical": crit,
-            "cpu_critical_median": summarize(crit)["median"], "emulated": emulated,
-            "median": summarize(crit if emulated else samples)["median"], "peak_gb_max": max(peaks),
-            "peak_gb_per_rank": peaks, "local_tokens": res[0]["local_tokens"], "bytes": res[0]["stats"]["bytes"]}
+def run_cp(cfgs: list[dict], C: int, timeout_s: float) -> list[dict]:
+    """Each method's peak memory (a fresh process group each) and interleaved timings (one group)."""
+    timed = spawn(timing_worker, C, args=(cfgs,), timeout_s=timeout_s)
+    results = []
+    for i, cfg in enumerate(cfgs):
+        mem = spawn(memory_worker, C, args=(cfg,), timeout_s=timeout_s)
+        res = [t[i] for t in timed]
+        samples = res[0]["samples"]                # already the slowest rank per sample
+        peaks = [r["peak_gb"] for r in mem]
+        crit = critical_path(res)
+        emulated = cfg["device"] == "cpu"          # one basis on CPUs, robust to other load on a shared machine
+        results.append({"samples": samples, "wall_median": summarize(samples)["median"], "cpu_critical": crit,
+                        "cpu_critical_median": summarize(crit)["median"], "emulated": emulated,
+                        "median": summarize(crit if emulated else samples)["median"], "peak_gb_max": max(peaks),
+                        "peak_gb_per_rank": peaks, "local_tokens": mem[0]["local_tokens"],
+                        "bytes": mem[0]["stats"]["bytes"]})
+    return results
 
 
 def main(argv=None) -> int:
@@ -203,22 +245,23 @@ def main(argv=None) -> int:
     pooled_speedup, pooled_mem, pad = [], [], None
     with BenchRun(out, artifact="fig5", profile=args.profile, config=config) as bench:
         for C in cps:
-            z = run_method({**base, "method": "zigzag"}, C, args.timeout_s)
+            methods = [("zigzag", None, None)] + [(("usp" if ring == "sequential" else "usp-zigzag"), (U, R), ring)
+                                                   for U, R in usp_splits(C, d["heads"], d["kv_heads"])
+                                                   for ring in (("sequential", "zigzag") if R > 1 else ("sequential",))]
+            cfgs = [{**base, "method": "zigzag"} if m == "zigzag" else
+                    {**base, "method": "usp", "usp": split, "usp_ring": ring} for m, split, ring in methods]
+            z, *rest = run_cp(cfgs, C, args.timeout_s)
             bench.record(f"zigzag cp={C}", {"cp": C, "method": "zigzag", "cpu_critical_samples": z["cpu_critical"]},
                          z["samples"], extra={"peak_mem_gb": z["peak_gb_max"], "local_tokens": z["local_tokens"],
                                               "ring_bytes_fwd": z["bytes"]["fwd"],
                                               "cpu_critical_s": z["cpu_critical_median"]})
             usp = {}
-            for U, R in usp_splits(C, d["heads"], d["kv_heads"]):
-                for ring in ("sequential", "zigzag") if R > 1 else ("sequential",):
-                    u = run_method({**base, "method": "usp", "usp": (U, R), "usp_ring": ring}, C, args.timeout_s)
-                    usp[(U, R, ring)] = u
-                    name = "usp" if ring == "sequential" else "usp-zigzag"
-                    bench.record(f"{name} U={U} R={R} cp={C}", {"cp": C, "method": name, "U": U, "R": R,
-                                                                "ring": ring,
-                                                                "cpu_critical_samples": u["cpu_critical"]},
-                                 u["samples"], extra={"peak_mem_gb": u["peak_gb_max"], "local_tokens": u["local_tokens"],
-                                                      "cpu_critical_s": u["cpu_critical_median"]})
+            for (name, (U, R), ring), u in zip(methods[1:], rest):
+                usp[(U, R, ring)] = u
+                bench.record(f"{name} U={U} R={R} cp={C}", {"cp": C, "method": name, "U": U, "R": R, "ring": ring,
+                                                            "cpu_critical_samples": u["cpu_critical"]},
+                             u["samples"], extra={"peak_mem_gb": u["peak_gb_max"], "local_tokens": u["local_tokens"],
+                                                  "cpu_critical_s": u["cpu_critical_median"]})
             (bU, bR, bring), best = min(usp.items(), key=lambda kv: kv[1]["median"])
             pad = UspBatch(lengths, C, ttt_length=args.passes)     # SpecForge's padding (sequential ring)
             speedup = best["median"] / z["median"]

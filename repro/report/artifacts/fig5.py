@@ -92,9 +92,11 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.legend(fontsize=4.5, loc="best")
     fig.suptitle("Figure 5: packed zigzag CP vs best USP (EAGLE-3 TTT, 3 passes)", fontsize=8)
     paths = save_figure(fig, out_dir / "fig5")
-    notes = [("Both methods measured in the same run, each in a fresh process group; the USP sweep covers every "
+    notes = [("Both methods measured in the same run: peak memory per rank in a fresh process group each (after an "
+             "untimed tiny-batch step that loads code and library state), times in one group with the methods "
+             "interleaved round by round; the USP sweep covers every "
              "(Ulysses, ring) split that divides the head counts, with SpecForge's basic ring and with the zigzag ring "
-             "(usp-zigzag, our variant); the best of them is the baseline."),
+             "(usp-zigzag, our variant); the fastest of them is the baseline, for time and memory."),
              ("CPU runs (cpu-emulated, 2 shared cores, up to 4 ranks): speedups use the critical path, the largest "
              "per-rank CPU time per step; wall-time speedups are logged too (speedup_vs_best_usp_wall)."),
              ("Workload: 8 rollouts with lengths at fixed fractions of the longest (mean 0.444 of it, so padding to "
