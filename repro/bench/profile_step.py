@@ -102,6 +102,19 @@ def profile_row(prof_cfg: dict, row: str, out: Path, warmup: int, device: str) -
     return res
 
 
+def table1_rows(prof_cfg: dict, profile: str, rows_arg: str) -> list[str]:
+    """The table1 rows a --rows argument names (default: every row of the first policy); exits on a bad one."""
+    rows = artifact_rows(prof_cfg, "table1")
+    if rows_arg:
+        wanted = [r.strip() for r in rows_arg.split(",") if r.strip()]
+        bad = [r for r in wanted if r not in rows]
+        if bad:
+            raise SystemExit(f"--rows {bad} are not table1 rows of {profile!r}; expected some of {sorted(rows)}")
+        return wanted
+    first = next(iter(rows.values())).get("policy", "dense")
+    return [r for r, s in rows.items() if s.get("policy", "dense") == first]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="h200", help="profile whose table1 rows are profiled (default h200)")
@@ -110,15 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2, help="unprofiled steps first (default 2)")
     args = ap.parse_args(argv)
     prof_cfg = load_profile(args.profile)
-    rows = artifact_rows(prof_cfg, "table1")
-    if args.rows:
-        wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
-        bad = [r for r in wanted if r not in rows]
-        if bad:
-            raise SystemExit(f"--rows {bad} are not table1 rows of {args.profile!r}; expected some of {sorted(rows)}")
-    else:
-        first = next(iter(rows.values())).get("policy", "dense")
-        wanted = [r for r, s in rows.items() if s.get("policy", "dense") == first]
+    wanted = table1_rows(prof_cfg, args.profile, args.rows)
     device = "cuda" if prof_cfg["hardware"]["device"] == "cuda" else "cpu"
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"profile": args.profile, "rows": {}, "errors": {}}

@@ -34,10 +34,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from repro.bench.common import summarize
+from repro.bench.profile_step import table1_rows
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.report.profiles import load_profile
 from repro.report.provenance import provenance, write_json_atomic
-from repro.rl.config import artifact_rows, run_config_from_profile
+from repro.rl.config import run_config_from_profile
 from repro.rl.grpo import group_advantages
 from repro.rl.joint import draft_loss_mask
 from repro.rl.summary import run_dir_name
@@ -203,15 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="samples per timed piece (default 5)")
     args = ap.parse_args(argv)
     prof_cfg = load_profile(args.profile)
-    rows = artifact_rows(prof_cfg, "table1")
-    if args.rows:
-        wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
-        bad = [r for r in wanted if r not in rows]
-        if bad:
-            raise SystemExit(f"--rows {bad} are not table1 rows of {args.profile!r}; expected some of {sorted(rows)}")
-    else:
-        first = next(iter(rows.values())).get("policy", "dense")
-        wanted = [r for r, s in rows.items() if s.get("policy", "dense") == first]
+    wanted = table1_rows(prof_cfg, args.profile, args.rows)
     device = "cuda" if prof_cfg["hardware"]["device"] == "cuda" else "cpu"
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"profile": args.profile, "warmup": args.warmup, "repeats": args.repeats, "rows": {}, "errors": {}}
