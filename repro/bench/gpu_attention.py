@@ -26,6 +26,7 @@ Writes <out>/checks.json and the run folder <out>/fig6/ (bench.json, env.json, m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 import traceback
@@ -61,36 +62,20 @@ def run_checks(out: Path, flex: bool = False) -> dict:
         "ttt3_torch_fp32": Case("ttt", lengths=(3, 64, 130), passes=3, dtype="float32", device=DEVICE,
                                 backend="torch"),
     }
+    base = dict(cases)         # the backend variants below are these cases on another backend
+    variant = lambda name, backend: dataclasses.replace(base[name], backend=backend)
     if DEVICE == "cuda":
-        cases.update({
-            "cudnn_ttt1": Case("ttt", lengths=lengths, passes=1, backend="cudnn", **big),
-            "cudnn_ttt3": Case("ttt", lengths=lengths, passes=3, backend="cudnn", **big),
-            "cudnn_ttt3_small_heads": Case("ttt", lengths=(3, 64, 130), passes=3, heads=4, kv_heads=2, dim=64,
-                                           dtype="bfloat16", device=DEVICE, backend="cudnn"),
-            "cudnn_block16": Case("block", lengths=lengths, block=16, invalid_blocks=(1,), slot_drop=0.2,
-                                  backend="prefix_full[cudnn]", **big),
-            # tiled backward at a tile that cuts the 1000-token document into 8 x 8 tiles, dk/dv
-            # summed in bf16 (the memory plan's default) and in fp32
-            "tiled_cudnn_ttt3": Case("ttt", lengths=lengths, passes=3, backend=TiledBackward(get("cudnn"), 128),
-                                     **big),
-            "tiled_cudnn_ttt3_fp32acc": Case("ttt", lengths=lengths, passes=3,
-                                             backend=TiledBackward(get("cudnn"), 128, "fp32"), **big),
-            "tiled_sdpa_cuda_ttt3": Case("ttt", lengths=lengths, passes=3,
-                                         backend=TiledBackward(get("sdpa_cuda"), 128), **big),
-        })
+        cases.update({f"cudnn_{n}": variant(n, "cudnn") for n in ("ttt1", "ttt3", "ttt3_small_heads")})
+        cases["cudnn_block16"] = variant("block16", "prefix_full[cudnn]")
+        # tiled backward at a tile that cuts the 1000-token document into 8 x 8 tiles, dk/dv
+        # summed in bf16 (the memory plan's default) and in fp32
+        cases["tiled_cudnn_ttt3"] = variant("ttt3", TiledBackward(get("cudnn"), 128))
+        cases["tiled_cudnn_ttt3_fp32acc"] = variant("ttt3", TiledBackward(get("cudnn"), 128, "fp32"))
+        cases["tiled_sdpa_cuda_ttt3"] = variant("ttt3", TiledBackward(get("sdpa_cuda"), 128))
     if flex:
-        cases.update({
-            "flex_ttt1": Case("ttt", lengths=lengths, passes=1, backend="flex", **big),
-            "flex_ttt3": Case("ttt", lengths=lengths, passes=3, backend="flex", **big),
-            "flex_ttt3_small_heads": Case("ttt", lengths=(3, 64, 130), passes=3, heads=4, kv_heads=2, dim=64,
-                                          dtype="bfloat16", device=DEVICE, backend="flex"),
-            "flex_block16": Case("block", lengths=lengths, block=16, invalid_blocks=(1,), slot_drop=0.2,
-                                 backend="flex", **big),
-            "flex_block_edges": Case("block", lengths=lengths, block=7, anchors=(0, 4, 5, 6, 304, 305, 381, 382, 1381),
-                                     backend="flex", **big),
-            "flex_ttt3_fp32": Case("ttt", lengths=(3, 64, 130), passes=3, dtype="float32", device=DEVICE,
-                                   backend="flex"),
-        })
+        cases.update({f"flex_{n}": variant(n, "flex")
+                      for n in ("ttt1", "ttt3", "ttt3_small_heads", "block16", "block_edges")})
+        cases["flex_ttt3_fp32"] = variant("ttt3_torch_fp32", "flex")
     res = {}
     for name, case in cases.items():
         t0 = time.perf_counter()
