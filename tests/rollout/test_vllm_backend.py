@@ -111,6 +111,19 @@ def _consistent(c):
     assert all(a >= b for a, b in zip(c.accepted_per_pos, c.accepted_per_pos[1:]))   # a chain: prefix accepts
 
 
+def _lossless_and_decides_like_ours(engine, policy, ours, prompts):
+    """Greedy speculative output through vLLM == plain greedy (tokens and log-probs), and its counters ==
+    our engine's with the same draft (``ours``: that run's result)."""
+    plain = _ours(policy, None, prompts)
+    v = engine.generate(prompts, max_new_tokens=NEW, greedy=True)
+    assert v.tokens == plain.tokens                                                # lossless
+    for a, b in zip(v.logprobs, plain.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
+    _consistent(v.counters)
+    assert v.counters.as_dict() == ours().counters.as_dict()    # the exported draft decides like ours
+    assert v.counters.accepted > 0
+
+
 # -- plain decoding ---------------------------------------------------------------------------------------
 def _zero(draft):
     with torch.no_grad():
@@ -188,15 +201,7 @@ def test_bad_input_raises(plain_engine):
 
 # -- EAGLE-3 ----------------------------------------------------------------------------------------------
 def test_eagle3_lossless_and_counters_equal_suite(policy, drafts, spec_engine, test_prompts):
-    plain = _ours(policy, None, test_prompts)
-    v = spec_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
-    assert v.tokens == plain.tokens                                                # lossless
-    for a, b in zip(v.logprobs, plain.logprobs):
-        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
-    _consistent(v.counters)
-    o = _ours(policy, drafts[0], test_prompts)
-    assert v.counters.as_dict() == o.counters.as_dict()         # the exported draft decides like ours
-    assert v.counters.accepted > 0
+    _lossless_and_decides_like_ours(spec_engine, policy, lambda: _ours(policy, drafts[0], test_prompts), test_prompts)
 
 
 def test_eagle3_sampling_refused_on_cpu_and_logprobs_exact_when_allowed(policy, spec_engine, test_prompts):
@@ -273,15 +278,8 @@ def _ours_dflash(policy, draft, prompts):
 
 def test_dflash_lossless_and_counters_equal_suite(policy, dflash_drafts, dflash_engine, test_prompts):
     assert dflash_engine.k == K and dflash_engine.method == "dflash" and dflash_engine.unshared == []
-    plain = _ours(policy, None, test_prompts)
-    v = dflash_engine.generate(test_prompts, max_new_tokens=NEW, greedy=True)
-    assert v.tokens == plain.tokens                                                # lossless
-    for a, b in zip(v.logprobs, plain.logprobs):
-        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=1e-4)
-    _consistent(v.counters)
-    o = _ours_dflash(policy, dflash_drafts[0], test_prompts)
-    assert v.counters.as_dict() == o.counters.as_dict()         # the exported draft decides like ours
-    assert v.counters.accepted > 0
+    _lossless_and_decides_like_ours(dflash_engine, policy, lambda: _ours_dflash(policy, dflash_drafts[0], test_prompts),
+                                    test_prompts)
 
 
 def test_dflash_reload_draft_regression(policy, dflash_drafts, dflash_engine, test_prompts):
