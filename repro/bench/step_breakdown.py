@@ -10,7 +10,8 @@ weights know):
   with the engine's phases wrapped in synchronised timers: policy forward, draft proposal, draft
   observation, verification, the rest;
 * update, one microbatch of the rollout batch: the policy's forward + backward alone, the draft's
-  loss forward + backward alone (on the detached taps), anchor sampling alone; then the draft's
+  loss forward + backward alone (on the detached taps), anchor sampling alone (each timed by
+  ``repro.bench.common.time_samples``: CUDA events from an idle device on a GPU); then the draft's
   microbatch once under ``torch.profiler`` for its operator and kernel counts (``draft_ops``), the
   number that decides a launch-bound draft's cost;
 * the whole update (``JointUpdate.step``) as the trainer runs it.
@@ -33,7 +34,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from repro.bench.common import summarize
+import repro.rollout.engine as engine_mod
+from repro.bench.common import summarize, time_samples
 from repro.bench.profile_step import table1_rows
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.report.profiles import load_profile
@@ -81,17 +83,6 @@ class PhaseTimer:
         self._undo.clear()
 
 
-def _samples(fn, sync, repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
 def _top_ops(prof, top: int = 20) -> tuple[int, int, list[dict]]:
     """(top-level operator calls, device kernels, the most frequent operators)."""
     ops, kernels = collections.Counter(), 0
@@ -120,7 +111,6 @@ def breakdown_row(prof_cfg: dict, row: str, out: Path, warmup: int, repeats: int
                       "gen_tokens": batch.gen_tokens,
                       "ms_per_forward": 1e3 * batch.rollout_time_s / max(1, batch.policy_forwards)}
     eng = tr.engine
-    import repro.rollout.engine as engine_mod
     timer.wrap(eng.policy, "decode_step", "policy_forward")
     if eng.proposer is not None:
         timer.wrap(eng.proposer, "propose", "draft_propose")
@@ -153,8 +143,8 @@ def breakdown_row(prof_cfg: dict, row: str, out: Path, warmup: int, repeats: int
         loss.backward()
         tr.policy.model.zero_grad(set_to_none=True)
     sync = timer.sync
-    res["update_microbatch"] = {"rows": mb, "seq_len": int(ids.shape[1]),
-                                "policy_fwd_bwd_s": summarize(_samples(policy_fb, sync, repeats))}
+    piece = lambda fn: summarize(time_samples(fn, warmup=0, repeats=repeats, device=dev))
+    res["update_microbatch"] = {"rows": mb, "seq_len": int(ids.shape[1]), "policy_fwd_bwd_s": piece(policy_fb)}
     if tr.draft is not None:
         with torch.no_grad(), amp:
             o = tr.policy.forward_train(ids, want_taps=True, attention_mask=att)
@@ -168,7 +158,7 @@ def breakdown_row(prof_cfg: dict, row: str, out: Path, warmup: int, repeats: int
                 dl = tr.draft.draft_loss(feats, dbatch)
             dl.backward()
             tr.draft.zero_grad(set_to_none=True)
-        res["update_microbatch"]["draft_fwd_bwd_s"] = summarize(_samples(draft_fb, sync, repeats))
+        res["update_microbatch"]["draft_fwd_bwd_s"] = piece(draft_fb)
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
         with profile(activities=acts) as p:
             draft_fb()
@@ -184,8 +174,7 @@ def breakdown_row(prof_cfg: dict, row: str, out: Path, warmup: int, repeats: int
         if sampler is not None and hasattr(sampler, "num_anchors"):
             from repro.models.block_draft import sample_anchors
             lm = draft_loss_mask(mask)
-            res["update_microbatch"]["sample_anchors_s"] = summarize(
-                _samples(lambda: sample_anchors(lm, sampler.num_anchors, gen), sync, repeats))
+            res["update_microbatch"]["sample_anchors_s"] = piece(lambda: sample_anchors(lm, sampler.num_anchors, gen))
 
     # -- the whole update as the trainer runs it -----------------------------------------------------------
     adv = group_advantages(batch.rewards, cfg.grpo.generations_per_prompt, cfg.grpo.normalize_std)
