@@ -9,6 +9,10 @@
      plus the k same-position branch keys), and "trunk <T> cp=1": the same 3 passes without the
      branch, in the same run (branch overhead = ttt / trunk - 1);
    - "sdpa <T> cp=1": one causal pass through F.scaled_dot_product_attention (flash), the floor;
+   - "pass <T> <route> cp=1" (``--only pass``): one causal pass (forward, and forward + backward) through
+     our backends, one row per ``--pass-routes`` entry, to find where the TTT trunk loses to SDPA:
+     ``cudnn``, ``cudnn-rep`` (K/V repeated to the query heads instead of cuDNN's native GQA),
+     ``tiled[cudnn]@TILE/KV`` (backward tiles of TILE rows x KV keys; KV 0 = keys uncut);
    - "block <T> cp=1": DFlash/DSpark block attention, 64 anchors x 16 slots, forward + backward,
      with a CUDA-kernel count and busy time (torch.profiler) to show where it is launch-bound.
    Gradients are consumed as they arrive (a post-accumulate hook frees each leaf's .grad, as the
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 import time
 import traceback
@@ -35,6 +40,7 @@ from pathlib import Path
 import torch
 
 from kernels.attention import RingStats, block_draft_attention, causal_attention, eagle3_ttt_attention
+from kernels.attention.backends import NAMES
 from kernels.attention.cost_model import attention_flops
 from kernels.attention.selfcheck import Case, run_case
 from repro.bench.common import BenchRun, PeakMemory, summarize, time_samples
@@ -218,6 +224,47 @@ def bench_sdpa(bench: BenchRun, tag: str, T: int, repeats: int, kernel: str = "f
              step, repeats, 1, {"inputs_gb": _gb(q, k, v, dout), "flops": flops})
 
 
+def pass_backend(route: str):
+    """A backend for one "pass" row: ``NAME``, ``NAME-rep`` (GQA by repeated K/V) or ``tiled[NAME]@TILE/KV``."""
+    from kernels.attention.backends import get
+    from kernels.attention.backends.tiled import TiledBackward
+    m = re.fullmatch(r"tiled\[([\w-]+)\]@(\d+)/(\d+)", route)
+    if m:
+        return TiledBackward(pass_backend(m.group(1)), int(m.group(2)), "input", int(m.group(3)))
+    name, rep = (route[:-4], True) if route.endswith("-rep") else (route, False)
+    b = type(get(name))()                     # a fresh instance: its GQA probe is this row's own
+    if rep:
+        if not hasattr(b, "gqa_native"):
+            raise ValueError(f"pass route {route!r}: backend {name!r} has no GQA switch")
+        b.gqa_native = False
+    return b
+
+
+def bench_pass(bench: BenchRun, tag: str, T: int, route: str, repeats: int) -> None:
+    """One causal pass (32/8 heads) through ``pass_backend(route)``: forward alone, then forward + backward."""
+    backend = pass_backend(route)
+    gen = torch.Generator(device=DEVICE).manual_seed(4)
+    cu = torch.tensor([0, T])
+    q, k, v = _leaf(T, H, D, gen=gen), _leaf(T, G, D, gen=gen), _leaf(T, G, D, gen=gen)
+    dout = torch.randn(T, H, D, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+    pairs = T * (T + 1) // 2
+    params = {"tokens": T, "passes": 1, "cp": 1, "heads": H, "kv_heads": G, "head_dim": D, "route": route,
+              "backend": backend.name}
+
+    def fwd():
+        with torch.no_grad():
+            causal_attention(q, k, v, cu, backend=backend)
+
+    def fwd_bwd():
+        causal_attention(q, k, v, cu, backend=backend).backward(dout)
+
+    _measure(bench, f"pass_fwd {tag} {route} cp=1", params, fwd, repeats, 1,
+             {"flops": attention_flops(pairs, H, D, "fwd")})
+    _measure(bench, f"pass {tag} {route} cp=1", params, fwd_bwd, repeats, 1,
+             {"inputs_gb": _gb(q, k, v, dout),
+              "flops": attention_flops(pairs, H, D, "fwd") + attention_flops(pairs, H, D, "bwd")})
+
+
 def _kernel_profile(step) -> dict:
     """CUDA kernels launched by one step and their summed device time (None where unavailable)."""
     try:
@@ -276,8 +323,10 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip remaining configs after this many seconds")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--ttt-backend", default="auto",
-                    help="backend for the TTT/trunk rows; 'best' = cudnn if its checks pass, else auto")
-    ap.add_argument("--only", default="block,ttt,sdpa", help="which benchmark groups to run")
+                    help="backend for the TTT/trunk rows: a backend name, a --pass-routes route (e.g. "
+                         "'tiled[cudnn-rep]@16384/0'; then --bwd-tile is not used), or 'best' = cudnn if its "
+                         "checks pass, else auto")
+    ap.add_argument("--only", default="block,ttt,sdpa", help="which benchmark groups to run (block,ttt,sdpa,pass)")
     ap.add_argument("--bwd-tile", type=int, default=0,
                     help="TTT/trunk rows: backward in tiles of this many rows (tiled[<ttt backend>]); 0 = off")
     ap.add_argument("--kv-tile", type=int, default=None, help="keys per backward tile (default --bwd-tile; 0: uncut)")
@@ -289,6 +338,8 @@ def main(argv=None) -> int:
                          "kernel launches, more temporary memory")
     ap.add_argument("--block-backend", default="auto", help="backend of the block rows (e.g. flex)")
     ap.add_argument("--sdpa-kernels", default="flash", help="comma list of flash,cudnn,default")
+    ap.add_argument("--pass-routes", default="cudnn,cudnn-rep,tiled[cudnn]@16384/16384,tiled[cudnn]@16384/0",
+                    help="--only pass: comma list of routes (NAME, NAME-rep, tiled[NAME]@TILE/KV)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: smoke-test the script with --tokens (results are not benchmarks)")
     ap.add_argument("--tokens", default=None, help="override sizes with token counts, e.g. 512,1024 (smoke tests)")
@@ -326,11 +377,19 @@ def main(argv=None) -> int:
         from kernels.attention.branch import TTTBranch
         TTTBranch.chunk_elems_default = args.branch_chunk_rows * H * D
         cfg["branch_chunk_rows"] = args.branch_chunk_rows
-    ttt_impl = _ttt_backend(ttt_backend, args.bwd_tile, args.kv_tile, args.grad_acc)
+    if ttt_backend in NAMES:
+        ttt_impl = _ttt_backend(ttt_backend, args.bwd_tile, args.kv_tile, args.grad_acc)
+    else:
+        if args.bwd_tile:
+            raise SystemExit(f"--ttt-backend {ttt_backend!r} is a route with its own tiles; drop --bwd-tile")
+        ttt_impl = pass_backend(ttt_backend)
+        tiling = {"route": ttt_backend}
+        cfg.update(tiling)
     with BenchRun(args.out / "fig6", artifact="fig6", profile=args.profile, config=cfg) as bench:
         groups = set(args.only.split(","))
         plan = ([("block", s) for s in sizes if "block" in groups] + [("ttt", s) for s in sizes if "ttt" in groups]
-                + [(f"sdpa:{k}", s) for k in args.sdpa_kernels.split(",") for s in sizes if "sdpa" in groups])
+                + [(f"sdpa:{k}", s) for k in args.sdpa_kernels.split(",") for s in sizes if "sdpa" in groups]
+                + [(f"pass:{r}", s) for s in sizes for r in args.pass_routes.split(",") if "pass" in groups])
         for kind, tag in plan:
             if time.perf_counter() - t_start > args.budget_s:
                 print(f"[budget] skipping {kind} {tag}", flush=True)
@@ -342,6 +401,8 @@ def main(argv=None) -> int:
                 elif kind == "ttt":
                     bench_ttt(bench, tag, T, args.passes, repeats=3 if T < 262144 else 2, backend=ttt_impl,
                               tiling=tiling)
+                elif kind.startswith("pass:"):
+                    bench_pass(bench, tag, T, kind.split(":", 1)[1], repeats=2)
                 else:
                     bench_sdpa(bench, tag, T, repeats=2, kernel=kind.split(":")[1])
             except Exception as exc:  # noqa: BLE001 -- one failed config (e.g. out of memory) must not lose the others

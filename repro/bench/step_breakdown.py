@@ -83,17 +83,26 @@ class PhaseTimer:
         self._undo.clear()
 
 
-def _top_ops(prof, top: int = 20) -> tuple[int, int, list[dict]]:
-    """(top-level operator calls, device kernels, the most frequent operators)."""
-    ops, kernels = collections.Counter(), 0
+def _top_ops(prof, top: int = 20) -> dict:
+    """Operator and kernel counts of a profiled call, and where its time went: the most frequent
+    top-level operators, the kernels with the most device time, the summed device (kernel busy) time
+    and the host time of the top-level operators (the two numbers that say host- or device-bound)."""
+    ops, kern_time, kern_count = collections.Counter(), collections.Counter(), collections.Counter()
+    host_us = 0.0
     for e in prof.events():
         if getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA"):
-            kernels += 1
+            kern_time[e.name] += getattr(e, "device_time", getattr(e, "cuda_time", 0.0))
+            kern_count[e.name] += 1
             continue
         par = e.cpu_parent
         if e.name.startswith("aten::") and not (par is not None and par.name.startswith("aten::")):
             ops[e.name] += 1
-    return sum(ops.values()), kernels, [{"name": n, "count": c} for n, c in ops.most_common(top)]
+            host_us += e.cpu_time_total
+    return {"top_level_ops": sum(ops.values()), "device_kernels": sum(kern_count.values()),
+            "kernel_busy_ms": sum(kern_time.values()) / 1e3, "top_level_host_ms": host_us / 1e3,
+            "top": [{"name": n, "count": c} for n, c in ops.most_common(top)],
+            "top_kernels": [{"name": n[:160], "count": kern_count[n], "device_ms": t / 1e3}
+                            for n, t in kern_time.most_common(top)]}
 
 
 def breakdown_row(prof_cfg: dict, row: str, out: Path, warmup: int, repeats: int, device: str) -> dict:
@@ -163,13 +172,11 @@ def breakdown_row(prof_cfg: dict, row: str, out: Path, warmup: int, repeats: int
         with profile(activities=acts) as p:
             draft_fb()
             sync()
-        n_ops, n_kernels, top = _top_ops(p)
-        res["draft_ops"] = {"top_level_ops": n_ops, "device_kernels": n_kernels, "top": top}
+        res["draft_ops"] = _top_ops(p)
         with profile(activities=acts) as p:
             policy_fb()
             sync()
-        n_ops, n_kernels, _ = _top_ops(p)
-        res["policy_ops"] = {"top_level_ops": n_ops, "device_kernels": n_kernels}
+        res["policy_ops"] = _top_ops(p)
         sampler = getattr(tr.draft, "cfg", None)
         if sampler is not None and hasattr(sampler, "num_anchors"):
             from repro.models.block_draft import sample_anchors
@@ -214,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{um['policy_fwd_bwd_s']['median'] * 1e3:.1f} ms" +
               (f", draft fwd+bwd {um['draft_fwd_bwd_s']['median'] * 1e3:.1f} ms "
                f"({r['draft_ops']['top_level_ops']} ops, {r['draft_ops']['device_kernels']} kernels; policy "
-               f"{r['policy_ops']['top_level_ops']} ops, {r['policy_ops']['device_kernels']} kernels)"
+               f"{r['policy_ops']['top_level_ops']} ops, {r['policy_ops']['device_kernels']} kernels; kernel busy "
+               f"draft {r['draft_ops']['kernel_busy_ms']:.1f} ms, policy {r['policy_ops']['kernel_busy_ms']:.1f} ms)"
                if "draft_fwd_bwd_s" in um else ""), flush=True)
         with contextlib.suppress(Exception):
             torch.cuda.empty_cache()
