@@ -34,7 +34,10 @@ from repro.models.draft_layers import (
 )
 from repro.models.taps import TapSpec
 from repro.parallel.cp_batch import PackedShard
+from repro.rollout.cuda_graph import GraphedCallable
 from repro.rollout.kv import SlotTable
+from repro.rollout.sampling import proposal_noise
+from repro.rollout.static_kv import Cursor, StaticBatch, StaticKV, StaticSlots
 
 ATTN_IMPLS = ("kernels", "dense")
 
@@ -273,7 +276,11 @@ class BlockDraftBackbone(nn.Module):
 
 class BlockProposer:
     """Proposals from a DFlash or DSpark draft: one backbone pass per verify step over
-    ``[newest token, MASK x (B-1)]``, context keys/values cached across steps."""
+    ``[newest token, MASK x (B-1)]``, context keys/values cached across steps.
+
+    Two cache modes, as ``repro.models.eagle3.Eagle3Proposer``: ``reset(batch)`` (growing, compacted
+    caches) or ``prepare(batch, max_slots, cuda_graphs=...)`` (static ``[B, G, S_max, D]`` caches; the
+    per-verify-step ``observe`` and ``propose`` run as CUDA graphs on a GPU)."""
 
     needs_taps = True
     compact_min_waste = 64        # squeeze dead cache slots out once this many columns would go
@@ -281,22 +288,64 @@ class BlockProposer:
     def __init__(self, draft):
         self.draft = draft
         self.num_proposals = draft.num_proposals
+        self.static = False
+        self._static_key = None
+        self._graphs: dict[str, GraphedCallable] = {}
 
     @property
     def tap_spec(self) -> TapSpec:
         return self.draft.tap_spec
 
     def reset(self, batch: int) -> None:
+        self.static = False
         self.table = SlotTable(batch, self.draft.backbone.fc.weight.device)
         self.kvs = [DraftKV() for _ in self.draft.backbone.layers]
 
+    def prepare(self, batch: int, max_slots: int, *, cuda_graphs: bool = False) -> None:
+        """Static-cache mode for one request of ``batch`` rows writing at most ``max_slots`` columns."""
+        bb = self.draft.backbone
+        c, dev, dt = bb.cfg, bb.fc.weight.device, bb.fc.weight.dtype
+        key = (batch, max_slots, dt, str(dev))
+        if key != self._static_key:       # new buffers: graphs over the old ones are void
+            self.slots = StaticSlots(batch, max_slots, dev)
+            self.skvs = [StaticKV(batch, c.num_kv_heads, max_slots, c.head_dim, dt, dev) for _ in bb.layers]
+            self.sb = StaticBatch(batch, dev)
+            self.cursor = Cursor(max_slots, dev)
+            self._graphs = {"propose": GraphedCallable(self._propose_static, "block.propose", persistent_inputs=True),
+                            "observe": GraphedCallable(self._observe_static, "block.observe", persistent_inputs=True)}
+            self._static_key = key
+        else:
+            self.slots.clear()
+            self.sb.restart()
+        for g in self._graphs.values():
+            g.enabled = cuda_graphs
+        self.next_col = 0
+        self.static = True
+
+    def graph_status(self) -> dict:
+        return {name: g.status() for name, g in self._graphs.items()}
+
     def select(self, rows: torch.Tensor) -> None:
+        if self.static:
+            self.sb.select(rows)
+            return
         self.table.select(rows)
         for kv in self.kvs:
             kv.select(rows)
 
     @torch.no_grad()
     def observe(self, next_tokens, taps, positions, valid) -> None:
+        if self.static:
+            width = positions.shape[1]
+            cursor = self.cursor.set(self.next_col, width)
+            if self.next_col == 0:         # the prefill: its width is the prompt's, run it eagerly
+                self._observe_static(torch.cat(taps, dim=-1), positions, valid, cursor)
+            else:
+                sb = self.sb
+                self._graphs["observe"](sb.stage("taps", torch.cat(taps, dim=-1)), sb.stage("pos", positions),
+                                        sb.stage("valid", valid, fill=False), cursor)
+            self.next_col += width
+            return
         bb = self.draft.backbone
         ctx = bb.context(torch.cat(taps, dim=-1))
         self.table.append(positions, valid)
@@ -312,25 +361,53 @@ class BlockProposer:
             for kv in self.kvs:
                 kv.gather(order)
 
+    def _observe_static(self, taps, positions, valid, cursor) -> None:
+        bb = self.draft.backbone
+        ctx = bb.context(taps)
+        cols = self.slots.write(cursor, positions, valid)
+        for layer, kv in zip(bb.layers, self.skvs):
+            kv.write(cols, *layer.kv(ctx, positions, bb.rope))
+
     @torch.no_grad()
     def block_hidden(self, last_token: torch.Tensor, last_pos: torch.Tensor) -> torch.Tensor:
         """Final hidden ``[B, Bs, H]`` of the block anchored at the newest token (context < anchor)."""
+        if self.static:
+            return self._block_hidden(last_token, last_pos, self.skvs, self.slots.visible)
+        return self._block_hidden(last_token, last_pos, self.kvs, self.table.visible)
+
+    def _block_hidden(self, last_token, last_pos, kvs, visible) -> torch.Tensor:
         bb = self.draft.backbone
         Bs = bb.cfg.block_size
         pos = last_pos[:, None] + torch.arange(Bs, device=last_pos.device)
-        vis_ctx = self.table.visible((last_pos - 1)[:, None].expand(-1, Bs))       # strictly before anchor
+        vis_ctx = visible((last_pos - 1)[:, None].expand(-1, Bs))                  # strictly before anchor
         vis = torch.cat([vis_ctx, torch.ones(*vis_ctx.shape[:2], Bs, dtype=torch.bool,
                                              device=vis_ctx.device)], dim=2)
         h = bb.embed(bb.block_inputs(last_token))
-        for layer, kv in zip(bb.layers, self.kvs):
+        for layer, kv in zip(bb.layers, kvs):
             q, k, v = layer.block_qkv(h, pos, bb.rope)
-            K = torch.cat([kv.k, k.transpose(1, 2)], dim=2)
-            V = torch.cat([kv.v, v.transpose(1, 2)], dim=2)
+            K = torch.cat([kv.k, k.transpose(1, 2).to(kv.k.dtype)], dim=2)
+            V = torch.cat([kv.v, v.transpose(1, 2).to(kv.v.dtype)], dim=2)
             h = layer.finish(h, cache_attention(q, K, V, vis))
         return bb.norm(h)
 
     @torch.no_grad()
     def propose(self, last_token, last_pos, *, greedy, temperature, generator):
+        noise = None
+        if not greedy:
+            noise = proposal_noise((last_token.shape[0], self.num_proposals, self.draft.cfg.vocab_size), generator,
+                                   self.draft.backbone.fc.weight.device)
+        if self.static:
+            sb = self.sb
+            extra = () if noise is None else (sb.stage("noise", noise),)
+            out = self._graphs["propose"](sb.stage("last_tok", last_token), sb.stage("last_pos", last_pos), *extra,
+                                          greedy=bool(greedy), temperature=float(temperature),
+                                          confidence_threshold=float(getattr(self.draft, "confidence_threshold", 0.0)))
+            return tuple(sb.take(x) for x in out)
         hidden = self.block_hidden(last_token, last_pos)
+        return self.draft.sample_block(hidden, last_token, greedy=greedy, temperature=temperature, noise=noise)
+
+    def _propose_static(self, last_token, last_pos, *noise, greedy, temperature, confidence_threshold):
+        # confidence_threshold (DSpark's, read by sample_block) is an argument so that graphs are keyed by it
+        hidden = self._block_hidden(last_token, last_pos, self.skvs, self.slots.visible)
         return self.draft.sample_block(hidden, last_token, greedy=greedy, temperature=temperature,
-                                       generator=generator)
+                                       noise=noise[0] if noise else None)

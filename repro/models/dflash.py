@@ -19,7 +19,7 @@ from torch import nn
 from repro.models.block_draft import BlockDraftBackbone, BlockDraftConfig, sample_anchors
 from repro.models.taps import TapSpecFromConfig
 from repro.parallel.cp_batch import PackedShard
-from repro.rollout.sampling import probs_from_logits
+from repro.rollout.sampling import probs_from_logits, sample_with_noise
 
 
 def gather_rows(x: torch.Tensor, idx: torch.Tensor, fill=0) -> torch.Tensor:
@@ -96,12 +96,11 @@ class DFlashDraft(TapSpecFromConfig, nn.Module):
         ce = F.cross_entropy(logits[:, 1:, :].to(acc).flatten(0, 1), labels[sel].flatten(), reduction="none")
         return (ce * wm[sel].flatten()).sum() / wm.sum().clamp_min(torch.finfo(acc).tiny)
 
-    def sample_block(self, hidden, last_token, *, greedy, temperature, generator):
+    def sample_block(self, hidden, last_token, *, greedy, temperature, noise=None):
+        """Proposals from slots 1..B-1: argmax, or ``sample_with_noise`` with uniform ``noise [B, B-1, V]``."""
         logits = self.backbone.head(hidden[:, 1:]).float()                  # slots 1..B-1
         if greedy:
             return logits.argmax(-1), None
         q = probs_from_logits(logits, temperature)
-        B, k, V = q.shape
-        toks = torch.multinomial(q.reshape(B * k, V), 1, generator=generator).view(B, k)
-        return toks, q
+        return sample_with_noise(q, noise), q
 

@@ -26,7 +26,7 @@ from repro.models.block_draft import BlockDraftBackbone, BlockDraftConfig, sampl
 from repro.models.dflash import gather_rows
 from repro.models.taps import TapSpecFromConfig
 from repro.parallel.cp_batch import PackedShard
-from repro.rollout.sampling import probs_from_logits
+from repro.rollout.sampling import probs_from_logits, sample_with_noise
 
 
 @dataclass
@@ -151,9 +151,10 @@ class DSparkDraft(TapSpecFromConfig, nn.Module):
         lw = self.loss_weights
         return lw.ce * parts["ce"] + lw.tv * parts["tv"] + lw.conf * parts["conf"], parts, target_c
 
-    def sample_block(self, hidden, last_token, *, greedy, temperature, generator):
-        """B chain proposals by sequential Markov sampling; with a confidence threshold also the number
-        of leading proposals to verify (static schedule: cut at the first slot with confidence < thr)."""
+    def sample_block(self, hidden, last_token, *, greedy, temperature, noise=None):
+        """B chain proposals by sequential Markov sampling (``sample_with_noise`` with uniform ``noise
+        [B, Bs, V]``, or argmax); with a confidence threshold also the number of leading proposals to
+        verify (static schedule: cut at the first slot with confidence < thr)."""
         base = self.backbone.head(hidden).float()                              # [B, Bs, V]
         prev, toks, qs, confs = last_token, [], [], []
         for s in range(base.shape[1]):
@@ -164,7 +165,7 @@ class DSparkDraft(TapSpecFromConfig, nn.Module):
                 t, q = logits.argmax(-1), None
             else:
                 q = probs_from_logits(logits, temperature)
-                t = torch.multinomial(q, 1, generator=generator)[:, 0]
+                t = sample_with_noise(q, noise[:, s])
             toks.append(t)
             qs.append(q)
             prev = t

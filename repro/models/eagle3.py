@@ -44,8 +44,10 @@ from repro.models.draft_layers import (
 from repro.models.taps import TapSpec, TapSpecFromConfig
 from repro.models.vocab import check_vocab_maps, draft_to_target_ids, full_draft_vocab
 from repro.parallel.cp_batch import PackedShard
+from repro.rollout.cuda_graph import GraphedCallable
 from repro.rollout.kv import SlotTable
-from repro.rollout.sampling import probs_from_logits
+from repro.rollout.sampling import probs_from_logits, proposal_noise, sample_with_noise
+from repro.rollout.static_kv import Cursor, StaticBatch, StaticKV, StaticSlots
 
 ATTN_IMPLS = ("kernels", "dense")
 
@@ -290,7 +292,12 @@ def _cp_rows(cp: PackedShard, input_ids: torch.Tensor, x: torch.Tensor, name: st
 
 
 class Eagle3Proposer:
-    """Chain proposals of k tokens from an ``Eagle3Draft`` for ``repro.rollout.engine.RolloutEngine``."""
+    """Chain proposals of k tokens from an ``Eagle3Draft`` for ``repro.rollout.engine.RolloutEngine``.
+
+    Two cache modes: ``reset(batch)`` grows a ``SlotTable``/``DraftKV`` cache (trimmed and compacted as it
+    goes); ``prepare(batch, max_slots, cuda_graphs=...)`` uses preallocated ``[B, G, S_max, D]`` caches
+    whose per-verify-step ``observe`` and ``propose`` have static shapes and run as CUDA graphs on a GPU
+    (``repro.rollout.cuda_graph``). Both sample with ``sample_with_noise`` from the same generator draws."""
 
     needs_taps = True
     compact_min_waste = 64        # squeeze dead cache slots out once this many columns would go
@@ -301,6 +308,9 @@ class Eagle3Proposer:
         self.draft, self.num_proposals = draft, num_proposals
         self.target_ids = draft_to_target_ids(draft.d2t)
         self.full_vocab = draft.cfg.draft_vocab_size == draft.cfg.vocab_size   # identity maps: no scatter
+        self.static = False
+        self._static_key = None
+        self._graphs: dict[str, GraphedCallable] = {}
 
     @property
     def tap_spec(self) -> TapSpec:
@@ -308,11 +318,41 @@ class Eagle3Proposer:
 
     def reset(self, batch: int) -> None:
         dev = self.draft.fc.weight.device
+        self.static = False
         self.table = SlotTable(batch, dev)
         self.kv = DraftKV()
         self.trunk_len = 0
 
+    def prepare(self, batch: int, max_slots: int, *, cuda_graphs: bool = False) -> None:
+        """Static-cache mode for one request of ``batch`` rows writing at most ``max_slots`` columns."""
+        d, c = self.draft, self.draft.cfg
+        dev, dt = d.fc.weight.device, d.fc.weight.dtype
+        key = (batch, max_slots, dt, str(dev))
+        if key != self._static_key:       # new buffers: graphs over the old ones are void
+            self.slots = StaticSlots(batch, max_slots, dev)
+            self.skv = StaticKV(batch, c.num_kv_heads, max_slots, c.head_dim, dt, dev)
+            self.sb = StaticBatch(batch, dev)
+            self.g_last = torch.zeros(batch, c.hidden_size, dtype=dt, device=dev)
+            self.pos_last = torch.zeros(batch, dtype=torch.long, device=dev)
+            self._graphs = {"propose": GraphedCallable(self._propose_static, "eagle3.propose", persistent_inputs=True),
+                            "observe": GraphedCallable(self._observe_static, "eagle3.observe", persistent_inputs=True)}
+            self.cursor = Cursor(max_slots, dev)
+            self._static_key = key
+        else:
+            self.slots.clear()
+            self.sb.restart()
+        for g in self._graphs.values():
+            g.enabled = cuda_graphs
+        self.next_col = 0
+        self.static = True
+
+    def graph_status(self) -> dict:
+        return {name: g.status() for name, g in self._graphs.items()}
+
     def select(self, rows: torch.Tensor) -> None:
+        if self.static:
+            self.sb.select(rows)
+            return
         self.table.select(rows)
         self.kv.select(rows)
         self.g_last, self.pos_last = self.g_last[rows], self.pos_last[rows]
@@ -324,8 +364,25 @@ class Eagle3Proposer:
         K, V = self.kv.append(k, v)
         return d.finish(g, cache_attention(q, K, V, self.table.visible(positions)))
 
+    def _static_step(self, e, g, positions, cursor, live=None) -> torch.Tensor:
+        """``_step`` on the static caches: the new slots go to columns ``cursor + j``."""
+        d = self.draft
+        cols = self.slots.write(cursor, positions, live)
+        q, k, v = d.qkv(e, g, positions)
+        self.skv.write(cols, k, v)
+        return d.finish(g, cache_attention(q, self.skv.k, self.skv.v, self.slots.visible(positions)))
+
+    @staticmethod
+    def _last_live(out, positions, valid):
+        cols = torch.arange(valid.shape[1], device=valid.device)
+        last = (valid.long() * (cols + 1)).max(1).values - 1          # last live column per row
+        rows = torch.arange(valid.shape[0], device=valid.device)
+        return out[rows, last], positions[rows, last]
+
     @torch.no_grad()
     def observe(self, next_tokens, taps, positions, valid) -> None:
+        if self.static:
+            return self._observe_staged(next_tokens, taps, positions, valid)
         d = self.draft
         self.table.trim(self.trunk_len)                       # drop last round's chain keys
         self.kv.trim(self.trunk_len)
@@ -340,36 +397,79 @@ class Eagle3Proposer:
         if order is not None:
             self.kv.gather(order)
         self.trunk_len = self.table.length
-        cols = torch.arange(valid.shape[1], device=valid.device)
-        last = (valid.long() * (cols + 1)).max(1).values - 1          # last live column per row
-        rows = torch.arange(valid.shape[0], device=valid.device)
-        self.g_last, self.pos_last = out[rows, last], positions[rows, last]
+        self.g_last, self.pos_last = self._last_live(out, positions, valid)
 
-    def _sample(self, g, greedy, temperature, generator):
+    def _observe_staged(self, next_tokens, taps, positions, valid) -> None:
+        width = next_tokens.shape[1]
+        cursor = self.cursor.set(self.next_col, width)
+        if self.next_col == 0:             # the prefill: its width is the prompt's, run it eagerly
+            self._observe_static(next_tokens, torch.cat(taps, dim=-1), positions, valid, cursor)
+        else:
+            sb = self.sb
+            self._graphs["observe"](sb.stage("tok", next_tokens), sb.stage("taps", torch.cat(taps, dim=-1)),
+                                    sb.stage("pos", positions), sb.stage("valid", valid, fill=False), cursor)
+        self.next_col += width
+        # the chain keys of the next propose go to the columns the next observe overwrites (k-1 <= k+1)
+
+    def _observe_static(self, tokens, taps, positions, valid, cursor) -> None:
+        d = self.draft
+        g = d.fuse(taps)
+        e = d.embed_tokens(tokens).to(g.dtype)
+        out = self._static_step(e, g, positions, cursor, valid)
+        g_last, pos_last = self._last_live(out, positions, valid)
+        self.g_last.copy_(g_last)
+        self.pos_last.copy_(pos_last)
+
+    def _sample(self, g, greedy, temperature, noise):
         logits = self.draft.logits(g).float()
         if greedy:
             idx = logits.argmax(-1)
             return (idx if self.full_vocab else self.target_ids[idx]), None
         qd = probs_from_logits(logits, temperature)
-        idx = torch.multinomial(qd, 1, generator=generator)[:, 0]
+        idx = sample_with_noise(qd, noise)
         if self.full_vocab:
             return idx, qd
         q = qd.new_zeros(qd.shape[0], self.draft.cfg.vocab_size)
         q[:, self.target_ids] = qd
         return self.target_ids[idx], q
 
+    def _noise(self, batch, greedy, generator):
+        if greedy:
+            return None
+        return proposal_noise((batch, self.num_proposals, self.draft.cfg.draft_vocab_size), generator,
+                              self.draft.fc.weight.device)
+
     @torch.no_grad()
     def propose(self, last_token, last_pos, *, greedy, temperature, generator):
-        if not torch.equal(self.pos_last + 1, last_pos):
+        pos_last = self.sb.take(self.pos_last) if self.static else self.pos_last
+        if not torch.equal(pos_last + 1, last_pos):
             raise RuntimeError("EAGLE-3 proposer out of step with the engine: last ingested positions "
-                               f"{self.pos_last.tolist()} vs newest token positions {last_pos.tolist()}")
+                               f"{pos_last.tolist()} vs newest token positions {last_pos.tolist()}")
+        noise = self._noise(last_token.shape[0], greedy, generator)
+        if self.static:
+            cursor = self.cursor.set(self.next_col, self.num_proposals - 1)
+            extra = () if noise is None else (self.sb.stage("noise", noise),)
+            toks, q = self._graphs["propose"](cursor, *extra, greedy=bool(greedy), temperature=float(temperature))
+            return self.sb.take(toks), self.sb.take(q)
         toks, probs = [], []
         g = self.g_last
         for m in range(self.num_proposals):
-            t, q = self._sample(g, greedy, temperature, generator)
+            t, q = self._sample(g, greedy, temperature, None if noise is None else noise[:, m])
             toks.append(t)
             probs.append(q)
             if m + 1 < self.num_proposals:                   # pass m+1 at the same root, RoPE + m + 1
                 e = self.draft.embed_tokens(t).to(g.dtype)[:, None]
                 g = self._step(e, g[:, None], (self.pos_last + m + 1)[:, None])[:, 0]
+        return torch.stack(toks, 1), (None if greedy else torch.stack(probs, 1))
+
+    def _propose_static(self, cursor, *noise, greedy, temperature):
+        toks, probs = [], []
+        g = self.g_last
+        for m in range(self.num_proposals):
+            t, q = self._sample(g, greedy, temperature, noise[0][:, m] if noise else None)
+            toks.append(t)
+            probs.append(q)
+            if m + 1 < self.num_proposals:
+                e = self.draft.embed_tokens(t).to(g.dtype)[:, None]
+                g = self._static_step(e, g[:, None], (self.pos_last + m + 1)[:, None], cursor + m)[:, 0]
         return torch.stack(toks, 1), (None if greedy else torch.stack(probs, 1))

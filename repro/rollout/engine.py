@@ -6,6 +6,11 @@ stop tokens and a length limit. Each verify step feeds ``[last token, d_1..d_k]`
 once, accepts a prefix by ``repro.rollout.sampling.verify`` and commits ``accepted + 1`` tokens.
 Without a proposer (k = 0) the same loop is the plain decoding baseline.
 
+``cuda_graphs="draft"`` runs the proposer on static-shape caches sized for the request
+(``repro.rollout.static_kv``) so that its per-step ``propose``/``observe`` replay as CUDA graphs on a
+GPU (``repro.rollout.cuda_graph``); the policy forward stays eager. On a CPU the same static path runs
+eagerly. ``"off"`` (default) keeps the growing, compacted draft caches.
+
 Returned per row: generated tokens, the policy's log-probabilities of those tokens
 (``log_softmax(logits / temperature)``; temperature 1 in greedy mode), why it stopped; and counters
 as vLLM and the paper count them: ``acceptance_length = 1 + accepted / verify_steps`` and
@@ -17,6 +22,7 @@ as vLLM and the paper count them: ``acceptance_length = 1 + accepted / verify_st
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -27,6 +33,10 @@ from repro.models.sdpa_choice import no_cudnn_sdpa
 from repro.rollout.kv import SlotTable, gather_hf_cache, select_hf_cache_rows, trim_hf_cache
 from repro.rollout.proposer import Proposer
 from repro.rollout.sampling import verify
+from repro.rollout.static_kv import bucketed, slots_needed
+
+log = logging.getLogger(__name__)
+CUDA_GRAPH_MODES = ("off", "draft")
 
 
 @dataclass
@@ -97,7 +107,18 @@ def check_request(prompts: Sequence[Sequence[int]], max_new_tokens: int, greedy:
 class RolloutEngine:
     """Speculative (or, with ``proposer=None``, plain) batched decoding for one policy."""
 
-    def __init__(self, policy: Policy, proposer: Proposer | None = None, *, max_model_len: int = 4096):
+    def __init__(self, policy: Policy, proposer: Proposer | None = None, *, max_model_len: int = 4096,
+                 cuda_graphs: str = "off", max_draft_slots: int | None = None):
+        if cuda_graphs not in CUDA_GRAPH_MODES:
+            raise ValueError(f"cuda_graphs={cuda_graphs!r} is invalid: expected one of {CUDA_GRAPH_MODES}")
+        if cuda_graphs != "off" and proposer is not None and not hasattr(proposer, "prepare"):
+            raise ValueError(f"cuda_graphs={cuda_graphs!r} needs a proposer with a static-cache path (prepare()); "
+                             f"{type(proposer).__name__} has none")
+        if max_draft_slots is not None and max_draft_slots < 1:
+            raise ValueError(f"max_draft_slots must be >= 1 or None, got {max_draft_slots}")
+        self.cuda_graphs = cuda_graphs
+        self.max_draft_slots = max_draft_slots     # cap on the static draft cache (slots per row)
+        self._said_cpu = False
         self.policy = policy
         self.proposer = proposer
         self.k = proposer.num_proposals if proposer is not None else 0
@@ -116,6 +137,28 @@ class RolloutEngine:
         self.compact_every = 16           # verify steps between checks for dead slots to squeeze out
         self.compact_min_waste = 64       # ... and the fewest columns worth a compaction
 
+    def graph_status(self) -> dict:
+        """Per graphed proposer call: captures, replays, eager calls, and why capture failed (if it did)."""
+        status = getattr(self.proposer, "graph_status", None)
+        return status() if status is not None else {}
+
+    def _start_proposer(self, B: int, P: int, max_new_tokens: int) -> None:
+        if self.cuda_graphs == "off":
+            self.proposer.reset(B)
+            return
+        need = slots_needed(P, max_new_tokens, self.k)
+        if self.max_draft_slots is not None and need > self.max_draft_slots:
+            raise ValueError(f"the request needs {need} draft cache slots per row (longest prompt {P} + "
+                             f"(max_new_tokens {max_new_tokens} - 1) x {self.k + 1}), over "
+                             f"max_draft_slots={self.max_draft_slots}")
+        size = bucketed(need) if self.max_draft_slots is None else min(bucketed(need), self.max_draft_slots)
+        on_gpu = self.policy.device.type == "cuda"
+        if not on_gpu and not self._said_cpu:
+            log.warning("cuda_graphs=%r on device %s: the draft runs eagerly on its static caches",
+                        self.cuda_graphs, self.policy.device)
+            self._said_cpu = True
+        self.proposer.prepare(B, size, cuda_graphs=on_gpu)
+
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, greedy: bool = False,
                  temperature: float = 1.0, stop_tokens: Sequence[int] = (), seed: int = 0) -> RolloutResult:
@@ -133,6 +176,8 @@ class RolloutEngine:
         gen.manual_seed(seed)
         B, P = len(prompts), max(lens)
         stop = torch.tensor(sorted({int(s) for s in stop_tokens}), dtype=torch.long, device=dev)
+        if self.proposer is not None:
+            self._start_proposer(B, P, max_new_tokens)      # before any work: a too-small cache fails here
 
         # -- prefill (left padding; pads are dead slots) -------------------------------------------------
         ids = torch.zeros(B, P, dtype=torch.long, device=dev)
@@ -150,7 +195,6 @@ class RolloutEngine:
         first_tok = first.next_token
         lp_first = torch.log_softmax(out.logits[:, -1].float() / temp, -1).gather(1, first_tok[:, None])[:, 0]
         if self.proposer is not None:
-            self.proposer.reset(B)
             nxt = torch.cat([ids[:, 1:], first_tok[:, None]], dim=1)
             self.proposer.observe(nxt, out.taps, pos, live)
 

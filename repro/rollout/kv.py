@@ -84,12 +84,7 @@ class SlotTable:
 
     def visible(self, q_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
         """Bool ``[B, q, S]``: slot visible to the query at ``q_pos [B, q]`` (live, causal, in window)."""
-        kv = self.pos.unsqueeze(1)
-        qp = q_pos.to(self.pos.device).unsqueeze(2)
-        vis = (kv >= 0) & (kv <= qp)
-        if window is not None:
-            vis &= kv > qp - window
-        return vis
+        return slot_visible(self.pos, q_pos, window)
 
     def additive_mask(self, q_pos: torch.Tensor, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
         """``[B, 1, q, S]`` additive mask (0 visible, dtype-min hidden) for HF eager and SDPA attention."""
@@ -97,6 +92,16 @@ class SlotTable:
         mask = torch.zeros(vis.shape, dtype=dtype, device=vis.device)
         mask.masked_fill_(~vis, torch.finfo(dtype).min)
         return mask.unsqueeze(1)
+
+
+def slot_visible(slot_pos: torch.Tensor, q_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """Bool ``[B, q, S]``: slot (position ``slot_pos [B, S]``, -1 dead) visible to the query at ``q_pos [B, q]``."""
+    kv = slot_pos.unsqueeze(1)
+    qp = q_pos.to(slot_pos.device).unsqueeze(2)
+    vis = (kv >= 0) & (kv <= qp)
+    if window is not None:
+        vis &= kv > qp - window
+    return vis
 
 
 def hf_cache_layers(cache) -> list:

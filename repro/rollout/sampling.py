@@ -94,6 +94,22 @@ def verify(policy_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs:
     return Verdict(accepted, nxt)
 
 
+def proposal_noise(shape: tuple[int, ...], generator: torch.Generator | None, device) -> torch.Tensor:
+    """Uniform ``[0, 1)`` noise (fp32) a draft samples its proposals with (``sample_with_noise``).
+
+    Drawn outside any CUDA graph, so the graphed and the eager proposers consume the generator alike."""
+    return torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
+
+
+def sample_with_noise(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One draw from each distribution ``probs [..., V]`` given uniform noise of the same shape.
+
+    Exponential race: with ``E = -log(u) ~ Exp(1)`` i.i.d., ``argmax(probs / E)`` is token ``i`` with
+    probability ``probs[i]`` exactly (the Gumbel-max trick in another form). The only rule by which the
+    drafts sample, eager or graphed."""
+    return (probs / -torch.log(uniform)).argmax(-1)
+
+
 def sample_or_argmax(probs_or_logits: torch.Tensor, *, greedy: bool, temperature: float,
                      generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A draft's proposal from logits ``[B, V]``: (token [B], distribution [B, V] or None when greedy)."""

@@ -1,0 +1,101 @@
+"""Capture a callable into a CUDA graph and replay it; run it eagerly on CPU, when disabled, or when capture fails.
+
+``GraphedCallable(fn, name, enabled)`` wraps ``fn(*tensors, **settings)``. On CUDA (and ``enabled``) the
+first call for a given key (the inputs' shapes, dtypes and devices, and the hashable ``settings``,
+which are baked into the graph) warms ``fn`` up on a side stream, captures it into a ``torch.cuda.CUDAGraph`` over static
+copies of the inputs, and keeps the outputs of the capture as static outputs; every call then copies
+its inputs into the static buffers and replays. With ``persistent_inputs=True`` the caller promises
+to pass its own long-lived buffers: the first call's tensors become the static inputs (no copies
+while the same tensors are passed again).
+The returned outputs are the static ones: they are overwritten by the next replay.
+
+``fn`` must be replay-safe: it may write into persistent tensors (caches), but the same inputs must
+give the same writes (the warm-up runs it for real before the capture's replay runs it again), it
+must not synchronise with the host, and it must not create CPU tensors that it copies to the device.
+
+A failed capture never fails the run: the reason is logged once, kept in ``fallback_reason``, and
+this callable runs eagerly from then on (until ``reset()``).
+
+    step = GraphedCallable(lambda x: model(x), "draft.propose", enabled=True)
+    y = step(x, greedy=True)          # eager on CPU; captured once per input shape on CUDA, then replayed
+    step.fallback_reason              # None, or why capture failed
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class GraphedCallable:
+    def __init__(self, fn: Callable[..., Any], name: str, *, enabled: bool = True, warmup: int = 2,
+                 persistent_inputs: bool = False):
+        if warmup < 1:
+            raise ValueError(f"warmup must be >= 1 (lazy initialisation must happen before capture), got {warmup}")
+        self.fn, self.name, self.enabled, self.warmup = fn, name, enabled, warmup
+        self.persistent_inputs = persistent_inputs
+        self.fallback_reason: str | None = None
+        self.captures = 0
+        self.replays = 0
+        self.eager_calls = 0
+        self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Any]] = {}
+
+    def reset(self) -> None:
+        """Forget every captured graph (call when the persistent tensors ``fn`` writes are reallocated)."""
+        self._graphs.clear()
+        self.fallback_reason = None
+
+    @staticmethod
+    def graph_key(inputs: tuple[torch.Tensor, ...], settings: dict[str, Hashable]) -> Hashable:
+        return (tuple((tuple(t.shape), t.dtype, str(t.device)) for t in inputs), tuple(sorted(settings.items())))
+
+    def would_capture(self, inputs: tuple[torch.Tensor, ...]) -> bool:
+        return (self.enabled and self.fallback_reason is None and torch.cuda.is_available()
+                and len(inputs) > 0 and all(t.is_cuda for t in inputs))
+
+    def __call__(self, *inputs: torch.Tensor, **settings: Hashable) -> Any:
+        if not self.would_capture(inputs):
+            self.eager_calls += 1
+            return self.fn(*inputs, **settings)
+        k = self.graph_key(inputs, settings)
+        entry = self._graphs.get(k)
+        if entry is None:
+            try:
+                entry = self._capture(inputs, settings)
+            except Exception as exc:                 # noqa: BLE001 - any capture failure falls back to eager
+                self.fallback_reason = f"{type(exc).__name__}: {exc}"
+                log.warning("CUDA graph capture of %s failed; running it eagerly: %s", self.name,
+                            self.fallback_reason)
+                torch.cuda.synchronize()
+                self.eager_calls += 1
+                return self.fn(*inputs, **settings)
+            self._graphs[k] = entry
+            self.captures += 1
+        graph, static_in, static_out = entry
+        for s, x in zip(static_in, inputs):
+            if s is not x:
+                s.copy_(x)
+        graph.replay()
+        self.replays += 1
+        return static_out
+
+    def _capture(self, inputs: tuple[torch.Tensor, ...], settings: dict[str, Hashable]):
+        static_in = list(inputs) if self.persistent_inputs else [x.clone() for x in inputs]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                self.fn(*static_in, **settings)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = self.fn(*static_in, **settings)
+        return graph, static_in, static_out
+
+    def status(self) -> dict:
+        return {"enabled": self.enabled, "captures": self.captures, "replays": self.replays,
+                "eager_calls": self.eager_calls, "fallback_reason": self.fallback_reason}

@@ -1,0 +1,136 @@
+"""Static-shape draft caches for CUDA-graphed proposers: preallocated slots, written at device indices.
+
+``StaticSlots(batch, max_slots, device)`` holds the token position of every slot ``[B, S_max]`` (-1:
+dead or unused) with the visibility rule of ``repro.rollout.kv.SlotTable.visible`` (live, position
+<= query position). ``StaticKV`` holds one draft layer's keys/values ``[B, G, S_max, D]``. Writes go
+to columns ``cursor + j`` where ``cursor`` is a device scalar, so a captured graph can write at a
+different place on each replay; attention always runs over all ``S_max`` slots under the mask, so
+every shape is static. Nothing is trimmed or compacted: ``S_max`` is sized for the whole request
+(``slots_needed``), and ``Cursor`` refuses (on the host, without a device sync) any write past it.
+
+    slots, kv = StaticSlots(2, 64, "cpu"), StaticKV(2, 2, 64, 16, torch.float32, "cpu")
+    cols = slots.write(cursor_tensor, positions, live)      # positions/live [B, q]
+    kv.write(cols, k, v)                                    # k/v [B, q, G, D]
+    vis = slots.visible(q_pos)                              # [B, q, S_max]
+"""
+from __future__ import annotations
+
+import torch
+
+from repro.rollout.kv import slot_visible
+
+SLOT_BUCKET = 256   # S_max is rounded up to this, so similar requests reuse buffers (and captured graphs)
+
+
+def slots_needed(prompt_len: int, max_new_tokens: int, num_proposals: int) -> int:
+    """Columns a request writes: the prompt, then k+1 per verify step (at most max_new_tokens - 1 steps:
+    the first token comes from the prefill and every step commits at least one)."""
+    return prompt_len + max(max_new_tokens - 1, 0) * (num_proposals + 1)
+
+
+def bucketed(n: int) -> int:
+    return -(-n // SLOT_BUCKET) * SLOT_BUCKET
+
+
+class Cursor:
+    """The next free column, on the host (for the overflow check) and on the device (for graphs)."""
+
+    def __init__(self, max_slots: int, device):
+        self.max_slots = max_slots
+        self.host = 0
+        self.dev = torch.zeros((), dtype=torch.long, device=device)
+
+    def set(self, col: int, width: int) -> torch.Tensor:
+        """Point the device cursor at ``col`` for a write of ``width`` columns; returns the device cursor."""
+        if col + width > self.max_slots:
+            raise RuntimeError(f"draft cache overflow: a write of {width} slots at column {col} passes "
+                               f"max_slots={self.max_slots} (the request was sized wrongly)")
+        self.host = col
+        self.dev.fill_(col)
+        return self.dev
+
+
+class StaticSlots:
+    def __init__(self, batch: int, max_slots: int, device):
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        if max_slots < 1:
+            raise ValueError(f"max_slots must be >= 1, got {max_slots}")
+        self.pos = torch.full((batch, max_slots), -1, dtype=torch.long, device=device)
+
+    @property
+    def max_slots(self) -> int:
+        return self.pos.shape[1]
+
+    def clear(self) -> None:
+        self.pos.fill_(-1)
+
+    def write(self, cursor: torch.Tensor, positions: torch.Tensor, live: torch.Tensor | None = None
+              ) -> torch.Tensor:
+        """Slots ``cursor + j`` (j < q) take ``positions [B, q]`` (-1 where ``live`` is False); returns the columns."""
+        cols = cursor + torch.arange(positions.shape[1], device=self.pos.device)
+        pos = positions.to(torch.long)
+        if live is not None:
+            pos = torch.where(live, pos, torch.full_like(pos, -1))
+        self.pos.index_copy_(1, cols, pos)
+        return cols
+
+    def visible(self, q_pos: torch.Tensor) -> torch.Tensor:
+        return slot_visible(self.pos, q_pos)
+
+
+class StaticKV:
+    def __init__(self, batch: int, kv_heads: int, max_slots: int, head_dim: int, dtype, device):
+        self.k = torch.zeros(batch, kv_heads, max_slots, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+    def write(self, cols: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Keys/values ``[B, q, G, D]`` into slots ``cols [q]``."""
+        self.k.index_copy_(2, cols, k.transpose(1, 2).to(self.k.dtype))
+        self.v.index_copy_(2, cols, v.transpose(1, 2).to(self.v.dtype))
+
+
+class StaticBatch:
+    """A proposer's full-width input buffers while the engine's batch shrinks.
+
+    Finished rows stay in the static buffers (computed on, never read) so that every graph keeps its
+    batch size: ``rows`` maps the engine's active rows to buffer rows. The buffers are long-lived (a
+    graph reads them by address) and reallocated only when a shape or dtype changes."""
+
+    def __init__(self, batch: int, device):
+        self.size, self.device = batch, device
+        self.rows = torch.arange(batch, device=device)
+        self._bufs: dict[str, torch.Tensor] = {}
+
+    def restart(self) -> None:
+        self.rows = torch.arange(self.size, device=self.device)
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.rows = self.rows[keep.to(self.rows.device)]
+
+    @property
+    def full(self) -> bool:
+        return self.rows.numel() == self.size
+
+    def buffer(self, name: str, shape: tuple[int, ...], dtype) -> torch.Tensor:
+        b = self._bufs.get(name)
+        if b is None or tuple(b.shape) != tuple(shape) or b.dtype != dtype:
+            b = self._bufs[name] = torch.zeros(shape, dtype=dtype, device=self.device)
+        return b
+
+    def stage(self, name: str, x: torch.Tensor, fill=None) -> torch.Tensor:
+        """``x [active, ...]`` into buffer ``name [B, ...]`` at the active rows (the rest ``fill``, or stale)."""
+        if x.shape[0] != self.rows.numel():
+            raise ValueError(f"{name} has {x.shape[0]} rows, the batch has {self.rows.numel()} active rows")
+        buf = self.buffer(name, (self.size, *x.shape[1:]), x.dtype)
+        if self.full:
+            buf.copy_(x)
+        else:
+            if fill is not None:
+                buf.fill_(fill)
+            buf.index_copy_(0, self.rows, x)
+        return buf
+
+    def take(self, out: torch.Tensor | None) -> torch.Tensor | None:
+        """The active rows of a full-batch output."""
+        return out if out is None or self.full else out.index_select(0, self.rows)
