@@ -25,6 +25,7 @@ DRAFT_CHECKPOINT_FAMILIES = ("eagle3",)   # drafts that can start from a release
 WORKLOADS = ("math", "workplace")
 DTYPES = ("float32", "bfloat16", "float16")
 ARTIFACTS = ("table1", "table2", "fig3", "fig4")
+CUDA_GRAPH_MODES = ("off", "draft")    # repro.rollout.engine.CUDA_GRAPH_MODES (kept here: no torch import)
 ROLLOUT_BACKENDS = ("suite", "vllm")   # repro.rollout.engine.RolloutEngine | repro.rollout.vllm_backend (EAGLE-3)
 
 
@@ -219,6 +220,7 @@ class RunConfig:
     warm_start: str = ""               # folder of the cached SFT warm start ("" = random init)
     ckpt_every: int = 0                # 0: checkpoint only at the end
     rollout_backend: str = "suite"     # "vllm": rollouts decoded by vLLM (own venv; README "vLLM backend")
+    cuda_graphs: str = "off"           # suite engine: "draft" replays the draft's propose/observe as CUDA graphs
 
     def validate(self) -> "RunConfig":
         _check(self.artifact in ARTIFACTS, "artifact", self.artifact, f"one of {ARTIFACTS}")
@@ -234,6 +236,8 @@ class RunConfig:
                "an integer >= 0")
         _check(self.rollout_backend in ROLLOUT_BACKENDS, "rollout_backend", self.rollout_backend,
                f"one of {ROLLOUT_BACKENDS}")
+        _check(self.cuda_graphs in CUDA_GRAPH_MODES, "cuda_graphs", self.cuda_graphs,
+               f"one of {CUDA_GRAPH_MODES} (rl.rollout.cuda_graphs)")
         if self.rollout_backend == "vllm" and self.draft is not None:
             _check(self.draft.family in ("eagle3", "dflash"), "rollout_backend", self.rollout_backend,
                    f"'suite' for draft family {self.draft.family!r} (the vLLM backend exports EAGLE-3 and DFlash "
@@ -275,6 +279,8 @@ class RunConfig:
         d = asdict(self)
         if d["rollout_backend"] == "suite":     # the default is left out: configs (and checkpoints) written
             del d["rollout_backend"]             # before the option existed stay equal to today's
+        if d["cuda_graphs"] == "off":
+            del d["cuda_graphs"]
         for k in ("checkpoint", "path", "tokens"):   # likewise the checkpoint keys of random-init policies
             if not d["policy"][k]:
                 del d["policy"][k]
@@ -402,12 +408,17 @@ def run_config_from_profile(profile: Mapping[str, Any], artifact: str, row: str,
     dtype = profile.get("dtype", "float32")
     device = "cuda" if profile.get("hardware", {}).get("device") == "cuda" else "cpu"
     backend = spec.get("rollout_backend", section.get("rollout_backend", rl.get("rollout_backend", "suite")))
+    rollout = _merge(rl.get("rollout") or {}, section.get("rollout"))
+    unknown = sorted(set(rollout) - {"cuda_graphs"})
+    if unknown:
+        raise ConfigError(f"config rl.rollout has unknown keys {unknown}: expected only 'cuda_graphs'")
     cfg = RunConfig(artifact=artifact, row=row, profile=profile["name"], out=out,
                     steps=int(spec.get("steps", section.get("steps", 10))), seed=seed, device=device,
                     dtype=dtype, policy=PolicySpec(**policy), draft=draft,
                     grpo=GRPOSpec(**grpo), workload=WorkloadSpec(**workload), sft=SFTSpec(**rl.get("sft", {})),
                     vocab_size=vocab_size, warm_start=warm_start,
-                    ckpt_every=int(section.get("ckpt_every", rl.get("ckpt_every", 0))), rollout_backend=backend)
+                    ckpt_every=int(section.get("ckpt_every", rl.get("ckpt_every", 0))), rollout_backend=backend,
+                    cuda_graphs=rollout.get("cuda_graphs", "off"))
     return cfg.validate()
 
 

@@ -135,7 +135,8 @@ class CoTrainer:
                 self.rollout_policy, self.rollout_draft, workdir=Path(cfg.out) / "vllm", max_model_len=max_len,
                 num_speculative_tokens=cfg.draft.num_proposals if cfg.draft is not None else 3, seed=cfg.seed)
         else:
-            self.engine = RolloutEngine(self.rollout_policy, proposer, max_model_len=max_len)
+            self.engine = RolloutEngine(self.rollout_policy, proposer, max_model_len=max_len,
+                                        cuda_graphs=cfg.cuda_graphs)
         self.math = MathTaskSet(cfg.seed) if cfg.workload.name == "math" else None
         self.workplace = WorkplaceTaskSet(cfg.seed) if cfg.workload.name == "workplace" else None
         self._pool = ThreadPoolExecutor(max_workers=32) if self.workplace else None

@@ -22,6 +22,7 @@ this callable runs eagerly from then on (until ``reset()``).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -70,7 +71,8 @@ class GraphedCallable:
                 self.fallback_reason = f"{type(exc).__name__}: {exc}"
                 log.warning("CUDA graph capture of %s failed; running it eagerly: %s", self.name,
                             self.fallback_reason)
-                torch.cuda.synchronize()
+                with contextlib.suppress(Exception):  # let a broken capture's pending work finish first
+                    torch.cuda.synchronize()
                 self.eager_calls += 1
                 return self.fn(*inputs, **settings)
             self._graphs[k] = entry

@@ -13,6 +13,14 @@ Per verify step the engine calls ``propose`` once and then ``observe`` once:
   or ``None`` for deterministic (greedy) proposals; optionally a third value ``num_valid [B]`` when
   the draft cuts some rows' chains short (only the leading ``num_valid`` proposals are verified).
 * ``select(rows)`` keeps only the given batch rows (finished rows leave the batch).
+* ``reset(batch)`` starts a request on growing caches (``cuda_graphs="off"``). A proposer with a
+  static-cache path also has ``prepare(batch, max_slots, *, cuda_graphs)``, which the engine calls
+  instead under ``cuda_graphs="draft"``: caches preallocated for ``max_slots`` columns per row (the
+  engine sizes it from the request, ``repro.rollout.static_kv.slots_needed``), the per-verify-step
+  ``observe`` (fixed width k+1) and ``propose`` replayed as CUDA graphs when ``cuda_graphs`` is True
+  (a GPU), eager otherwise; and ``graph_status()`` (captures, replays, fallback reasons).
+* Sampled proposals draw uniform noise from the engine's ``generator`` (``sampling.proposal_noise``)
+  and pick by ``sampling.sample_with_noise``, so graphed and eager paths give the same tokens.
 
 An oracle proposer (tests) and the three drafts (``repro.models.{eagle3,dflash,dspark}``) implement it.
 """
@@ -36,3 +44,11 @@ class Proposer(Protocol):
                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
     def select(self, rows: torch.Tensor) -> None: ...
+
+
+class StaticProposer(Proposer, Protocol):
+    """A proposer that can also run on static caches (``RolloutEngine(cuda_graphs="draft")``)."""
+
+    def prepare(self, batch: int, max_slots: int, *, cuda_graphs: bool = False) -> None: ...
+
+    def graph_status(self) -> dict: ...

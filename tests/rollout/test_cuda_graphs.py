@@ -1,0 +1,240 @@
+"""Static draft caches and CUDA-graph switch (``RolloutEngine(cuda_graphs="draft")``), CPU only.
+
+The static-cache path (what the graphs replay; eager here) equals the growing-cache path for EAGLE-3,
+DFlash and DSpark: identical greedy and sampled tokens, the same proposal distributions; the capture
+utility falls back to eager and keys graphs by shape; bad values fail clearly.
+
+    .venv/bin/python -m pytest -q tests/rollout/test_cuda_graphs.py
+"""
+import logging
+
+import pytest
+import torch
+
+from repro.models.block_draft import BlockDraftConfig, BlockProposer
+from repro.models.dflash import DFlashDraft
+from repro.models.dspark import DSparkDraft
+from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
+from repro.models.policy import build_policy
+from repro.models.train_draft import sample_sequences, train_draft
+from repro.models.vocab import build_draft_vocab
+from repro.rollout.cuda_graph import GraphedCallable
+from repro.rollout.engine import CUDA_GRAPH_MODES, RolloutEngine
+from repro.rollout.sampling import sample_with_noise
+from repro.rollout.static_kv import Cursor, StaticSlots, slots_needed
+
+from .helpers import OracleProposer
+
+FAMILIES = ("eagle3", "dflash", "dspark")
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """Each family briefly trained on the tiny policy's greedy samples, so proposals get accepted."""
+    pol = build_policy("qwen3", "tiny", seed=6, init_std=0.3)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 127, (4,), generator=g).tolist() for _ in range(16)]
+    seqs, plens = sample_sequences(pol, prompts, max_new_tokens=24, greedy=True)
+    out = {}
+    for fam in FAMILIES:
+        torch.manual_seed(0)
+        if fam == "eagle3":    # a reduced draft vocabulary exercises the draft -> target scatter of q
+            d2t, t2d = build_draft_vocab(torch.arange(pol.vocab_size, 0, -1).float(), 96)
+            d = Eagle3Draft(Eagle3Config.from_policy(pol, ttt_steps=3, draft_vocab_size=96), d2t=d2t, t2d=t2d)
+            d.init_from_policy(pol)
+        else:
+            cfg = BlockDraftConfig.from_policy(pol, num_layers=1, block_size=4, num_anchors=6)
+            d = (DFlashDraft if fam == "dflash" else DSparkDraft)(cfg, pol)
+        train_draft(d, pol, seqs, plens, steps=20, lr=3e-3, batch_size=8)
+        out[fam] = d
+    return pol, prompts, out
+
+
+def proposer(d):
+    return Eagle3Proposer(d, 3) if isinstance(d, Eagle3Draft) else BlockProposer(d)
+
+
+def ragged(prompts):
+    ps = [list(p) for p in prompts[:6]]
+    ps[2] += [7, 9, 11]          # left padding in the prefill
+    ps[4] = ps[4][:2]
+    return ps
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_static_path_generates_what_the_growing_path_does(trained, family):
+    pol, prompts, drafts = trained
+    d = drafts[family]
+    pol.set_taps(d.tap_spec)
+    ps = ragged(prompts)
+    plain = RolloutEngine(pol).generate(ps, max_new_tokens=16, greedy=True, stop_tokens=[5])
+    for greedy in (True, False):
+        kw = {"max_new_tokens": 16, "greedy": greedy, "temperature": 0.8, "seed": 4, "stop_tokens": [5]}
+        off = RolloutEngine(pol, proposer(d)).generate(ps, **kw)
+        static = RolloutEngine(pol, proposer(d), cuda_graphs="draft").generate(ps, **kw)
+        assert static.tokens == off.tokens
+        assert static.counters.as_dict() == off.counters.as_dict()
+        for a, b in zip(static.logprobs, off.logprobs):
+            torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=0, atol=1e-6)
+        if greedy:
+            assert static.tokens == plain.tokens                # still lossless
+            assert static.counters.accepted > 0                # and proposals were accepted
+
+
+@pytest.mark.timeout(60)
+def test_dspark_confidence_schedule_on_static_caches(trained):
+    pol, prompts, drafts = trained
+    d = drafts["dspark"]
+    pol.set_taps(d.tap_spec)
+    ps = ragged(prompts)
+    plain = RolloutEngine(pol).generate(ps, max_new_tokens=12, greedy=True)
+    d.confidence_threshold = 0.5
+    try:
+        off = RolloutEngine(pol, proposer(d)).generate(ps, max_new_tokens=12, greedy=True)
+        static = RolloutEngine(pol, proposer(d), cuda_graphs="draft").generate(ps, max_new_tokens=12, greedy=True)
+    finally:
+        d.confidence_threshold = 0.0
+    assert static.tokens == off.tokens == plain.tokens
+    assert static.counters.as_dict() == off.counters.as_dict()
+    c = static.counters
+    assert c.draft_tokens < c.verify_steps * c.num_proposals      # chains were cut
+
+
+def _feed(prop, pol, ps, static):
+    """Prefill-observe ``ps`` into ``prop`` (static or growing caches); returns (last token, its position)."""
+    B, P = len(ps), max(map(len, ps))
+    ids = torch.zeros(B, P, dtype=torch.long)
+    for i, p in enumerate(ps):
+        ids[i, P - len(p):] = torch.tensor(p)
+    plen = torch.tensor([len(p) for p in ps])
+    pos = torch.arange(P)[None] - (P - plen)[:, None]
+    live = pos >= 0
+    with torch.no_grad():
+        taps = pol.forward_train(ids).taps
+    if static:
+        prop.prepare(B, slots_needed(P, 8, prop.num_proposals) + 3, cuda_graphs=False)
+    else:
+        prop.reset(B)
+    nxt = torch.cat([ids[:, 1:], ids[:, -1:]], 1)          # last column: a stand-in first token
+    prop.observe(nxt, taps, pos.clamp_min(0), live)
+    return nxt[:, -1], plen
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_static_proposals_and_q_equal_the_growing_caches(trained, family):
+    pol, prompts, drafts = trained
+    d = drafts[family]
+    pol.set_taps(d.tap_spec)
+    ps = ragged(prompts)
+    res = {False: [], True: []}
+    for greedy in (True, False):
+        for s in (False, True):      # the growing caches, the static ones: the same inputs and generator draws
+            prop = proposer(d)
+            last, lpos = _feed(prop, pol, ps, s)
+            kw = {"greedy": greedy, "temperature": 0.9}
+            out = prop.propose(last, lpos, generator=torch.Generator().manual_seed(11), **kw)
+            res[s].append(out)
+            # a verify step's observe (width k+1, ragged valid columns), finished rows dropped, propose again
+            k = prop.num_proposals
+            n = torch.tensor([1, 2, 4, 1, 3, 2]).clamp(max=k + 1)
+            valid = torch.arange(k + 1)[None] < n[:, None]
+            seq = torch.cat([last[:, None], out[0][:, :k]], 1)
+            with torch.no_grad():
+                taps = [t[:, -(k + 1):] for t in pol.forward_train(torch.cat([seq, seq], 1)).taps]
+            prop.observe(seq, taps, lpos[:, None] + torch.arange(k + 1), valid)
+            keep = torch.tensor([0, 2, 3, 5])
+            prop.select(keep)
+            res[s].append(prop.propose(seq.gather(1, (n - 1)[:, None])[keep, 0], (lpos + n)[keep],
+                                       generator=torch.Generator().manual_seed(12), **kw))
+    for a, b in zip(res[False], res[True]):
+        assert torch.equal(a[0], b[0])
+        if a[1] is None:
+            assert b[1] is None
+        else:
+            torch.testing.assert_close(a[1], b[1], rtol=0, atol=1e-6)
+            torch.testing.assert_close(b[1].sum(-1), torch.ones_like(b[1][..., 0]), rtol=0, atol=1e-5)
+
+
+@pytest.mark.timeout(30)
+def test_noise_sampling_is_exact():
+    q = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
+    n = 40000
+    u = torch.rand(n, 5, generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(sample_with_noise(q.expand(n, 5), u), minlength=5).float() / n
+    torch.testing.assert_close(counts, q, rtol=0, atol=0.01)
+    assert counts[4] == 0
+
+
+@pytest.mark.timeout(30)
+def test_graphed_callable_is_eager_on_cpu_and_keys_by_shape(caplog):
+    calls = []
+
+    def fn(x, *, scale):
+        calls.append(tuple(x.shape))
+        return x * scale
+
+    g = GraphedCallable(fn, "t", enabled=True)
+    x = torch.ones(2, 3)
+    assert torch.equal(g(x, scale=2.0), 2 * x) and calls == [(2, 3)]
+    assert g.status() == {"enabled": True, "captures": 0, "replays": 0, "eager_calls": 1, "fallback_reason": None}
+    k1 = g.graph_key((x,), {"scale": 2.0})
+    assert k1 == g.graph_key((torch.zeros(2, 3),), {"scale": 2.0})
+    assert k1 != g.graph_key((torch.ones(3, 3),), {"scale": 2.0})
+    assert k1 != g.graph_key((x.double(),), {"scale": 2.0})
+    assert k1 != g.graph_key((x,), {"scale": 3.0})
+    # a capture that fails (here: no CUDA at all) runs eagerly, says why once, and stays eager
+    g.would_capture = lambda inputs: g.fallback_reason is None
+    with caplog.at_level(logging.WARNING, logger="repro.rollout.cuda_graph"):
+        assert torch.equal(g(x, scale=3.0), 3 * x)
+        assert torch.equal(g(x, scale=3.0), 3 * x)
+    assert g.fallback_reason and g.captures == 0 and g.eager_calls == 3
+    assert sum("capture of t failed" in r.getMessage() for r in caplog.records) == 1
+    g.reset()
+    assert g.fallback_reason is None
+    with pytest.raises(ValueError, match="warmup must be >= 1"):
+        GraphedCallable(fn, "t", warmup=0)
+
+
+@pytest.mark.timeout(30)
+def test_bad_values_fail_clearly(trained):
+    pol, prompts, drafts = trained
+    d = drafts["eagle3"]
+    pol.set_taps(d.tap_spec)
+    with pytest.raises(ValueError, match=r"cuda_graphs='full' is invalid: expected one of \('off', 'draft'\)"):
+        RolloutEngine(pol, proposer(d), cuda_graphs="full")
+    with pytest.raises(ValueError, match="OracleProposer has none"):
+        RolloutEngine(pol, OracleProposer(pol, 2, prompts[:1]), cuda_graphs="draft")
+    with pytest.raises(ValueError, match="max_draft_slots must be >= 1"):
+        RolloutEngine(pol, proposer(d), cuda_graphs="draft", max_draft_slots=0)
+    eng = RolloutEngine(pol, proposer(d), cuda_graphs="draft", max_draft_slots=40)
+    before = pol.model.training
+    with pytest.raises(ValueError, match=r"needs 61 draft cache slots per row .* over max_draft_slots=40"):
+        eng.generate([[1, 2, 3, 4, 5]], max_new_tokens=15, greedy=True)      # 5 + 14 x 4
+    assert pol.model.training == before
+    assert len(eng.generate([[1, 2, 3, 4, 5]], max_new_tokens=9, greedy=True).tokens[0]) == 9   # 37 fit
+    cur = Cursor(8, "cpu")
+    cur.set(4, 4)
+    with pytest.raises(RuntimeError, match="draft cache overflow: a write of 4 slots at column 5 passes max_slots=8"):
+        cur.set(5, 4)
+    with pytest.raises(ValueError, match="max_slots must be >= 1"):
+        StaticSlots(2, 0, "cpu")
+    assert CUDA_GRAPH_MODES == ("off", "draft")
+
+
+def test_rl_config_switch():
+    from repro.rl.config import CUDA_GRAPH_MODES as CFG_MODES
+    from repro.rl.config import ConfigError, load_run_profile, run_config_from_profile
+    assert CFG_MODES == CUDA_GRAPH_MODES
+    h200 = run_config_from_profile(load_run_profile("h200"), "table1", "Qwen3-8B/EAGLE-3", out="o")
+    tiny = run_config_from_profile(load_run_profile("cpu-tiny"), "table1", "Qwen3-8B/EAGLE-3", out="o")
+    assert h200.cuda_graphs == "draft" and h200.to_dict()["cuda_graphs"] == "draft"
+    assert tiny.cuda_graphs == "off" and "cuda_graphs" not in tiny.to_dict()
+    tiny.cuda_graphs = "all"
+    with pytest.raises(ConfigError, match=r"cuda_graphs='all' is invalid"):
+        tiny.validate()
+    prof = load_run_profile("cpu-tiny")
+    prof["rl"]["rollout"] = {"cuda_graph": "draft"}
+    with pytest.raises(ConfigError, match=r"rl.rollout has unknown keys \['cuda_graph'\]"):
+        run_config_from_profile(prof, "table1", "Qwen3-8B/EAGLE-3", out="o")
