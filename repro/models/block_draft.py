@@ -363,6 +363,7 @@ class BlockProposer:
 
     def _observe_static(self, taps, positions, valid, cursor) -> None:
         bb = self.draft.backbone
+        bb.rope.forget()            # positions is a static buffer refilled in place
         ctx = bb.context(taps)
         cols = self.slots.write(cursor, positions, valid)
         for layer, kv in zip(bb.layers, self.skvs):
@@ -408,6 +409,7 @@ class BlockProposer:
 
     def _propose_static(self, last_token, last_pos, *noise, greedy, temperature, confidence_threshold):
         # confidence_threshold (DSpark's, read by sample_block) is an argument so that graphs are keyed by it
+        self.draft.backbone.rope.forget()
         hidden = self._block_hidden(last_token, last_pos, self.skvs, self.slots.visible)
         return self.draft.sample_block(hidden, last_token, greedy=greedy, temperature=temperature,
                                        noise=noise[0] if noise else None)

@@ -63,6 +63,11 @@ class Rotary(nn.Module):
         self._memo = (positions, dtype, cos, sin)
         return cos, sin
 
+    def forget(self) -> None:
+        """Drop the memo: a caller that refills one positions tensor in place (a static buffer) or records a
+        CUDA graph (whose replays must recompute cos/sin) calls this first."""
+        self._memo = None
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``x [..., T, H, D]`` rotated at ``positions [..., T]`` (broadcast over heads)."""
         cos, sin = self._cos_sin(positions, x.dtype)

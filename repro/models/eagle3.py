@@ -413,6 +413,7 @@ class Eagle3Proposer:
 
     def _observe_static(self, tokens, taps, positions, valid, cursor) -> None:
         d = self.draft
+        d.rope.forget()             # positions is a static buffer refilled in place
         g = d.fuse(taps)
         e = d.embed_tokens(tokens).to(g.dtype)
         out = self._static_step(e, g, positions, cursor, valid)
@@ -463,6 +464,7 @@ class Eagle3Proposer:
         return torch.stack(toks, 1), (None if greedy else torch.stack(probs, 1))
 
     def _propose_static(self, cursor, *noise, greedy, temperature):
+        self.draft.rope.forget()
         toks, probs = [], []
         g = self.g_last
         for m in range(self.num_proposals):

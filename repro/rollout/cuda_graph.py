@@ -11,7 +11,8 @@ The returned outputs are the static ones: they are overwritten by the next repla
 
 ``fn`` must be replay-safe: it may write into persistent tensors (caches), but the same inputs must
 give the same writes (the warm-up runs it for real before the capture's replay runs it again), it
-must not synchronise with the host, and it must not create CPU tensors that it copies to the device.
+must not synchronise with the host, must not create CPU tensors that it copies to the device, and
+must not skip work through a memo keyed on tensor identity (the capture would record no kernel for it).
 
 A failed capture never fails the run: the reason is logged once, kept in ``fallback_reason``, and
 this callable runs eagerly from then on (until ``reset()``).

@@ -83,6 +83,21 @@ def test_static_path_generates_what_the_growing_path_does(trained, family):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("k", [1, 2])
+def test_static_path_other_chain_lengths(trained, k):
+    """k = 1: no chain step between two observes (the RoPE memo must not serve stale positions)."""
+    pol, prompts, drafts = trained
+    d = drafts["eagle3"]
+    pol.set_taps(d.tap_spec)
+    ps = ragged(prompts)
+    for greedy in (True, False):
+        kw = {"max_new_tokens": 12, "greedy": greedy, "temperature": 0.8, "seed": 2}
+        off = RolloutEngine(pol, Eagle3Proposer(d, k)).generate(ps, **kw)
+        static = RolloutEngine(pol, Eagle3Proposer(d, k), cuda_graphs="draft").generate(ps, **kw)
+        assert static.tokens == off.tokens and static.counters.as_dict() == off.counters.as_dict()
+
+
+@pytest.mark.timeout(60)
 def test_dspark_confidence_schedule_on_static_caches(trained):
     pol, prompts, drafts = trained
     d = drafts["dspark"]
