@@ -1,23 +1,25 @@
-"""The one-GPU co-training session: Table 1's rows of the ``h200`` profile end to end on one device call.
+"""The one-GPU co-training session: an RL artifact's rows (Table 1 by default) end to end on one device call.
 
 Meant for a single call on a machine with one H200 (the suite's ``run`` device), where the workflow
-cannot run (no snakemake or wandb there). It does what the workflow's table1 rules do, each job in its
+cannot run (no snakemake or wandb there). It does what the workflow's RL rules do, each job in its
 own process as the workflow runs them (a row never inherits an earlier row's memory, allocator state or
 garbage-collector load: in one process the later rows' update times grew row after row):
 
     1. ``python -m repro.rl.sft`` for each policy the rows need (tokenizer, policy, drafts);
-    2. ``python -m repro.rl.run --artifact table1`` for each row (config from the profile, ``CoTrainer``,
-       ``MetricsLogger`` with W&B disabled) in profile order, no-draft rows first, while the time
-       budget lasts (rows left out are listed as skipped, never invented);
+    2. ``python -m repro.rl.run --artifact <artifact>`` for each row (config from the profile, ``CoTrainer``,
+       ``MetricsLogger`` with W&B disabled) in profile order, no-draft rows first, then the baseline's
+       seed replicas of a figure (``baseline_seeds``, folders ``<row>_seed<k>`` as the workflow names
+       them), while the time budget lasts (rows left out are listed as skipped, never invented);
     3. ``repro.rl.summary`` over the finished rows.
 
-Everything lands in ``<out>/table1/<row>/`` (env.json, metrics.jsonl, run.json) and ``<out>/sft/*/sft.json``,
+Everything lands in ``<out>/<artifact>/<row>/`` (env.json, metrics.jsonl, run.json) and ``<out>/sft/*/sft.json``,
 packed into ``<out>/h200_rl.tar.gz`` plus ``<out>/gpu_rl.json`` (summary, timings, skipped rows);
 unpack the tarball into ``results/<hw>/h200/`` afterwards so ``collect`` sees the runs.
 
     PYTHONUNBUFFERED=1 WANDB_MODE=disabled python -m repro.bench.gpu_rl --out $OUT --budget-s 330
     ... --policies dense --steps 16          # the dense rows only, 16 steps each
     ... --rows "Qwen3-8B/DFlash,Qwen3-8B/DSpark" --budget-s 420   # two rows and their no-draft baseline
+    ... --artifact fig3 --budget-s 480       # Figure 3's rows and the baseline's seed replicas
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ import yaml
 from repro.report.metrics import MetricsLogger
 from repro.report.profiles import load_profile
 from repro.report.provenance import provenance, write_json_atomic
-from repro.rl.config import artifact_rows
+from repro.report.seed_spread import seed_run_name
+from repro.rl.config import ARTIFACTS, artifact_rows
 from repro.rl.summary import run_dir_name, summarize
 
 
@@ -58,21 +61,24 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_rl_out"))
     ap.add_argument("--profile", default="h200")
+    ap.add_argument("--artifact", default="table1", choices=ARTIFACTS, help="the RL artifact whose rows run")
     ap.add_argument("--budget-s", type=float, default=330.0, help="stop starting new rows after this many seconds")
-    ap.add_argument("--steps", type=int, default=0, help="override the profile's table1 steps (0: keep)")
+    ap.add_argument("--steps", type=int, default=0, help="override the artifact's steps (0: keep)")
     ap.add_argument("--sft-steps", type=int, default=0, help="override rl.sft.steps and draft_steps (0: keep; "
                     "for a quick CPU check of this script)")
     ap.add_argument("--policies", default="", help="comma-separated keys of rl.policies whose rows run (default all)")
-    ap.add_argument("--rows", default="", help="comma-separated table1 rows to run (default all of --policies); "
+    ap.add_argument("--rows", default="", help="comma-separated rows of the artifact to run (default all of --policies); "
                     "a drafted row brings its baseline row along")
     args = ap.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
     t0 = time.perf_counter()
     out = Path(args.out)
     prof = load_profile(args.profile)
+    art = args.artifact
     if args.steps:
-        prof["table1"]["steps"] = args.steps
-    rl, rows = prof["rl"], artifact_rows(prof, "table1")
+        prof[art]["steps"] = args.steps
+    rl, rows = prof["rl"], artifact_rows(prof, art)
+    workload = ((prof[art].get("workload") or {}).get("name") or (rl.get("workload") or {}).get("name", "math"))
     if args.sft_steps:
         rl["sft"] = {**rl["sft"], "steps": args.sft_steps, "draft_steps": args.sft_steps}
     # no-draft rows first within each policy, policies in order of appearance
@@ -81,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         wanted = [p for p in args.policies.split(",") if p]
         bad = [p for p in wanted if p not in policies]
         if bad:
-            raise SystemExit(f"--policies {bad} are not policies of table1's rows; expected some of {policies}")
+            raise SystemExit(f"--policies {bad} are not policies of {art}'s rows; expected some of {policies}")
         policies = [p for p in policies if p in wanted]
     order = [r for p in policies for r in sorted((r for r, s in rows.items() if s.get("policy", "dense") == p),
                                                   key=lambda r: bool(rows[r].get("draft")))]
@@ -89,22 +95,28 @@ def main(argv: list[str] | None = None) -> int:
         wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
         bad = [r for r in wanted if r not in order]
         if bad:
-            raise SystemExit(f"--rows {bad} are not table1 rows of the chosen policies; expected some of {order}")
+            raise SystemExit(f"--rows {bad} are not {art} rows of the chosen policies; expected some of {order}")
         keep = set(wanted) | {rows[r]["baseline"] for r in wanted if rows[r].get("baseline")}
         order = [r for r in order if r in keep]
     out.mkdir(parents=True, exist_ok=True)
     prof_file = out / f"profile_{prof['name']}.yaml"        # the profile with this call's overrides, for the jobs
     prof_file.write_text(yaml.safe_dump(prof, sort_keys=False))
-    report: dict = {"profile": args.profile, "rows": {}, "skipped": [r for r in rows if r not in order],
+    # a figure's baseline seed replicas (the main runs use seed 0, as the workflow's default seed)
+    seeds = [int(k) for k in dict.fromkeys(prof[art].get("baseline_seeds") or []) if int(k) != 0]
+    bases = sorted({rows[r]["baseline"] for r in order if rows[r].get("baseline")})
+    jobs = [(r, 0, run_dir_name(r)) for r in order] + [(b, k, seed_run_name(run_dir_name(b), k))
+                                                      for k in seeds for b in bases]
+    report: dict = {"profile": args.profile, "artifact": art, "workload": workload, "rows": {},
+                    "skipped": [r for r in rows if r not in order],
                     "sft": {}, "errors": {}, "overrides": {"steps": args.steps, "sft_steps": args.sft_steps}}
     warm: dict[str, Path] = {}
     done: dict[str, dict] = {}
     py = [sys.executable, "-m"]
-    for row in order:
+    for row, seed, run_name in jobs:
         spec = rows[row]
         pol = spec.get("policy", "dense")
         if time.perf_counter() - t0 > args.budget_s:
-            report["skipped"].append(row)
+            report["skipped"].append(run_name if seed else row)
             continue
         base = spec.get("baseline")
         if base is not None and base not in done:
@@ -114,34 +126,36 @@ def main(argv: list[str] | None = None) -> int:
             if pol not in warm:
                 names = sorted({rows[r]["draft"] for r in order                 # the drafts this call runs
                                 if rows[r].get("policy", "dense") == pol and rows[r].get("draft")})
-                ws = out / "sft" / f"{pol}-math"
+                ws = out / "sft" / f"{pol}-{workload}"
                 ts = time.perf_counter()
-                _job(py + ["repro.rl.sft", "--profile", str(prof_file), "--policy", pol, "--workload", "math",
-                           "--drafts", ",".join(names), "--out", str(ws)], out / "sft" / f"{pol}-math.log")
+                _job(py + ["repro.rl.sft", "--profile", str(prof_file), "--policy", pol, "--workload", workload,
+                           "--drafts", ",".join(names), "--out", str(ws)], out / "sft" / f"{pol}-{workload}.log")
                 summ = json.loads((ws / "sft.json").read_text())
                 report["sft"][pol] = {k: summ.get(k) for k in ("sft_loss_first", "sft_loss_last", "heldout_accuracy",
                                                                "drafts", "sft_time_s", "total_time_s")}
                 report["sft"][pol]["wall_s"] = time.perf_counter() - ts
                 warm[pol] = ws
-            run_dir = out / "table1" / run_dir_name(row)
-            _job(py + ["repro.rl.run", "--artifact", "table1", "--row", row, "--profile", str(prof_file),
-                       "--out", str(run_dir), "--warm-start", str(warm[pol])], out / "table1" / f"{run_dir.name}.log")
+            run_dir = out / art / run_name
+            _job(py + ["repro.rl.run", "--artifact", art, "--row", row, "--profile", str(prof_file),
+                       "--out", str(run_dir), "--warm-start", str(warm[pol]), "--seed", str(seed)],
+                 out / art / f"{run_name}.log")
             last = json.loads((run_dir / "run.json").read_text()).get("last")
-            done[row] = last
-            report["rows"][row] = {"last_step": last, "elapsed_s": time.perf_counter() - t0}
+            if not seed:
+                done[row] = last
+            report["rows"][run_name if seed else row] = {"last_step": last, "elapsed_s": time.perf_counter() - t0}
         except Exception as exc:  # noqa: BLE001 -- one failing row must not lose the others' measurements
             traceback.print_exc()
-            report["errors"][row] = f"{type(exc).__name__}: {exc}"
+            report["errors"][run_name if seed else row] = f"{type(exc).__name__}: {exc}"
     finished = {r: s for r, s in rows.items() if r in done}
     if finished:
         try:
-            skip = int(prof["table1"].get("skip_steps", 0))
-            summary = summarize("table1", finished, out / "table1", skip)
-            with MetricsLogger(out / "table1" / "summary", artifact="table1", profile=args.profile,
+            skip = int(prof[art].get("skip_steps", 0))
+            summary = summarize(art, finished, out / art, skip)
+            with MetricsLogger(out / art / "summary", artifact=art, profile=args.profile,
                                config={"rows": finished, "skip_steps": skip}) as log:
                 for r, m in summary.items():
                     log.log(m, row=r, step=0)
-            write_json_atomic(out / "table1" / "summary" / "summary.json", {"rows": summary})
+            write_json_atomic(out / art / "summary" / "summary.json", {"rows": summary})
             report["summary"] = summary
         except Exception as exc:  # noqa: BLE001 -- the rows stay on disk; the report says why
             traceback.print_exc()
@@ -150,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     report["provenance"] = provenance()
     write_json_atomic(out / "gpu_rl.json", report)
     with tarfile.open(out / "h200_rl.tar.gz", "w:gz") as tar:
-        for sub in ("table1", "sft"):
+        for sub in (art, "sft"):
             if (out / sub).is_dir():
                 for p in sorted((out / sub).rglob("*")):
                     if p.is_file() and p.suffix in (".json", ".jsonl", ".log"):
