@@ -37,7 +37,7 @@ from repro.parallel.cp_batch import PackedShard
 from repro.rollout.cuda_graph import GraphedCallable
 from repro.rollout.kv import SlotTable
 from repro.rollout.sampling import proposal_noise
-from repro.rollout.static_kv import Cursor, StaticBatch, StaticKV, StaticSlots
+from repro.rollout.static_kv import Cursor, StateCache, StaticBatch, StaticKV, StaticSlots
 
 ATTN_IMPLS = ("kernels", "dense")
 
@@ -289,7 +289,7 @@ class BlockProposer:
         self.draft = draft
         self.num_proposals = draft.num_proposals
         self.static = False
-        self._static_key = None
+        self._states = StateCache()
         self._graphs: dict[str, GraphedCallable] = {}
 
     @property
@@ -305,16 +305,14 @@ class BlockProposer:
         """Static-cache mode for one request of ``batch`` rows writing at most ``max_slots`` columns."""
         bb = self.draft.backbone
         c, dev, dt = bb.cfg, bb.fc.weight.device, bb.fc.weight.dtype
-        key = (batch, max_slots, dt, str(dev))
-        if key != self._static_key:       # new buffers: graphs over the old ones are void
-            self.slots = StaticSlots(batch, max_slots, dev)
-            self.skvs = [StaticKV(batch, c.num_kv_heads, max_slots, c.head_dim, dt, dev) for _ in bb.layers]
-            self.sb = StaticBatch(batch, dev)
-            self.cursor = Cursor(max_slots, dev)
-            self._graphs = {"propose": GraphedCallable(self._propose_static, "block.propose", persistent_inputs=True),
-                            "observe": GraphedCallable(self._observe_static, "block.observe", persistent_inputs=True)}
-            self._static_key = key
-        else:
+        st, new = self._states.get((batch, max_slots, dt, str(dev)), lambda: {
+            "slots": StaticSlots(batch, max_slots, dev),
+            "skvs": [StaticKV(batch, c.num_kv_heads, max_slots, c.head_dim, dt, dev) for _ in bb.layers],
+            "sb": StaticBatch(batch, dev), "cursor": Cursor(max_slots, dev),
+            "_graphs": {"propose": GraphedCallable(self._propose_static, "block.propose", persistent_inputs=True),
+                        "observe": GraphedCallable(self._observe_static, "block.observe", persistent_inputs=True)}})
+        self.__dict__.update(st)
+        if not new:
             self.slots.clear()
             self.sb.restart()
         for g in self._graphs.values():

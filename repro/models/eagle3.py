@@ -47,7 +47,7 @@ from repro.parallel.cp_batch import PackedShard
 from repro.rollout.cuda_graph import GraphedCallable
 from repro.rollout.kv import SlotTable
 from repro.rollout.sampling import probs_from_logits, proposal_noise, sample_with_noise
-from repro.rollout.static_kv import Cursor, StaticBatch, StaticKV, StaticSlots
+from repro.rollout.static_kv import Cursor, StateCache, StaticBatch, StaticKV, StaticSlots
 
 ATTN_IMPLS = ("kernels", "dense")
 
@@ -309,7 +309,7 @@ class Eagle3Proposer:
         self.target_ids = draft_to_target_ids(draft.d2t)
         self.full_vocab = draft.cfg.draft_vocab_size == draft.cfg.vocab_size   # identity maps: no scatter
         self.static = False
-        self._static_key = None
+        self._states = StateCache()
         self._graphs: dict[str, GraphedCallable] = {}
 
     @property
@@ -327,18 +327,16 @@ class Eagle3Proposer:
         """Static-cache mode for one request of ``batch`` rows writing at most ``max_slots`` columns."""
         d, c = self.draft, self.draft.cfg
         dev, dt = d.fc.weight.device, d.fc.weight.dtype
-        key = (batch, max_slots, dt, str(dev))
-        if key != self._static_key:       # new buffers: graphs over the old ones are void
-            self.slots = StaticSlots(batch, max_slots, dev)
-            self.skv = StaticKV(batch, c.num_kv_heads, max_slots, c.head_dim, dt, dev)
-            self.sb = StaticBatch(batch, dev)
-            self.g_last = torch.zeros(batch, c.hidden_size, dtype=dt, device=dev)
-            self.pos_last = torch.zeros(batch, dtype=torch.long, device=dev)
-            self._graphs = {"propose": GraphedCallable(self._propose_static, "eagle3.propose", persistent_inputs=True),
-                            "observe": GraphedCallable(self._observe_static, "eagle3.observe", persistent_inputs=True)}
-            self.cursor = Cursor(max_slots, dev)
-            self._static_key = key
-        else:
+        st, new = self._states.get((batch, max_slots, dt, str(dev)), lambda: {
+            "slots": StaticSlots(batch, max_slots, dev),
+            "skv": StaticKV(batch, c.num_kv_heads, max_slots, c.head_dim, dt, dev),
+            "sb": StaticBatch(batch, dev), "cursor": Cursor(max_slots, dev),
+            "g_last": torch.zeros(batch, c.hidden_size, dtype=dt, device=dev),
+            "pos_last": torch.zeros(batch, dtype=torch.long, device=dev),
+            "_graphs": {"propose": GraphedCallable(self._propose_static, "eagle3.propose", persistent_inputs=True),
+                        "observe": GraphedCallable(self._observe_static, "eagle3.observe", persistent_inputs=True)}})
+        self.__dict__.update(st)
+        if not new:
             self.slots.clear()
             self.sb.restart()
         for g in self._graphs.values():

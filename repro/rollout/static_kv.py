@@ -15,6 +15,9 @@ every shape is static. Nothing is trimmed or compacted: ``S_max`` is sized for t
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+
 import torch
 
 from repro.rollout.kv import slot_visible
@@ -134,3 +137,28 @@ class StaticBatch:
     def take(self, out: torch.Tensor | None) -> torch.Tensor | None:
         """The active rows of a full-batch output."""
         return out if out is None or self.full else out.index_select(0, self.rows)
+
+
+class StateCache:
+    """A proposer's static states (buffers and the graphs captured over them) for its last few request shapes.
+
+    A graph replays only over the tensors it was captured on, so when an engine alternates shapes (the
+    training batch, the validation batch) each shape keeps its own buffers and graphs instead of
+    reallocating and recapturing on every switch."""
+
+    def __init__(self, size: int = 4):
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self.size = size
+        self._states: OrderedDict[Hashable, dict] = OrderedDict()
+
+    def get(self, key: Hashable, build: Callable[[], dict]) -> tuple[dict, bool]:
+        """The state of ``key`` (built on a miss, evicting the least recently used), and whether it is new."""
+        st = self._states.get(key)
+        if st is not None:
+            self._states.move_to_end(key)
+            return st, False
+        st = self._states[key] = build()
+        while len(self._states) > self.size:
+            self._states.popitem(last=False)
+        return st, True

@@ -98,6 +98,20 @@ def test_static_path_other_chain_lengths(trained, k):
 
 
 @pytest.mark.timeout(60)
+def test_one_engine_alternating_request_shapes(trained):
+    """Each request shape keeps its static state (buffers, graphs); going back to a shape reuses it."""
+    pol, prompts, drafts = trained
+    d = drafts["dflash"]
+    pol.set_taps(d.tap_spec)
+    prop = proposer(d)
+    eng, off = RolloutEngine(pol, prop, cuda_graphs="draft"), RolloutEngine(pol, proposer(d))
+    for ps in (ragged(prompts), prompts[6:8], ragged(prompts)[::-1], prompts[6:8]):
+        kw = {"max_new_tokens": 10, "greedy": False, "seed": 5}
+        assert eng.generate(ps, **kw).tokens == off.generate(ps, **kw).tokens
+    assert len(prop._states._states) == 2
+
+
+@pytest.mark.timeout(60)
 def test_dspark_confidence_schedule_on_static_caches(trained):
     pol, prompts, drafts = trained
     d = drafts["dspark"]
@@ -253,3 +267,26 @@ def test_rl_config_switch():
     prof["rl"]["rollout"] = {"cuda_graph": "draft"}
     with pytest.raises(ConfigError, match=r"rl.rollout has unknown keys \['cuda_graph'\]"):
         run_config_from_profile(prof, "table1", "Qwen3-8B/EAGLE-3", out="o")
+
+
+@pytest.mark.timeout(120)
+def test_graph_check_runs_on_cpu(tmp_path):
+    import json
+
+    from repro.rollout.graph_check import main
+    rc = main(["--out", str(tmp_path), "--profile", "cpu-tiny", "--batch", "3", "--prompt-len", "10",
+               "--new-tokens", "6", "--repeats", "2"])
+    r = json.loads((tmp_path / "graph_check.json").read_text())
+    assert rc == 0 and r["passed"] is True
+    assert r["provenance"]["hardware"] and r["config"]["device"] == "cpu" and r["config"]["batch"] == 3
+    assert set(r["families"]) == {"eagle3", "dflash", "dspark"}
+    for fam, f in r["families"].items():
+        assert f["passed"] and f["checks"] == {"greedy_identical": True, "sampling_repeatable_off": True,
+                                               "sampling_repeatable_draft": True, "sampling_identical": True}, fam
+        assert f["greedy_equals_plain"] == {"off": True, "draft": True}
+        assert f["fallback_reasons"] == {}
+        for mode in ("off", "draft"):
+            m = f["modes"][mode]
+            assert len(m["generate_s"]) == 2 and len(m["verify_step_s"]) == 2 and m["verify_steps"] >= 1
+        graphs = f["modes"]["draft"]["graphs"]
+        assert graphs["propose"]["captures"] == 0 and graphs["propose"]["eager_calls"] > 0   # CPU: eager
