@@ -9,7 +9,8 @@ Without a proposer (k = 0) the same loop is the plain decoding baseline.
 ``cuda_graphs="draft"`` runs the proposer on static-shape caches sized for the request
 (``repro.rollout.static_kv``) so that its per-step ``propose``/``observe`` replay as CUDA graphs on a
 GPU (``repro.rollout.cuda_graph``); the policy forward stays eager. On a CPU the same static path runs
-eagerly. ``"off"`` (default) keeps the growing, compacted draft caches.
+eagerly. ``"off"`` (default) keeps the growing, compacted draft caches. ``max_draft_slots`` caps the
+static cache (slots per row); a request that needs more fails before decoding.
 
 Returned per row: generated tokens, the policy's log-probabilities of those tokens
 (``log_softmax(logits / temperature)``; temperature 1 in greedy mode), why it stopped; and counters
@@ -218,7 +219,7 @@ class RolloutEngine:
                 rows, last_tok, last_pos = rows[keep], last_tok[keep], last_pos[keep]
                 select_hf_cache_rows(cache, keep)
                 table.select(keep)
-                if self.proposer is not None:
+                if self.proposer is not None:         # a static proposer only remaps (StaticBatch)
                     self.proposer.select(keep)
             nb = rows.numel()
             n_valid = None

@@ -97,7 +97,9 @@ class StaticBatch:
     """A proposer's full-width input buffers while the engine's batch shrinks.
 
     Finished rows stay in the static buffers (computed on, never read) so that every graph keeps its
-    batch size: ``rows`` maps the engine's active rows to buffer rows. The buffers are long-lived (a
+    batch size: ``rows`` maps the engine's active rows to buffer rows. Chosen over a graph per batch
+    size because it is one capture per request shape and no row moves between buffers; the wasted
+    draft work on finished rows is free on a host-bound step. The buffers are long-lived (a
     graph reads them by address) and reallocated only when a shape or dtype changes."""
 
     def __init__(self, batch: int, device):
