@@ -9,6 +9,11 @@ prompts with ``cuda_graphs="off"`` and ``"draft"``:
 * timing of the sampled generate per mode (synchronised; 1 warm-up, then ``--repeats`` raw samples) and
   per verify step (generate time / verify forwards).
 
+In bf16 the two modes' draft attention sums over differently laid out caches, so a near-tie can round
+differently and change a proposal (and, through the verify pattern, the policy's rounding); the JSON then
+names the first mismatching row and whether each mode still equals plain greedy decoding; ``--dtype
+float32`` repeats the check without bf16 rounding.
+
 A failed capture never stops the check: each graph's fallback reason is recorded (the draft then runs
 eagerly on its static caches), and an error in one family is recorded and the next family runs.
 Writes ``DIR/graph_check.json`` (provenance, config, samples, checks) atomically.
@@ -96,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="folder for graph_check.json")
     ap.add_argument("--profile", default="h200")
     ap.add_argument("--device", default="", help="default: the profile's (cuda or cpu)")
+    ap.add_argument("--dtype", default="", choices=["", *DTYPES],
+                    help="default: the profile's (float32 on CPU); float32 on a GPU separates a bf16 rounding "
+                         "tie from a real mismatch")
     ap.add_argument("--families", default="eagle3,dflash,dspark", help="keys of the profile's rl.drafts")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=40, help="prompt lengths are drawn in [len - 8, len]")
@@ -112,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"profile {args.profile!r} runs on {device}, but this machine has no CUDA device "
                          "(use --profile cpu-tiny or --device cpu)")
-    dtype_name = prof.get("dtype", "float32") if device != "cpu" else "float32"
+    dtype_name = args.dtype or (prof.get("dtype", "float32") if device != "cpu" else "float32")
     dtype = DTYPES[dtype_name]
     drafts = rl.get("drafts", {})
     families = [f for f in args.families.split(",") if f]
