@@ -106,6 +106,10 @@ class DraftSpec:
     # the checkpoint's shape (repro.models.eagle3_import.build_eagle3_from_checkpoint).
     checkpoint: str = ""
     path: str = ""
+    # Rows per draft-loss call; 0: the policy's microbatch (the draft runs inside each policy microbatch).
+    # Larger: the microbatches' detached taps are kept and the draft runs after the policy's backward over
+    # chunks of this many rows (fewer, larger draft calls: the draft's host cost per update falls).
+    microbatch: int = 0
 
     def validate(self, key: str = "draft") -> None:
         _check(self.family in DRAFT_FAMILIES, f"{key}.family", self.family, f"one of {DRAFT_FAMILIES}")
@@ -114,6 +118,8 @@ class DraftSpec:
         _check(self.max_grad_norm > 0, f"{key}.max_grad_norm", self.max_grad_norm, "a positive number")
         _check(isinstance(self.num_proposals, int) and 1 <= self.num_proposals <= 32, f"{key}.num_proposals",
                self.num_proposals, "an integer in [1, 32]")
+        _check(isinstance(self.microbatch, int) and not isinstance(self.microbatch, bool) and self.microbatch >= 0,
+               f"{key}.microbatch", self.microbatch, "an integer >= 0 (0: the policy's microbatch)")
         if self.checkpoint:
             self._validate_checkpoint(key)
 
@@ -262,6 +268,8 @@ class RunConfig:
             self.draft.validate()
             from repro.rl.drafts import check_draft_spec   # family options and proposal count
             check_draft_spec(self.draft)
+            _check(self.draft.microbatch == 0 or self.draft.microbatch >= self.grpo.microbatch, "draft.microbatch",
+                   self.draft.microbatch, f"0 (the policy's microbatch) or >= grpo.microbatch={self.grpo.microbatch}")
             if self.draft.checkpoint:
                 _check(not self.warm_start, "warm_start", self.warm_start,
                        f"'' with draft checkpoint {self.draft.checkpoint!r} (the draft starts from its checkpoint; "
@@ -284,8 +292,8 @@ class RunConfig:
         for k in ("checkpoint", "path", "tokens"):   # likewise the checkpoint keys of random-init policies
             if not d["policy"][k]:
                 del d["policy"][k]
-        for k in ("checkpoint", "path"):             # and of randomly initialised drafts
-            if d["draft"] is not None and not d["draft"][k]:
+        for k in ("checkpoint", "path", "microbatch"):   # and of randomly initialised drafts (microbatch 0:
+            if d["draft"] is not None and not d["draft"][k]:   # the draft inside the policy's microbatches)
                 del d["draft"][k]
         return d
 

@@ -105,11 +105,12 @@ class JointUpdate:
         draft_time = 0.0
         amp = (torch.autocast(dev.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
                else contextlib.nullcontext())
+        kept = [] if self._defers_draft(mb) else None    # the microbatches' detached taps and logits
         for s in range(0, B, mb):
             sl = slice(s, min(B, s + mb))
             with amp, no_cudnn_sdpa(dev):       # every batch brings new lengths (see repro.models.sdpa_choice)
                 loss, total, logp, st, d_mb = self._microbatch(ids, att, mask, old, adv, sl, n_tok, temperature,
-                                                               gen, lam, B)
+                                                               gen, lam, B, kept)
             if d_mb is not None:
                 draft_time += d_mb[0]
                 d_loss += d_mb[1]
@@ -120,6 +121,9 @@ class JointUpdate:
             kl_ref += float(st.get("kl_ref_sum", 0.0))
             kl_num += train_inference_kl(logp.detach(), old[sl], mask[sl]) * float(mask[sl].sum()) \
                 if float(mask[sl].sum()) else 0.0
+        if kept is not None:
+            with no_cudnn_sdpa(dev):
+                draft_time, d_loss = self._deferred_draft(kept, ids, mask, gen, lam, B, amp)
         p_norm = float(torch.nn.utils.clip_grad_norm_(self.policy_params, self.grpo.max_grad_norm))
         d_norm = 0.0
         if self.draft_params:
@@ -133,9 +137,33 @@ class JointUpdate:
                            update_time_s=time.perf_counter() - t0, draft_time_s=draft_time,
                            kl_ref=kl_ref / n_tok)
 
-    def _microbatch(self, ids, att, mask, old, adv, sl, n_tok, temperature, gen, lam, B):
+    def _defers_draft(self, policy_microbatch: int) -> bool:
+        """Whether the draft runs after the policy's microbatches, over chunks of ``draft_spec.microbatch`` rows."""
+        return self.draft is not None and self.draft_spec.microbatch > policy_microbatch
+
+    def _deferred_draft(self, kept, ids, mask, gen, lam, B, amp) -> tuple[float, float]:
+        """The draft's loss and backward over the whole batch's kept (detached) taps, ``draft_spec.microbatch``
+        rows per call, each weighted by its share of the batch as in the per-microbatch path; returns (seconds,
+        weighted draft loss). Same step, same optimizer step: only the draft's call boundaries move."""
+        td = time.perf_counter()
+        taps = [torch.cat(parts) for parts in zip(*(t for _, t, _ in kept))]
+        logits = torch.cat([lg for _, _, lg in kept])
+        rows, d_loss = self.draft_spec.microbatch, 0.0
+        for s in range(0, B, rows):
+            sl = slice(s, min(B, s + rows))
+            with amp:
+                dbatch = DraftBatch(input_ids=ids[sl], loss_mask=draft_loss_mask(mask[sl]), policy_logits=logits[sl],
+                                    extras={"anchor_generator": gen})
+                dl = self.draft.draft_loss(self._features([t[sl] for t in taps]), dbatch)
+            frac = (sl.stop - sl.start) / B
+            (lam * frac * dl).backward()
+            d_loss += float(dl.detach()) * frac
+        return time.perf_counter() - td, d_loss
+
+    def _microbatch(self, ids, att, mask, old, adv, sl, n_tok, temperature, gen, lam, B, kept=None):
         """One microbatch's forward: (policy loss, total loss, log-probs, stats, (draft seconds, weighted
-        draft loss) or None)."""
+        draft loss) or None). With ``kept`` (a list) the draft does not run here: the microbatch's detached
+        taps and logits are appended to it for ``_deferred_draft``."""
         out = self.policy.forward_train(ids[sl], want_taps=self.draft is not None, attention_mask=att[sl])
         logp = token_logprobs(out.logits, ids[sl], temperature)
         ref_lp = None
@@ -147,6 +175,9 @@ class JointUpdate:
         loss, st = clipped_policy_loss(logp, old[sl], adv[sl], mask[sl], n_tok, self.grpo.clip_eps,
                                        ref_lp, self.grpo.kl_coef)
         if self.draft is None:
+            return loss, loss, logp, st, None
+        if kept is not None:
+            kept.append((sl, [t.detach() for t in out.taps], out.logits.detach()))
             return loss, loss, logp, st, None
         td = time.perf_counter()
         dbatch = DraftBatch(input_ids=ids[sl], loss_mask=draft_loss_mask(mask[sl]),

@@ -84,6 +84,10 @@ class MeshShape:
         if cfg.grpo.kl_coef:
             raise ConfigError(f"config grpo.kl_coef={cfg.grpo.kl_coef} is invalid under the PP x CP update: "
                               "expected 0 (the frozen reference policy is not sharded yet)")
+        if cfg.draft is not None and cfg.draft.microbatch:
+            raise ConfigError(f"config draft.microbatch={cfg.draft.microbatch} is invalid under the PP x CP update: "
+                              "expected 0 (the draft runs in the last stage's microbatches; the deferred draft "
+                              "pass is the single-process update's, repro.rl.joint)")
         B = cfg.grpo.prompts_per_step * cfg.grpo.generations_per_prompt
         n_mb = -(-B // cfg.grpo.microbatch)
         if self.pp > 1 and n_mb < self.pp:

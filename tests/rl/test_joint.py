@@ -93,3 +93,41 @@ def test_autocast_dtype_is_checked():
     from repro.rl.joint import JointUpdate
     with pytest.raises(ValueError, match="autocast_dtype"):
         JointUpdate(torch.nn.Linear(2, 2), None, None, None, autocast_dtype=torch.float64)
+
+
+@pytest.mark.parametrize("draft", ["eagle3", "dspark"])
+def test_deferred_draft_keeps_the_stop_gradient_and_equals_one_call(tmp_path, tok, draft):
+    """draft.microbatch > grpo.microbatch: the draft runs after the policy's microbatches over the kept taps.
+    The policy update is still the baseline's bit for bit, and with one draft call over the whole batch the
+    draft's update equals the in-microbatch path's when that path also sees the whole batch at once."""
+    base = _trainer(tmp_path, tok, None, 0.0)
+    deferred = _trainer(tmp_path / "deferred", tok, draft, 1.0)
+    whole = _trainer(tmp_path / "whole", tok, draft, 1.0)
+    batch = base.rollout(0)
+    batch.rewards = REWARDS.clone()
+    B = batch.size
+    assert deferred.cfg.grpo.microbatch < B, "the test needs more than one policy microbatch"
+    deferred.update.draft_spec = dataclasses.replace(deferred.update.draft_spec, microbatch=B)
+    assert deferred.update._defers_draft(deferred.cfg.grpo.microbatch)
+    whole.update.grpo = dataclasses.replace(whole.update.grpo, microbatch=B)      # one microbatch, draft inside
+    whole.draft.load_state_dict(deferred.draft.state_dict())
+    _update(base, batch, 0)
+    s_def = _update(deferred, batch, 0)
+    s_whole = _update(whole, batch, 0)
+    b, c = _policy_state(base), _policy_state(deferred)
+    for k in b:
+        assert torch.equal(b[k], c[k]), f"{draft} deferred: policy parameter {k} differs from baseline"
+    assert s_def.draft_loss == pytest.approx(s_whole.draft_loss, rel=1e-6)
+    for (k, v), w in zip(deferred.draft.state_dict().items(), whole.draft.state_dict().values()):
+        torch.testing.assert_close(v, w, rtol=1e-5, atol=1e-6, msg=f"{draft} deferred vs whole: draft {k}")
+
+
+def test_draft_microbatch_is_checked(tmp_path):
+    cfg = tiny_config(tmp_path, draft="dflash")
+    cfg.draft = dataclasses.replace(cfg.draft, microbatch=max(1, cfg.grpo.microbatch - 1))
+    if cfg.draft.microbatch < cfg.grpo.microbatch:
+        with pytest.raises(Exception, match="draft.microbatch"):
+            cfg.validate()
+    cfg.draft = dataclasses.replace(cfg.draft, microbatch=-1)
+    with pytest.raises(Exception, match="draft.microbatch"):
+        cfg.validate()
