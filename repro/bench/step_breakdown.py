@@ -14,7 +14,10 @@ weights know):
   ``repro.bench.common.time_samples``: CUDA events from an idle device on a GPU); then the draft's
   microbatch once under ``torch.profiler`` for its operator and kernel counts (``draft_ops``), the
   number that decides a launch-bound draft's cost;
-* the whole update (``JointUpdate.step``) as the trainer runs it.
+* the whole update (``JointUpdate.step``) as the trainer runs it; for a drafted row also interleaved with a
+  no-draft update of the same policy in the same process (round k: the no-draft update, then the drafted
+  one), which gives the update overhead without the process-to-process speed differences that a
+  comparison of two rows' runs carries.
 
 Writes ``<out>/step_breakdown.json`` (per row: the timings, raw samples, counts, top operators, plus
 provenance) and prints a summary.
@@ -42,7 +45,7 @@ from repro.report.profiles import load_profile
 from repro.report.provenance import provenance, write_json_atomic
 from repro.rl.config import run_config_from_profile
 from repro.rl.grpo import group_advantages
-from repro.rl.joint import draft_loss_mask
+from repro.rl.joint import JointUpdate, draft_loss_mask
 from repro.rl.summary import run_dir_name
 from repro.rl.tokenizer import build_workload_tokenizer
 from repro.rl.trainer import CoTrainer
@@ -188,7 +191,29 @@ def breakdown_row(prof_cfg: dict, row: str, out: Path, warmup: int, repeats: int
     st = [upd.step(batch, adv, anchor_seed=s, temperature=cfg.grpo.temperature) for s in range(repeats)]
     res["update"] = {"time_s": summarize([s.update_time_s for s in st]),
                      "draft_time_s": summarize([s.draft_time_s for s in st])}
+    if tr.draft is not None:
+        res["update_ab"] = update_overhead_ab(tr, batch, adv, cfg, repeats)
     return res
+
+
+def update_overhead_ab(tr: CoTrainer, batch, adv, cfg, repeats: int) -> dict:
+    """The drafted update against a no-draft update of the same policy, interleaved in one process.
+
+    Round k runs the no-draft update then the drafted one on the same rollout batch (both step the policy;
+    the timings are what is kept). Returns both time summaries, the per-round ratios and the overhead
+    ``median(drafted) / median(no draft) - 1``."""
+    plain = JointUpdate(tr.policy, None, cfg.grpo, None, tr.reference, autocast_dtype=tr.update.autocast_dtype)
+    t_plain, t_draft = [], []
+    for k in range(repeats + 1):                  # round 0 warms the no-draft optimizer's state up
+        a = plain.step(batch, adv, anchor_seed=k, temperature=cfg.grpo.temperature).update_time_s
+        b = tr.update.step(batch, adv, anchor_seed=k, temperature=cfg.grpo.temperature).update_time_s
+        if k:
+            t_plain.append(a)
+            t_draft.append(b)
+    del plain
+    sp, sd = summarize(t_plain), summarize(t_draft)
+    return {"no_draft_s": sp, "drafted_s": sd, "ratios": [b / a for a, b in zip(t_plain, t_draft)],
+            "overhead_pct": 100 * (sd["median"] / sp["median"] - 1), "rounds": repeats}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
                f"{r['policy_ops']['top_level_ops']} ops, {r['policy_ops']['device_kernels']} kernels; kernel busy "
                f"draft {r['draft_ops']['kernel_busy_ms']:.1f} ms, policy {r['policy_ops']['kernel_busy_ms']:.1f} ms)"
                if "draft_fwd_bwd_s" in um else ""), flush=True)
+        if "update_ab" in r:
+            ab = r["update_ab"]
+            print(f"    update interleaved with a no-draft update ({ab['rounds']} rounds): "
+                  f"{ab['drafted_s']['median']:.3f}s vs {ab['no_draft_s']['median']:.3f}s, overhead "
+                  f"{ab['overhead_pct']:.1f}%", flush=True)
         with contextlib.suppress(Exception):
             torch.cuda.empty_cache()
         write_json_atomic(args.out / "step_breakdown.json", {**report, "provenance": provenance()})

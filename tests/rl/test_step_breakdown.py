@@ -31,6 +31,9 @@ def test_breakdown_of_a_block_draft_row(tmp_path, monkeypatch):
     assert r["draft_ops"]["top_level_ops"] > 0 and r["policy_ops"]["top_level_ops"] > 0
     assert r["draft_ops"]["device_kernels"] == 0, "no CUDA kernels on a CPU run"
     assert r["update"]["time_s"]["median"] > 0
+    ab = r["update_ab"]
+    assert ab["rounds"] == 1 and len(ab["ratios"]) == 1 and ab["no_draft_s"]["n"] == ab["drafted_s"]["n"] == 1
+    assert ab["overhead_pct"] == pytest.approx(100 * (ab["drafted_s"]["median"] / ab["no_draft_s"]["median"] - 1))
 
 
 def test_rows_are_checked_before_anything_runs(tmp_path):
