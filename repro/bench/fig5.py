@@ -10,12 +10,14 @@ every method in turn), so the drifting load of a shared machine falls on all of 
     usp U=.. R=..   SpecForge's USP on the padded batch, every (U, R) with U*R = C that divides
                     the head counts
     usp-zigzag ..   the same with yunchang's zigzag ring instead of the basic one (R > 1; ours)
-the best USP row over all of them is the baseline
+the best SpecForge USP row (sequential ring) is the baseline, as in the paper ("cp=<C>": speedup_vs_best_usp,
+peak_mem_ratio_usp_over_zigzag); the best of every USP row, ours included, is reported beside it
+(speedup_vs_best_usp_any, peak_mem_ratio_usp_any_over_zigzag), a stronger baseline than the paper's,
 and times forward + backward of the 3 passes (wall: slowest rank per sample; and each rank's CPU time
 per step: on CPUs (few shared cores, often fewer than ranks) wall time measures the machine's total
 work and other load, so CPU runs compute the speedup from the critical path = largest per-rank CPU
 time per step; the wall-time speedup is logged beside it). Peak memory per rank is that of the
-fastest USP row; it is measured from the inputs through the first step, after an untimed step of the
+baseline's row (and of the fastest row of any USP, beside it); it is measured from the inputs through the first step, after an untimed step of the
 same method on a tiny batch (worker): on CPUs the resident set then no longer counts the ~50 MB per
 process of code pages and library state that the first call of any method loads. Logged rows
 (metric names of experiments/paper_numbers.csv): "cp=<C>": speedup_vs_best_usp,
@@ -263,17 +265,24 @@ def main(argv=None) -> int:
                                                             "cpu_critical_samples": u["cpu_critical"]},
                              u["samples"], extra={"peak_mem_gb": u["peak_gb_max"], "local_tokens": u["local_tokens"],
                                                   "cpu_critical_s": u["cpu_critical_median"]})
-            (bU, bR, bring), best = min(usp.items(), key=lambda kv: kv[1]["median"])
+            # the paper's baseline: SpecForge's USP (sequential ring), best split; beside it the best of every
+            # USP variant, ours with the zigzag ring included (a stronger baseline than the paper's)
+            specforge = {k: u for k, u in usp.items() if k[2] == "sequential"}
+            (bU, bR, bring), best = min(specforge.items(), key=lambda kv: kv[1]["median"])
+            (aU, aR, aring), best_any = min(usp.items(), key=lambda kv: kv[1]["median"])
             pad = UspBatch(lengths, C, ttt_length=args.passes)     # SpecForge's padding (sequential ring)
             speedup = best["median"] / z["median"]
             mem_ratio = best["peak_gb_max"] / z["peak_gb_max"]
             pooled_speedup.append(speedup)
             pooled_mem.append(mem_ratio)
-            best_wall = min(u["wall_median"] for u in usp.values())
+            best_wall = min(u["wall_median"] for u in specforge.values())
             timing = "cpu critical path (largest per-rank CPU time)" if z["emulated"] else "wall, slowest rank"
-            bench.record(f"cp={C}", {"cp": C, "best_usp": [bU, bR, bring], "same_run": True, "speedup_timing": timing},
+            bench.record(f"cp={C}", {"cp": C, "best_usp": [bU, bR, bring], "best_usp_any": [aU, aR, aring],
+                                     "same_run": True, "speedup_timing": timing},
                          extra={"speedup_vs_best_usp": speedup, "peak_mem_ratio_usp_over_zigzag": mem_ratio,
                                 "speedup_vs_best_usp_wall": best_wall / z["wall_median"],
+                                "speedup_vs_best_usp_any": best_any["median"] / z["median"],
+                                "peak_mem_ratio_usp_any_over_zigzag": best_any["peak_gb_max"] / z["peak_gb_max"],
                                 "usp_pad_factor": pad.pad_factor,
                                 "usp_pad_factor_with_overlap": pad.pad_factor_with_overlap})
         bench.record("all", {"cp": cps, "pooled": "smallest over CP sizes"},
