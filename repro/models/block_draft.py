@@ -37,7 +37,7 @@ from repro.parallel.cp_batch import PackedShard
 from repro.rollout.cuda_graph import GraphedCallable
 from repro.rollout.kv import SlotTable
 from repro.rollout.sampling import proposal_noise
-from repro.rollout.static_kv import Cursor, StateCache, StaticBatch, StaticKV, StaticSlots
+from repro.rollout.static_kv import StateCache, StaticKV, StaticProposerState
 
 ATTN_IMPLS = ("kernels", "dense")
 
@@ -274,7 +274,7 @@ class BlockDraftBackbone(nn.Module):
         return self.norm(h), sel.to(dev)
 
 
-class BlockProposer:
+class BlockProposer(StaticProposerState):
     """Proposals from a DFlash or DSpark draft: one backbone pass per verify step over
     ``[newest token, MASK x (B-1)]``, context keys/values cached across steps.
 
@@ -305,23 +305,8 @@ class BlockProposer:
         """Static-cache mode for one request of ``batch`` rows writing at most ``max_slots`` columns."""
         bb = self.draft.backbone
         c, dev, dt = bb.cfg, bb.fc.weight.device, bb.fc.weight.dtype
-        st, new = self._states.get((batch, max_slots, dt, str(dev)), lambda: {
-            "slots": StaticSlots(batch, max_slots, dev),
-            "skvs": [StaticKV(batch, c.num_kv_heads, max_slots, c.head_dim, dt, dev) for _ in bb.layers],
-            "sb": StaticBatch(batch, dev), "cursor": Cursor(max_slots, dev),
-            "_graphs": {"propose": GraphedCallable(self._propose_static, "block.propose", persistent_inputs=True),
-                        "observe": GraphedCallable(self._observe_static, "block.observe", persistent_inputs=True)}})
-        self.__dict__.update(st)
-        if not new:
-            self.slots.clear()
-            self.sb.restart()
-        for g in self._graphs.values():
-            g.enabled = cuda_graphs
-        self.next_col = 0
-        self.static = True
-
-    def graph_status(self) -> dict:
-        return {name: g.status() for name, g in self._graphs.items()}
+        self.prepare_static(batch, max_slots, dt, dev, cuda_graphs=cuda_graphs, name="block", extra=lambda: {
+            "skvs": [StaticKV(batch, c.num_kv_heads, max_slots, c.head_dim, dt, dev) for _ in bb.layers]})
 
     def select(self, rows: torch.Tensor) -> None:
         if self.static:

@@ -47,7 +47,7 @@ from repro.parallel.cp_batch import PackedShard
 from repro.rollout.cuda_graph import GraphedCallable
 from repro.rollout.kv import SlotTable
 from repro.rollout.sampling import probs_from_logits, proposal_noise, sample_with_noise
-from repro.rollout.static_kv import Cursor, StateCache, StaticBatch, StaticKV, StaticSlots
+from repro.rollout.static_kv import StateCache, StaticKV, StaticProposerState
 
 ATTN_IMPLS = ("kernels", "dense")
 
@@ -291,7 +291,7 @@ def _cp_rows(cp: PackedShard, input_ids: torch.Tensor, x: torch.Tensor, name: st
     return x
 
 
-class Eagle3Proposer:
+class Eagle3Proposer(StaticProposerState):
     """Chain proposals of k tokens from an ``Eagle3Draft`` for ``repro.rollout.engine.RolloutEngine``.
 
     Two cache modes: ``reset(batch)`` grows a ``SlotTable``/``DraftKV`` cache (trimmed and compacted as it
@@ -327,25 +327,10 @@ class Eagle3Proposer:
         """Static-cache mode for one request of ``batch`` rows writing at most ``max_slots`` columns."""
         d, c = self.draft, self.draft.cfg
         dev, dt = d.fc.weight.device, d.fc.weight.dtype
-        st, new = self._states.get((batch, max_slots, dt, str(dev)), lambda: {
-            "slots": StaticSlots(batch, max_slots, dev),
+        self.prepare_static(batch, max_slots, dt, dev, cuda_graphs=cuda_graphs, name="eagle3", extra=lambda: {
             "skv": StaticKV(batch, c.num_kv_heads, max_slots, c.head_dim, dt, dev),
-            "sb": StaticBatch(batch, dev), "cursor": Cursor(max_slots, dev),
             "g_last": torch.zeros(batch, c.hidden_size, dtype=dt, device=dev),
-            "pos_last": torch.zeros(batch, dtype=torch.long, device=dev),
-            "_graphs": {"propose": GraphedCallable(self._propose_static, "eagle3.propose", persistent_inputs=True),
-                        "observe": GraphedCallable(self._observe_static, "eagle3.observe", persistent_inputs=True)}})
-        self.__dict__.update(st)
-        if not new:
-            self.slots.clear()
-            self.sb.restart()
-        for g in self._graphs.values():
-            g.enabled = cuda_graphs
-        self.next_col = 0
-        self.static = True
-
-    def graph_status(self) -> dict:
-        return {name: g.status() for name, g in self._graphs.items()}
+            "pos_last": torch.zeros(batch, dtype=torch.long, device=dev)})
 
     def select(self, rows: torch.Tensor) -> None:
         if self.static:

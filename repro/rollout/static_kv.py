@@ -20,6 +20,7 @@ from collections.abc import Callable, Hashable
 
 import torch
 
+from repro.rollout.cuda_graph import GraphedCallable
 from repro.rollout.kv import slot_visible
 
 SLOT_BUCKET = 256   # S_max is rounded up to this, so similar requests reuse buffers (and captured graphs)
@@ -164,3 +165,30 @@ class StateCache:
         while len(self._states) > self.size:
             self._states.popitem(last=False)
         return st, True
+
+
+class StaticProposerState:
+    """What the graphed proposers share (a mixin): per request shape, the slot table, the batch map, the
+    cursor and the two graphed calls (``_propose_static``, ``_observe_static``), kept in ``self._states``
+    (a ``StateCache``) and made current by ``prepare_static``; the family adds its own caches (``extra``)."""
+
+    def prepare_static(self, batch: int, max_slots: int, dtype, device, *, cuda_graphs: bool, name: str,
+                       extra: Callable[[], dict]) -> None:
+        st, new = self._states.get((batch, max_slots, dtype, str(device)), lambda: {
+            "slots": StaticSlots(batch, max_slots, device), "sb": StaticBatch(batch, device),
+            "cursor": Cursor(max_slots, device),
+            "_graphs": {part: GraphedCallable(getattr(self, f"_{part}_static"), f"{name}.{part}",
+                                              persistent_inputs=True) for part in ("propose", "observe")},
+            **extra()})
+        self.__dict__.update(st)
+        if not new:
+            self.slots.clear()
+            self.sb.restart()
+        for g in self._graphs.values():
+            g.enabled = cuda_graphs
+        self.next_col = 0
+        self.static = True
+
+    def graph_status(self) -> dict:
+        """Per graphed call: captures, replays, eager calls, and why capture failed (if it did)."""
+        return {name: g.status() for name, g in self._graphs.items()}
