@@ -59,11 +59,15 @@ Examples (single rank; pass ``group`` and sharded tensors for CP):
     anchors = torch.tensor([0, 10, 40, 99, 100, 130, 200, 255])
     bq = torch.randn(Nb, B, H, D); bk = torch.randn(Nb, B, G, D); bv = torch.randn(Nb, B, G, D)
     out = block_draft_attention(bq, bk, bv, ks[0], vs[0], anchors, cu)   # [Nb, B, H, D]
+    plan = block_draft_plan(anchors, B, cu)           # once per batch, shared by every draft layer:
+    out = block_draft_attention(bq, bk, bv, ks[0], vs[0], plan)
 
     # CP: lay = make_layout(cu, group); q_local = lay.shard(q_global); same call with group=group.
 """
 from kernels.attention.api import (
+                                   BlockPlan,
                                    block_draft_attention,
+                                   block_draft_plan,
                                    causal_attention,
                                    dflash_block_attention,
                                    dspark_block_attention,
@@ -74,6 +78,6 @@ from kernels.attention.merge import merge
 from kernels.attention.reference import block_mask, causal_mask, dense_attention, eagle3_ttt_mask
 from kernels.attention.ring import RingStats
 
-__all__ = ["Layout", "RingStats", "block_draft_attention", "block_mask", "causal_attention", "causal_mask",
+__all__ = ["BlockPlan", "Layout", "RingStats", "block_draft_attention", "block_draft_plan", "block_mask", "causal_attention", "causal_mask",
            "dense_attention", "dflash_block_attention", "dspark_block_attention", "eagle3_ttt_attention",
            "eagle3_ttt_mask", "make_layout", "merge", "pad_varlen"]

@@ -6,13 +6,14 @@ communication starts; a bad value raises ValueError/TypeError naming it and what
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from kernels.attention.backends import NAMES, Backend
 from kernels.attention.branch import BlockBranch, TTTBranch
 from kernels.attention.layout import Layout, group_rank_size, make_layout
-from kernels.attention.plan import causal_plan, prefix_plan
+from kernels.attention.plan import RingPlan, causal_plan, prefix_plan
 from kernels.attention.ring import RingStats
 from kernels.attention.trunk_branch import trunk_branch_attention
 
@@ -86,32 +87,38 @@ def eagle3_ttt_attention(q: torch.Tensor, k_passes: Sequence[torch.Tensor], v_pa
     return (out, lse) if return_lse else out
 
 
-def block_draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_k: torch.Tensor,
-                          ctx_v: torch.Tensor, anchors: torch.Tensor, cu_seqlens, group=None, *,
-                          slot_valid: torch.Tensor | None = None, block_valid: torch.Tensor | None = None,
-                          scale: float | None = None, backend="auto", return_lse: bool = False,
-                          stats: RingStats | None = None):
-    """DFlash / DSpark block attention; see the package docstring."""
+@dataclass(frozen=True)
+class BlockPlan:
+    """What block attention derives from the anchors and the layout, once per batch: every draft layer of a
+    forward attends with the same blocks, so the layers share one plan instead of rebuilding it per call
+    (locating anchors, sorting them, the ring plan and its prefix masks: host work at RL batch shapes)."""
+    num_blocks: int
+    block: int
+    layout: Layout
+    order: torch.Tensor          # blocks sorted by anchor (device)
+    inverse: torch.Tensor        # back to the caller's order (device)
+    ring: RingPlan
+    branch: BlockBranch
+
+
+def block_draft_plan(anchors: torch.Tensor, block: int, cu_seqlens, group=None, *,
+                     slot_valid: torch.Tensor | None = None, block_valid: torch.Tensor | None = None,
+                     device=None) -> BlockPlan:
+    """The plan of ``block_draft_attention`` for blocks of ``block`` slots at ``anchors``; see there."""
     lay = _layout(cu_seqlens, group)
-    _check_backend(backend)
-    if not isinstance(q, torch.Tensor) or q.dim() != 4:
-        raise ValueError(f"q must be a [Nb, B, H, D] tensor, got {getattr(q, 'shape', type(q))}")
-    Nb, B, H, D = q.shape
-    G = k.shape[2] if k.dim() == 4 else -1
-    _check_same("k", k, q, (Nb, B, G, D))
-    _check_same("v", v, q, (Nb, B, G, D))
-    _check_same("ctx_k", ctx_k, q, (lay.num_local, G, D))
-    _check_same("ctx_v", ctx_v, q, (lay.num_local, G, D))
-    _heads(q, G)
-    if not isinstance(anchors, torch.Tensor) or anchors.dim() != 1 or anchors.numel() != Nb:
-        raise ValueError(f"anchors must be a 1-D tensor of {Nb} global token indices, got "
+    if not isinstance(anchors, torch.Tensor) or anchors.dim() != 1:
+        raise ValueError(f"anchors must be a 1-D tensor of global token indices, got "
                          f"{getattr(anchors, 'shape', type(anchors))}")
     if anchors.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"anchors must be int32/int64 token indices, got {anchors.dtype}")
-    slot_valid = (torch.ones(Nb, B, dtype=torch.bool, device=q.device) if slot_valid is None
-                  else slot_valid.to(q.device, torch.bool))
-    block_valid = (torch.ones(Nb, dtype=torch.bool, device=q.device) if block_valid is None
-                   else block_valid.to(q.device, torch.bool))
+    if not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be a positive number of slots, got {block!r}")
+    Nb, B = anchors.numel(), block
+    device = anchors.device if device is None else torch.device(device)
+    slot_valid = (torch.ones(Nb, B, dtype=torch.bool, device=device) if slot_valid is None
+                  else slot_valid.to(device, torch.bool))
+    block_valid = (torch.ones(Nb, dtype=torch.bool, device=device) if block_valid is None
+                   else block_valid.to(device, torch.bool))
     if tuple(slot_valid.shape) != (Nb, B):
         raise ValueError(f"slot_valid has shape {tuple(slot_valid.shape)}, expected {(Nb, B)}")
     if tuple(block_valid.shape) != (Nb,):
@@ -121,22 +128,62 @@ def block_draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx
         bad = anchors.cpu()[owner != lay.rank][:8].tolist()
         raise ValueError(f"anchors {bad} are owned by other ranks (rank {lay.rank} of {lay.cp_size}); "
                          "pass only blocks whose anchor this rank holds (layout.locate(anchors)[2])")
-    scale = D ** -0.5 if scale is None else float(scale)
     order = torch.argsort(anchors.cpu(), stable=True)
     inv = torch.empty_like(order)
     inv[order] = torch.arange(Nb)
-    od = order.to(q.device)
     rows = lambda x: x.repeat_interleave(B)
-    plan = prefix_plan(lay, rows(doc[order]), rows(local[order]), rows(back[order]),
-                       rows(block_valid.cpu()[order]), q.device)
+    ring = prefix_plan(lay, rows(doc[order]), rows(local[order]), rows(back[order]),
+                       rows(block_valid.cpu()[order]), device)
+    od = order.to(device)
     branch = BlockBranch(B, (slot_valid & block_valid.unsqueeze(1)).index_select(0, od))
+    return BlockPlan(Nb, B, lay, od, inv.to(device), ring, branch)
+
+
+def block_draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_k: torch.Tensor,
+                          ctx_v: torch.Tensor, anchors, cu_seqlens=None, group=None, *,
+                          slot_valid: torch.Tensor | None = None, block_valid: torch.Tensor | None = None,
+                          scale: float | None = None, backend="auto", return_lse: bool = False,
+                          stats: RingStats | None = None):
+    """DFlash / DSpark block attention; see the package docstring. ``anchors`` may be a ``BlockPlan``
+    (``block_draft_plan``) shared by several calls over the same blocks; ``cu_seqlens``, ``slot_valid`` and
+    ``block_valid`` are then the plan's."""
+    _check_backend(backend)
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise ValueError(f"q must be a [Nb, B, H, D] tensor, got {getattr(q, 'shape', type(q))}")
+    Nb, B, H, D = q.shape
+    if isinstance(anchors, BlockPlan):
+        plan = anchors
+        if slot_valid is not None or block_valid is not None or cu_seqlens is not None:
+            raise ValueError("with a BlockPlan, pass cu_seqlens/slot_valid/block_valid to block_draft_plan instead")
+        if (plan.num_blocks, plan.block) != (Nb, B):
+            raise ValueError(f"the BlockPlan is for {plan.num_blocks} blocks of {plan.block} slots, q has {Nb} of {B}")
+        _layout(plan.layout, group)                      # the plan's layout must be this rank's
+    else:
+        if cu_seqlens is None:
+            raise ValueError("block_draft_attention needs cu_seqlens (or a Layout) when anchors is a tensor")
+        if not isinstance(anchors, torch.Tensor) or anchors.dim() != 1 or anchors.numel() != Nb:
+            raise ValueError(f"anchors must be a 1-D tensor of {Nb} global token indices, got "
+                             f"{getattr(anchors, 'shape', type(anchors))}")
+        plan = None
+    lay = plan.layout if plan is not None else _layout(cu_seqlens, group)
+    G = k.shape[2] if k.dim() == 4 else -1
+    _check_same("k", k, q, (Nb, B, G, D))
+    _check_same("v", v, q, (Nb, B, G, D))
+    _check_same("ctx_k", ctx_k, q, (lay.num_local, G, D))
+    _check_same("ctx_v", ctx_v, q, (lay.num_local, G, D))
+    _heads(q, G)
+    if plan is None:
+        plan = block_draft_plan(anchors, B, lay, group, slot_valid=slot_valid, block_valid=block_valid,
+                                device=q.device)
+    scale = D ** -0.5 if scale is None else float(scale)
+    od = plan.order
     qs = q.index_select(0, od).reshape(Nb * B, H, D)
-    out, lse = trunk_branch_attention(qs, ctx_k, ctx_v, plan, group, branch,
+    out, lse = trunk_branch_attention(qs, ctx_k, ctx_v, plan.ring, group, plan.branch,
                                       (k.index_select(0, od), v.index_select(0, od)), scale=scale,
                                       backend=backend, stats=stats)
-    out = out.view(Nb, B, H, D).index_select(0, inv.to(q.device))
+    out = out.view(Nb, B, H, D).index_select(0, plan.inverse)
     if return_lse:
-        return out, lse.view(Nb, B, H).index_select(0, inv.to(q.device))
+        return out, lse.view(Nb, B, H).index_select(0, plan.inverse)
     return out
 
 

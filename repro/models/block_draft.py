@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.attention import block_draft_attention, block_mask, dense_attention
+from kernels.attention import block_draft_attention, block_draft_plan, block_mask, dense_attention
 from repro.models.draft_layers import (
     DraftKV,
     RMSNorm,
@@ -222,11 +222,13 @@ class BlockDraftBackbone(nn.Module):
         """The block layers over blocks ``h [Nb, Bs, H]`` at ``pos``, anchored at packed rows ``glob``."""
         scale = self.cfg.head_dim ** -0.5
         dense_mask = None
+        plan = (block_draft_plan(glob, h.shape[1], cu, group, block_valid=blk_valid, device=h.device)
+                if attn_impl == "kernels" else None)           # one plan for every layer of this forward
         for layer in self.layers:
             q, k, v = layer.block_qkv(h, pos, self.rope)
             ck, cv = layer.kv(ctx, ctx_pos, self.rope)
             if attn_impl == "kernels":
-                a = block_draft_attention(q, k, v, ck, cv, glob, cu, group, block_valid=blk_valid, backend=backend)
+                a = block_draft_attention(q, k, v, ck, cv, plan, None, group, backend=backend)
             else:
                 if dense_mask is None:
                     dense_mask = block_mask(cu.cpu(), glob.cpu(), h.shape[1],

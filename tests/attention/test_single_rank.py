@@ -9,6 +9,7 @@ import torch
 
 from kernels.attention import (
     block_draft_attention,
+    block_draft_plan,
     causal_attention,
     dflash_block_attention,
     dspark_block_attention,
@@ -89,3 +90,33 @@ def test_bad_inputs_single_rank():
         block_draft_attention(torch.randn(1, 3, 4, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8), k, k,
                               torch.tensor([26]), cu)
     assert callable(check_bad_inputs)
+
+
+def test_a_shared_block_plan_gives_the_same_values_and_gradients():
+    """block_draft_plan once, used by two calls (as the draft's layers do): outputs, lse and gradients equal the
+    per-call path bit for bit; a plan for other blocks, or extra per-call arguments, are refused."""
+    g = torch.Generator().manual_seed(5)
+    cu = torch.tensor([0, 9, 30])
+    anchors = torch.tensor([20, 0, 7, 12])
+    bv = torch.tensor([True, True, False, True])
+    plan = block_draft_plan(anchors, 3, cu, block_valid=bv)
+    args = [torch.randn(*s, dtype=torch.float64, generator=g).requires_grad_()
+            for s in ((4, 3, 4, 8), (4, 3, 2, 8), (4, 3, 2, 8), (30, 2, 8), (30, 2, 8))]
+    grads = []
+    for use_plan in (False, True):
+        for t in args:
+            t.grad = None
+        outs = []
+        for _ in range(2):                      # two "layers" over the same blocks
+            o, l = (block_draft_attention(*args, plan, return_lse=True) if use_plan else
+                    block_draft_attention(*args, anchors, cu, block_valid=bv, return_lse=True))
+            outs += [o, l]
+        (outs[0].square().sum() + outs[2].sum()).backward()
+        grads.append(([x.detach().clone() for x in outs], [t.grad.clone() for t in args]))
+    (o0, g0), (o1, g1) = grads
+    for a, b in zip(o0 + g0, o1 + g1):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="BlockPlan is for 4 blocks of 3 slots"):
+        block_draft_attention(args[0][:, :2], args[1][:, :2], args[2][:, :2], args[3], args[4], plan)
+    with pytest.raises(ValueError, match="pass cu_seqlens/slot_valid/block_valid to block_draft_plan"):
+        block_draft_attention(*args, plan, cu)
