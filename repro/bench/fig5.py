@@ -24,7 +24,7 @@ process of code pages and library state that the first call of any method loads.
 peak_mem_ratio_usp_over_zigzag, usp_pad_factor; "all": the same pooled (smallest speedup and ratio),
 longest_seq_tokens.
 CPU results are cpu-emulated: compare the ratios, not the times. cpu-tiny uses scale 4 (longest 5,120
-tokens; ~16 minutes on 2 cores): at scale 8 (2,560 tokens) a CP=4 zigzag rank's chunks are 47-320 tokens,
+tokens; 12-14 minutes on 2 cores): at scale 8 (2,560 tokens) a CP=4 zigzag rank's chunks are 47-320 tokens,
 small for the fused CPU kernel, and per-call overheads pulled the CP=4 ratio to 2.2-2.5x over four runs;
 at scale 4 the same code measured 3.14x (`results/cpu-2c/cpu-tiny/fig5/`, session 4).
 
