@@ -321,15 +321,8 @@ class BlockProposer(StaticProposerState):
     @torch.no_grad()
     def observe(self, next_tokens, taps, positions, valid) -> None:
         if self.static:
-            width = positions.shape[1]
-            cursor = self.cursor.set(self.next_col, width)
-            if self.next_col == 0:         # the prefill: its width is the prompt's, run it eagerly
-                self._observe_static(torch.cat(taps, dim=-1), positions, valid, cursor)
-            else:
-                sb = self.sb
-                self._graphs["observe"](sb.stage("taps", torch.cat(taps, dim=-1)), sb.stage("pos", positions),
-                                        sb.stage("valid", valid, fill=False), cursor)
-            self.next_col += width
+            self.observe_static(positions.shape[1], [("taps", torch.cat(taps, dim=-1), None),
+                                                     ("pos", positions, None), ("valid", valid, False)])
             return
         bb = self.draft.backbone
         ctx = bb.context(torch.cat(taps, dim=-1))

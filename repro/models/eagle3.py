@@ -364,8 +364,11 @@ class Eagle3Proposer(StaticProposerState):
 
     @torch.no_grad()
     def observe(self, next_tokens, taps, positions, valid) -> None:
-        if self.static:
-            return self._observe_staged(next_tokens, taps, positions, valid)
+        if self.static:    # the next propose's chain keys go to the columns the next observe overwrites
+            self.observe_static(next_tokens.shape[1], [("tok", next_tokens, None),
+                                                       ("taps", torch.cat(taps, dim=-1), None),
+                                                       ("pos", positions, None), ("valid", valid, False)])
+            return
         d = self.draft
         self.table.trim(self.trunk_len)                       # drop last round's chain keys
         self.kv.trim(self.trunk_len)
@@ -381,18 +384,6 @@ class Eagle3Proposer(StaticProposerState):
             self.kv.gather(order)
         self.trunk_len = self.table.length
         self.g_last, self.pos_last = self._last_live(out, positions, valid)
-
-    def _observe_staged(self, next_tokens, taps, positions, valid) -> None:
-        width = next_tokens.shape[1]
-        cursor = self.cursor.set(self.next_col, width)
-        if self.next_col == 0:             # the prefill: its width is the prompt's, run it eagerly
-            self._observe_static(next_tokens, torch.cat(taps, dim=-1), positions, valid, cursor)
-        else:
-            sb = self.sb
-            self._graphs["observe"](sb.stage("tok", next_tokens), sb.stage("taps", torch.cat(taps, dim=-1)),
-                                    sb.stage("pos", positions), sb.stage("valid", valid, fill=False), cursor)
-        self.next_col += width
-        # the chain keys of the next propose go to the columns the next observe overwrites (k-1 <= k+1)
 
     def _observe_static(self, tokens, taps, positions, valid, cursor) -> None:
         d = self.draft
@@ -435,26 +426,23 @@ class Eagle3Proposer(StaticProposerState):
             extra = () if noise is None else (self.sb.stage("noise", noise),)
             toks, q = self._graphs["propose"](cursor, *extra, greedy=bool(greedy), temperature=float(temperature))
             return self.sb.take(toks), self.sb.take(q)
+        return self._chain(noise, greedy, temperature, lambda e, g, pos, m: self._step(e, g, pos))
+
+    def _propose_static(self, cursor, *noise, greedy, temperature):
+        self.draft.rope.forget()
+        return self._chain(noise[0] if noise else None, greedy, temperature,
+                           lambda e, g, pos, m: self._static_step(e, g, pos, cursor + m))
+
+    def _chain(self, noise, greedy, temperature, step):
+        """k chain proposals from ``g_last``: sample, then ``step(e, g, positions, m)`` runs pass m+1 at the same
+        root (RoPE + m + 1) on the mode's caches."""
         toks, probs = [], []
         g = self.g_last
         for m in range(self.num_proposals):
             t, q = self._sample(g, greedy, temperature, None if noise is None else noise[:, m])
             toks.append(t)
             probs.append(q)
-            if m + 1 < self.num_proposals:                   # pass m+1 at the same root, RoPE + m + 1
-                e = self.draft.embed_tokens(t).to(g.dtype)[:, None]
-                g = self._step(e, g[:, None], (self.pos_last + m + 1)[:, None])[:, 0]
-        return torch.stack(toks, 1), (None if greedy else torch.stack(probs, 1))
-
-    def _propose_static(self, cursor, *noise, greedy, temperature):
-        self.draft.rope.forget()
-        toks, probs = [], []
-        g = self.g_last
-        for m in range(self.num_proposals):
-            t, q = self._sample(g, greedy, temperature, noise[0][:, m] if noise else None)
-            toks.append(t)
-            probs.append(q)
             if m + 1 < self.num_proposals:
                 e = self.draft.embed_tokens(t).to(g.dtype)[:, None]
-                g = self._static_step(e, g[:, None], (self.pos_last + m + 1)[:, None], cursor + m)[:, 0]
+                g = step(e, g[:, None], (self.pos_last + m + 1)[:, None], m)[:, 0]
         return torch.stack(toks, 1), (None if greedy else torch.stack(probs, 1))

@@ -189,6 +189,17 @@ class StaticProposerState:
         self.next_col = 0
         self.static = True
 
+    def observe_static(self, width: int, inputs: list[tuple[str, torch.Tensor, object]]) -> None:
+        """One ``observe`` on the static caches: ``inputs`` are ``(buffer name, tensor, fill)`` in the order of
+        ``_observe_static``'s arguments (then the cursor). The prefill (the request's first observe, as wide
+        as the prompt) runs eagerly; the per-verify-step ones (width k+1) replay the graph."""
+        cursor = self.cursor.set(self.next_col, width)
+        if self.next_col == 0:
+            self._observe_static(*(x for _, x, _ in inputs), cursor)
+        else:
+            self._graphs["observe"](*(self.sb.stage(name, x, fill=fill) for name, x, fill in inputs), cursor)
+        self.next_col += width
+
     def graph_status(self) -> dict:
         """Per graphed call: captures, replays, eager calls, and why capture failed (if it did)."""
         return {name: g.status() for name, g in self._graphs.items()}
