@@ -137,6 +137,12 @@ class JointUpdate:
                            update_time_s=time.perf_counter() - t0, draft_time_s=draft_time,
                            kl_ref=kl_ref / n_tok)
 
+    def _draft_loss(self, ids, mask, policy_logits, taps, gen) -> torch.Tensor:
+        """The draft's loss on rows ``ids`` given the policy's (detached) logits and taps of those rows."""
+        dbatch = DraftBatch(input_ids=ids, loss_mask=draft_loss_mask(mask), policy_logits=policy_logits,
+                            extras={"anchor_generator": gen})
+        return self.draft.draft_loss(self._features(taps), dbatch)
+
     def _defers_draft(self, policy_microbatch: int) -> bool:
         """Whether the draft runs after the policy's microbatches, over chunks of ``draft_spec.microbatch`` rows."""
         return self.draft is not None and self.draft_spec.microbatch > policy_microbatch
@@ -152,9 +158,7 @@ class JointUpdate:
         for s in range(0, B, rows):
             sl = slice(s, min(B, s + rows))
             with amp:
-                dbatch = DraftBatch(input_ids=ids[sl], loss_mask=draft_loss_mask(mask[sl]), policy_logits=logits[sl],
-                                    extras={"anchor_generator": gen})
-                dl = self.draft.draft_loss(self._features([t[sl] for t in taps]), dbatch)
+                dl = self._draft_loss(ids[sl], mask[sl], logits[sl], [t[sl] for t in taps], gen)
             frac = (sl.stop - sl.start) / B
             (lam * frac * dl).backward()
             d_loss += float(dl.detach()) * frac
@@ -180,9 +184,7 @@ class JointUpdate:
             kept.append((sl, [t.detach() for t in out.taps], out.logits.detach()))
             return loss, loss, logp, st, None
         td = time.perf_counter()
-        dbatch = DraftBatch(input_ids=ids[sl], loss_mask=draft_loss_mask(mask[sl]),
-                            policy_logits=out.logits.detach(), extras={"anchor_generator": gen})
-        dl = self.draft.draft_loss(self._features(out.taps), dbatch)
+        dl = self._draft_loss(ids[sl], mask[sl], out.logits.detach(), out.taps, gen)
         frac = (sl.stop - sl.start) / B
         return loss, loss + lam * frac * dl, logp, st, (time.perf_counter() - td, float(dl.detach()) * frac)
 
