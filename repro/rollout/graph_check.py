@@ -6,7 +6,7 @@ prompts with ``cuda_graphs="off"`` and ``"draft"``:
 
 * greedy: the two modes give identical tokens (and, reported, whether they equal plain greedy decoding);
 * sampling with one seed: identical tokens (the draft samples by one noise rule in both modes);
-* timing of the sampled generate per mode (synchronised; 1 warm-up, then ``--repeats`` raw samples) and
+* timing of the sampled generate per mode (repro.bench.common.time_samples: CUDA events on a GPU; 1 warm-up, then ``--repeats`` raw samples) and
   per verify step (generate time / verify forwards).
 
 In bf16 the two modes' draft attention sums over differently laid out caches, so a near-tie can round
@@ -24,12 +24,12 @@ Writes ``DIR/graph_check.json`` (provenance, config, samples, checks) atomically
 from __future__ import annotations
 
 import argparse
-import time
 import traceback
 from pathlib import Path
 
 import torch
 
+from repro.bench.common import time_samples
 from repro.report.provenance import provenance, write_json_atomic
 from repro.rl.config import DraftSpec, PolicySpec, load_run_profile
 from repro.rl.drafts import build_draft, make_proposer
@@ -39,17 +39,12 @@ from repro.rollout.engine import RolloutEngine
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed_generate(engine: RolloutEngine, prompts, **kw):
-    _sync(engine.policy.device)
-    t0 = time.perf_counter()
-    out = engine.generate(prompts, **kw)
-    _sync(engine.policy.device)
-    return out, time.perf_counter() - t0
+    """One ``generate`` timed by the project's timer (``repro.bench.common.time_samples``): (result, seconds)."""
+    out = []
+    (seconds,) = time_samples(lambda: out.append(engine.generate(prompts, **kw)), warmup=0, repeats=1,
+                              device=engine.policy.device)
+    return out[0], seconds
 
 
 def first_mismatch(a: list[list[int]], b: list[list[int]]) -> dict | None:
