@@ -6,8 +6,8 @@ prompts with ``cuda_graphs="off"`` and ``"draft"``:
 
 * greedy: the two modes give identical tokens (and, reported, whether they equal plain greedy decoding);
 * sampling with one seed: identical tokens (the draft samples by one noise rule in both modes);
-* timing of the sampled generate per mode (repro.bench.common.time_samples: CUDA events on a GPU; 1 warm-up, then ``--repeats`` raw samples) and
-  per verify step (generate time / verify forwards).
+* timing of the sampled generate per mode (repro.bench.common.time_samples: CUDA events on a GPU;
+  1 warm-up, then ``--repeats`` raw samples) and per verify step (generate time / verify forwards).
 
 In bf16 the two modes' draft attention sums over differently laid out caches, so a near-tie can round
 differently and change a proposal (and, through the verify pattern, the policy's rounding); the JSON then
