@@ -16,8 +16,8 @@ weights know):
   number that decides a launch-bound draft's cost;
 * the whole update (``JointUpdate.step``) as the trainer runs it; for a drafted row also interleaved with a
   no-draft update of the same policy in the same process (round k: the no-draft update, then the drafted
-  one), which gives the update overhead without the process-to-process speed differences that a
-  comparison of two rows' runs carries.
+  one, then with ``draft.cuda_graph`` the drafted one with its training step eager), which gives the update
+  overhead without the process-to-process speed differences that a comparison of two rows' runs carries.
 
 Writes ``<out>/step_breakdown.json`` (per row: the timings, raw samples, counts, top operators, plus
 provenance) and prints a summary.
@@ -200,20 +200,38 @@ def update_overhead_ab(tr: CoTrainer, batch, adv, cfg, repeats: int) -> dict:
     """The drafted update against a no-draft update of the same policy, interleaved in one process.
 
     Round k runs the no-draft update then the drafted one on the same rollout batch (both step the policy;
-    the timings are what is kept). Returns both time summaries, the per-round ratios and the overhead
-    ``median(drafted) / median(no draft) - 1``."""
+    the timings are what is kept); with a graphed draft training step (``draft.cuda_graph``) the round also
+    runs the drafted update with that step eager. Returns the time summaries, the per-round ratios and the
+    overheads ``median(drafted) / median(no draft) - 1``."""
     plain = JointUpdate(tr.policy, None, cfg.grpo, None, tr.reference, autocast_dtype=tr.update.autocast_dtype)
-    t_plain, t_draft = [], []
-    for k in range(repeats + 1):                  # round 0 warms the no-draft optimizer's state up
-        a = plain.step(batch, adv, anchor_seed=k, temperature=cfg.grpo.temperature).update_time_s
-        b = tr.update.step(batch, adv, anchor_seed=k, temperature=cfg.grpo.temperature).update_time_s
-        if k:
-            t_plain.append(a)
-            t_draft.append(b)
+    graphed = tr.update.draft_step
+
+    def drafted_eager(k):
+        tr.update.draft_step = None
+        try:
+            return tr.update.step(batch, adv, anchor_seed=k, temperature=cfg.grpo.temperature).update_time_s
+        finally:
+            tr.update.draft_step = graphed
+
+    runs = {"no_draft": lambda k: plain.step(batch, adv, anchor_seed=k, temperature=cfg.grpo.temperature).update_time_s,
+            "drafted": lambda k: tr.update.step(batch, adv, anchor_seed=k, temperature=cfg.grpo.temperature).update_time_s}
+    if graphed is not None:
+        runs["drafted_eager"] = drafted_eager
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for k in range(repeats + 1):                  # round 0 warms the optimizers' state (and captures) up
+        for name, run in runs.items():
+            t = run(k)
+            if k:
+                times[name].append(t)
     del plain
-    sp, sd = summarize(t_plain), summarize(t_draft)
-    return {"no_draft_s": sp, "drafted_s": sd, "ratios": [b / a for a, b in zip(t_plain, t_draft)],
-            "overhead_pct": 100 * (sd["median"] / sp["median"] - 1), "rounds": repeats}
+    sp, sd = summarize(times["no_draft"]), summarize(times["drafted"])
+    res = {"no_draft_s": sp, "drafted_s": sd, "ratios": [b / a for a, b in zip(times["no_draft"], times["drafted"])],
+           "overhead_pct": 100 * (sd["median"] / sp["median"] - 1), "rounds": repeats, "samples": times}
+    if graphed is not None:
+        se = summarize(times["drafted_eager"])
+        res.update(drafted_eager_s=se, overhead_eager_pct=100 * (se["median"] / sp["median"] - 1),
+                   draft_graph=graphed.status())
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
             ab = r["update_ab"]
             print(f"    update interleaved with a no-draft update ({ab['rounds']} rounds): "
                   f"{ab['drafted_s']['median']:.3f}s vs {ab['no_draft_s']['median']:.3f}s, overhead "
-                  f"{ab['overhead_pct']:.1f}%", flush=True)
+                  f"{ab['overhead_pct']:.1f}%" + (f"; draft step eager {ab['drafted_eager_s']['median']:.3f}s, "
+                                                  f"overhead {ab['overhead_eager_pct']:.1f}%; graph {ab['draft_graph']}"
+                                                  if "drafted_eager_s" in ab else ""), flush=True)
         with contextlib.suppress(Exception):
             torch.cuda.empty_cache()
         write_json_atomic(args.out / "step_breakdown.json", {**report, "provenance": provenance()})

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from kernels.attention import block_draft_attention, block_draft_plan, block_mask, dense_attention
+from kernels.attention.padded import padded_block_attention, padded_block_mask
 from repro.models.draft_layers import (
     DraftKV,
     RMSNorm,
@@ -39,7 +40,14 @@ from repro.rollout.kv import SlotTable
 from repro.rollout.sampling import proposal_noise
 from repro.rollout.static_kv import StateCache, StaticKV, StaticProposerState
 
-ATTN_IMPLS = ("kernels", "dense")
+# "padded": one masked SDPA over the right-padded rows (kernels.attention.padded; no host work, CUDA-graph safe);
+# "kernels": the packed ring route (block_draft_attention, the CP path's kernel at one rank); "dense": the oracle
+ATTN_IMPLS = ("padded", "kernels", "dense")
+
+
+def capturing() -> bool:
+    """Whether a CUDA graph is being recorded on the current stream (never on a CPU-only build)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 @dataclass
@@ -203,10 +211,13 @@ class BlockDraftBackbone(nn.Module):
         if anchors.shape != anchor_valid.shape or anchors.shape[0] != Bt:
             raise ValueError(f"anchors {tuple(anchors.shape)} and anchor_valid {tuple(anchor_valid.shape)} must "
                              f"both be [batch={Bt}, N]")
-        bad = anchor_valid & ((anchors < 0) | (anchors >= S))
-        if bad.any():
-            raise ValueError(f"anchors {anchors[bad][:4].tolist()} are outside the sequence [0, {S})")
+        if not capturing():                                    # reading anchors back is a host sync
+            bad = anchor_valid & ((anchors < 0) | (anchors >= S))
+            if bad.any():
+                raise ValueError(f"anchors {anchors[bad][:4].tolist()} are outside the sequence [0, {S})")
         N, Bs, dev = anchors.shape[1], self.cfg.block_size, input_ids.device
+        if attn_impl == "padded":
+            return self._forward_padded(input_ids, taps, anchors, anchor_valid)
         cu = row_cu_seqlens(Bt, S, dev) if attn_impl == "dense" else row_layout(Bt, S)
         ctx = batch_to_packed(self.context(taps))                              # [T, H]
         ctx_pos = torch.arange(S, device=dev).repeat(Bt)
@@ -216,6 +227,22 @@ class BlockDraftBackbone(nn.Module):
         h = self.embed(self.block_inputs(a_tok)).flatten(0, 1)                   # [Nb, Bs, H]
         pos = anchors.flatten()[:, None] + torch.arange(Bs, device=dev)          # [Nb, Bs]
         h = self._layers(h, pos, ctx, ctx_pos, glob, blk_valid, cu, None, attn_impl, backend)
+        return self.norm(h).view(Bt, N, Bs, -1)
+
+    def _forward_padded(self, input_ids, taps, anchors, anchor_valid):
+        """``forward_blocks`` with every row's blocks against its own context in one masked SDPA per layer."""
+        Bt, S = input_ids.shape
+        N, Bs, dev = anchors.shape[1], self.cfg.block_size, input_ids.device
+        ctx = self.context(taps)                                                 # [B, S, H]
+        ctx_pos = torch.arange(S, device=dev)
+        h = self.embed(self.block_inputs(input_ids.gather(1, anchors))).flatten(1, 2)   # [B, N*Bs, H]
+        pos = (anchors[..., None] + torch.arange(Bs, device=dev)).flatten(1)            # [B, N*Bs]
+        valid = anchor_valid.bool()
+        mask = padded_block_mask(anchors, valid, Bs, S)                          # shared by every layer
+        for layer in self.layers:
+            q, k, v = layer.block_qkv(h, pos, self.rope)
+            ck, cv = layer.kv(ctx, ctx_pos, self.rope)
+            h = layer.finish(h, padded_block_attention(q, k, v, ck, cv, anchors, valid, mask=mask))
         return self.norm(h).view(Bt, N, Bs, -1)
 
     def _layers(self, h, pos, ctx, ctx_pos, glob, blk_valid, cu, group, attn_impl, backend):

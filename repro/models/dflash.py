@@ -29,7 +29,7 @@ def gather_rows(x: torch.Tensor, idx: torch.Tensor, fill=0) -> torch.Tensor:
     flat = idx.clamp(0, S - 1).reshape(B, -1)
     if x.dim() == 2:
         out = x.gather(1, flat).view(idx.shape)
-        return torch.where(ok, out, torch.as_tensor(fill, dtype=x.dtype, device=x.device))
+        return out.masked_fill(~ok, fill)      # (no host scalar copied to the device: CUDA-graph safe)
     out = x.gather(1, flat[..., None].expand(-1, -1, x.shape[-1])).view(*idx.shape, x.shape[-1])
     return out.masked_fill(~ok[..., None], fill)
 
@@ -60,8 +60,13 @@ class DFlashDraft(TapSpecFromConfig, nn.Module):
         return self.loss(batch.input_ids, features.concat(self.tap_layers), batch.loss_mask, generator=gen,
                          backend=self.attn_backend, cp=cp)
 
+    def anchored_loss(self, input_ids, taps, policy_logits, loss_mask, anchors, anchor_valid) -> torch.Tensor:
+        """The loss at given anchors with no host work (repro.rl.draft_graph records it as a CUDA graph);
+        ``policy_logits`` is unused (the block drafts share this signature)."""
+        return self.loss(input_ids, taps, loss_mask, anchors=anchors, anchor_valid=anchor_valid, attn_impl="padded")
+
     def loss(self, input_ids, taps, loss_mask, *, anchors=None, anchor_valid=None, generator=None,
-             attn_impl: str = "kernels", backend: str = "auto", cp: PackedShard | None = None) -> torch.Tensor:
+             attn_impl: str = "padded", backend: str = "auto", cp: PackedShard | None = None) -> torch.Tensor:
         """Anchors are drawn from the whole batch's ``loss_mask`` (the same on every CP rank); with ``cp``
         only this rank's blocks run (``forward_blocks_cp``) and ``taps`` are its rows ``[T_local, F]``."""
         if anchors is None:

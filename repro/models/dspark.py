@@ -78,8 +78,13 @@ class DSparkDraft(TapSpecFromConfig, nn.Module):
         z = torch.cat([hidden, self.markov_in(prev).to(hidden.dtype)], dim=-1)
         return torch.sigmoid(self.confidence(z).squeeze(-1))
 
+    def anchored_loss(self, input_ids, taps, policy_logits, loss_mask, anchors, anchor_valid) -> torch.Tensor:
+        """The total loss at given anchors with no host work (repro.rl.draft_graph records it as a CUDA graph)."""
+        return self.loss(input_ids, taps, policy_logits, loss_mask, anchors=anchors, anchor_valid=anchor_valid,
+                         attn_impl="padded")[0]
+
     def loss(self, input_ids, taps, policy_logits, loss_mask, *, anchors=None, anchor_valid=None,
-             generator=None, attn_impl: str = "kernels", backend: str = "auto", cp: PackedShard | None = None):
+             generator=None, attn_impl: str = "padded", backend: str = "auto", cp: PackedShard | None = None):
         """Total loss and its parts ``{"ce", "tv", "conf", "tau"}`` (tau: expected acceptance length).
 
         With ``cp`` (this rank's ``PackedShard``) ``taps`` and ``policy_logits`` are this rank's rows, only
@@ -106,7 +111,9 @@ class DSparkDraft(TapSpecFromConfig, nn.Module):
         w = torch.exp(-s.to(acc) / self.cfg.decay_gamma) * mask
         denom = w.sum().clamp_min(torch.finfo(acc).tiny)
         total, parts, target_c = self._loss_terms(logits, labels, teacher, hidden, prev, w, denom, acc)
-        parts["tau"] = ((target_c * mask).cumprod(-1).sum(-1) + 1).masked_select(anchor_valid).mean().detach()
+        valid = anchor_valid.to(acc)            # a masked mean, not masked_select: no data-dependent shape
+        tau = ((target_c * mask).cumprod(-1).sum(-1) + 1) * valid
+        parts["tau"] = (tau.sum() / valid.sum().clamp_min(1)).detach()
         return total, parts
 
     def _loss_cp(self, input_ids, taps, policy_logits, loss_mask, anchors, anchor_valid, backend, cp: PackedShard):

@@ -110,6 +110,9 @@ class DraftSpec:
     # Larger: the microbatches' detached taps are kept and the draft runs after the policy's backward over
     # chunks of this many rows (fewer, larger draft calls: the draft's host cost per update falls).
     microbatch: int = 0
+    # The block drafts' deferred training step (loss + backward) replayed as a CUDA graph per batch shape
+    # (repro.rl.draft_graph); needs microbatch > grpo.microbatch. Eager on CPU.
+    cuda_graph: bool = False
 
     def validate(self, key: str = "draft") -> None:
         _check(self.family in DRAFT_FAMILIES, f"{key}.family", self.family, f"one of {DRAFT_FAMILIES}")
@@ -120,6 +123,9 @@ class DraftSpec:
                self.num_proposals, "an integer in [1, 32]")
         _check(isinstance(self.microbatch, int) and not isinstance(self.microbatch, bool) and self.microbatch >= 0,
                f"{key}.microbatch", self.microbatch, "an integer >= 0 (0: the policy's microbatch)")
+        _check(isinstance(self.cuda_graph, bool), f"{key}.cuda_graph", self.cuda_graph, "true or false")
+        _check(not self.cuda_graph or self.family in ("dflash", "dspark"), f"{key}.cuda_graph", self.cuda_graph,
+               f"false for family {self.family!r} (only the block drafts dflash and dspark graph their training step)")
         if self.checkpoint:
             self._validate_checkpoint(key)
 
@@ -270,6 +276,10 @@ class RunConfig:
             check_draft_spec(self.draft)
             _check(self.draft.microbatch == 0 or self.draft.microbatch >= self.grpo.microbatch, "draft.microbatch",
                    self.draft.microbatch, f"0 (the policy's microbatch) or >= grpo.microbatch={self.grpo.microbatch}")
+            _check(not self.draft.cuda_graph or self.draft.microbatch > self.grpo.microbatch, "draft.cuda_graph",
+                   self.draft.cuda_graph, f"false with draft.microbatch={self.draft.microbatch}: the graphed training "
+                   f"step is the deferred draft pass, which needs draft.microbatch > grpo.microbatch="
+                   f"{self.grpo.microbatch}")
             if self.draft.checkpoint:
                 _check(not self.warm_start, "warm_start", self.warm_start,
                        f"'' with draft checkpoint {self.draft.checkpoint!r} (the draft starts from its checkpoint; "
@@ -292,7 +302,7 @@ class RunConfig:
         for k in ("checkpoint", "path", "tokens"):   # likewise the checkpoint keys of random-init policies
             if not d["policy"][k]:
                 del d["policy"][k]
-        for k in ("checkpoint", "path", "microbatch"):   # and of randomly initialised drafts (microbatch 0:
+        for k in ("checkpoint", "path", "microbatch", "cuda_graph"):   # and of random-init drafts (microbatch 0:
             if d["draft"] is not None and not d["draft"][k]:   # the draft inside the policy's microbatches)
                 del d["draft"][k]
         return d

@@ -28,6 +28,7 @@ from torch import nn
 from repro.models.sdpa_choice import no_cudnn_sdpa
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.rl.config import DraftSpec, GRPOSpec
+from repro.rl.draft_graph import DraftTrainStep
 from repro.rl.drafts import trainable_parameters
 from repro.rl.episodes import RolloutBatch
 from repro.rl.grpo import clipped_policy_loss, token_logprobs, train_inference_kl
@@ -79,6 +80,8 @@ class JointUpdate:
         self.policy_params = [p for p in policy.parameters() if p.requires_grad]
         self.draft_params: list[nn.Parameter] = trainable_parameters(draft) if draft is not None else []
         self.optimizer = joint_optimizer(self.policy_params, self.draft_params, grpo, draft_spec)
+        self.draft_step = (DraftTrainStep(draft, cuda_graphs=True, autocast_dtype=autocast_dtype)
+                           if draft_spec is not None and draft_spec.cuda_graph else None)
 
     def _features(self, taps) -> TargetFeatures:
         spec = self.policy.tap_spec
@@ -157,10 +160,14 @@ class JointUpdate:
         rows, d_loss = self.draft_spec.microbatch, 0.0
         for s in range(0, B, rows):
             sl = slice(s, min(B, s + rows))
-            with amp:
-                dl = self._draft_loss(ids[sl], mask[sl], logits[sl], [t[sl] for t in taps], gen)
             frac = (sl.stop - sl.start) / B
-            (lam * frac * dl).backward()
+            if self.draft_step is not None:      # loss + backward as one CUDA graph (repro.rl.draft_graph)
+                fused = self._features([t[sl] for t in taps]).concat(self.draft.tap_layers)
+                dl = self.draft_step(ids[sl], draft_loss_mask(mask[sl]), logits[sl], fused, gen, weight=lam * frac)
+            else:
+                with amp:
+                    dl = self._draft_loss(ids[sl], mask[sl], logits[sl], [t[sl] for t in taps], gen)
+                (lam * frac * dl).backward()
             d_loss += float(dl.detach()) * frac
         return time.perf_counter() - td, d_loss
 

@@ -63,7 +63,8 @@ def test_loss_and_grads_match_fp64_dense_reference(policy64, family):
     anchors[0, 0], valid[0, 0] = 4, True                     # an anchor at the start of the response
     valid[1, -1] = False                                     # and a padded (invalid) block
     grads = {}
-    for impl in ("kernels", "dense"):
+    impls = ("kernels", "dense") if family == "eagle3" else ("kernels", "dense", "padded")
+    for impl in impls:
         d.zero_grad(set_to_none=True)
         loss = loss_of(family, d, feats, batch, anchors, valid, impl)
         loss.backward()
@@ -74,6 +75,12 @@ def test_loss_and_grads_match_fp64_dense_reference(policy64, family):
     assert gk.keys() == gd.keys() and len(gk) > 5
     for n in gk:
         torch.testing.assert_close(gk[n], gd[n], rtol=0, atol=1e-10, msg=n)
+    if "padded" in grads:                                    # the one-SDPA route of right-padded RL batches
+        lp, gp = grads["padded"]
+        torch.testing.assert_close(lp, ld, rtol=0, atol=1e-10)
+        assert gp.keys() == gd.keys()
+        for n in gp:
+            torch.testing.assert_close(gp[n], gd[n], rtol=0, atol=1e-10, msg=n)
 
 
 @pytest.mark.timeout(60)

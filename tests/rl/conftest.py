@@ -1,8 +1,6 @@
 """Shared fixtures of the repro.rl tests: a small trained tokenizer and tiny run configs (CPU, fp32)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -19,9 +17,9 @@ DRAFTS = {
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
+def _one_thread(monkeypatch):
     torch.set_num_threads(1)
-    os.environ["WANDB_MODE"] = "disabled"
+    monkeypatch.setenv("WANDB_MODE", "disabled")     # scoped: later tests (tests/report) run wandb offline
 
 
 @pytest.fixture(scope="session")
