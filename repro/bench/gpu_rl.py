@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default="", help="comma-separated keys of rl.policies whose rows run (default all)")
     ap.add_argument("--rows", default="", help="comma-separated rows of the artifact to run (default all of --policies); "
                     "a drafted row brings its baseline row along")
+    ap.add_argument("--seed-replicas-only", action="store_true",
+                    help="run only the baselines' seed replicas (baseline_seeds) of the chosen rows, e.g. to add a seed "
+                         "band to a figure whose main rows ran in an earlier call")
     args = ap.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
     t0 = time.perf_counter()
@@ -104,8 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     # a figure's baseline seed replicas (the main runs use seed 0, as the workflow's default seed)
     seeds = [int(k) for k in dict.fromkeys(prof[art].get("baseline_seeds") or []) if int(k) != 0]
     bases = sorted({rows[r]["baseline"] for r in order if rows[r].get("baseline")})
-    jobs = [(r, 0, run_dir_name(r)) for r in order] + [(b, k, seed_run_name(run_dir_name(b), k))
-                                                      for k in seeds for b in bases]
+    if args.seed_replicas_only:
+        bases = sorted({rows[r]["baseline"] if rows[r].get("baseline") else r for r in order})
+    jobs = [] if args.seed_replicas_only else [(r, 0, run_dir_name(r)) for r in order]
+    jobs += [(b, k, seed_run_name(run_dir_name(b), k)) for k in seeds for b in bases]
+    if not jobs:
+        raise SystemExit(f"nothing to run: {art} has no baseline_seeds in profile {args.profile!r}"
+                         if args.seed_replicas_only else f"nothing to run: no rows of {art} chosen")
     report: dict = {"profile": args.profile, "artifact": art, "workload": workload, "rows": {},
                     "skipped": [r for r in rows if r not in order],
                     "sft": {}, "errors": {}, "overrides": {"steps": args.steps, "sft_steps": args.sft_steps}}
