@@ -16,8 +16,9 @@ step once per shape and replays it, so its cost becomes its kernels:
 Only the deferred draft pass uses it (``draft.microbatch`` > the policy's microbatch, repro.rl.joint):
 there the draft's inputs are detached taps and logits, so its graph owns its whole backward.
 
-    step = DraftTrainStep(draft, cuda_graphs=True, autocast_dtype=torch.bfloat16)
-    loss = step(ids, draft_mask, policy_logits, fused_taps, generator, weight=lam * rows / batch)   # grads added
+    step = DraftTrainStep(draft, cuda_graphs=True)
+    loss = step(ids, draft_mask, policy_logits, fused_taps, generator, weight=lam * rows / batch,
+                autocast_dtype=torch.bfloat16)                                       # grads added to p.grad
 
 GPU check (loss and gradients of the graphed step vs the eager one, and the time of each; JSON):
 
@@ -46,24 +47,24 @@ def _pad_rows(x: torch.Tensor, length: int) -> torch.Tensor:
 class DraftTrainStep:
     """A block draft's loss + backward (graphed on CUDA); see the module docstring."""
 
-    def __init__(self, draft: nn.Module, *, cuda_graphs: bool, autocast_dtype: torch.dtype | None = None,
-                 seq_bucket: int = 64):
+    def __init__(self, draft: nn.Module, *, cuda_graphs: bool, seq_bucket: int = 64):
         if not hasattr(draft, "anchored_loss"):
             raise ValueError(f"{type(draft).__name__} has no anchored_loss: only the block drafts (DFlash, DSpark) "
                              "run their training step as a CUDA graph")
         if seq_bucket < 1:
             raise ValueError(f"seq_bucket must be >= 1 token, got {seq_bucket}")
-        self.draft, self.autocast_dtype, self.seq_bucket = draft, autocast_dtype, seq_bucket
+        self.draft, self.seq_bucket = draft, seq_bucket
         self.params = [p for p in draft.parameters() if p.requires_grad]
         self.graph = GraphedCallable(self._loss_and_grads, f"{type(draft).__name__}.train_step", enabled=cuda_graphs)
 
     def status(self) -> dict:
         return self.graph.status()
 
-    def _loss_and_grads(self, ids, loss_mask, policy_logits, anchors, anchor_valid, taps):
+    def _loss_and_grads(self, ids, loss_mask, policy_logits, anchors, anchor_valid, taps, *, autocast: str):
         self.draft.backbone.rope.forget()        # no cos/sin memo across calls (a replay must recompute them)
-        amp = (torch.autocast(ids.device.type, dtype=self.autocast_dtype, cache_enabled=False)
-               if self.autocast_dtype is not None else contextlib.nullcontext())
+        # the autocast dtype is a setting of the call, so each dtype gets its own graph
+        amp = (torch.autocast(ids.device.type, dtype=getattr(torch, autocast), cache_enabled=False)
+               if autocast else contextlib.nullcontext())
         with torch.enable_grad():
             with amp:
                 loss = self.draft.anchored_loss(ids, taps, policy_logits, loss_mask, anchors, anchor_valid)
@@ -71,7 +72,8 @@ class DraftTrainStep:
         return (loss.detach(), *grads)
 
     def __call__(self, ids: torch.Tensor, loss_mask: torch.Tensor, policy_logits: torch.Tensor,
-                 taps: torch.Tensor, generator: torch.Generator | None, *, weight: float) -> torch.Tensor:
+                 taps: torch.Tensor, generator: torch.Generator | None, *, weight: float,
+                 autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
         """The draft's loss over rows ``ids [B, S]`` (a new tensor); ``weight * grad`` is added to the
         draft's ``.grad``. ``taps [B, S, F]`` are the draft's fused taps (``TargetFeatures.concat``),
         ``loss_mask`` its prediction mask (repro.rl.joint.draft_loss_mask)."""
@@ -79,7 +81,8 @@ class DraftTrainStep:
         S = ids.shape[1]
         length = -(-S // self.seq_bucket) * self.seq_bucket
         out = self.graph(_pad_rows(ids, length), _pad_rows(loss_mask, length), _pad_rows(policy_logits, length),
-                         anchors, valid, _pad_rows(taps, length))
+                         anchors, valid, _pad_rows(taps, length),
+                         autocast=str(autocast_dtype).removeprefix("torch.") if autocast_dtype is not None else "")
         loss, grads = out[0].clone(), out[1:]
         with torch.no_grad():
             for p, g in zip(self.params, grads):
@@ -106,8 +109,7 @@ def check_family(name: str, spec, policy, rows: int, lengths: list[int], prompt_
     from repro.rl.joint import draft_loss_mask
     dev = policy.device
     draft = build_draft(spec, policy, mask_token_id=policy.vocab_size - 1, train=True).to(dev)
-    steps = {m: DraftTrainStep(draft, cuda_graphs=m == "graphed", autocast_dtype=autocast_dtype)
-             for m in ("eager", "graphed")}
+    steps = {m: DraftTrainStep(draft, cuda_graphs=m == "graphed") for m in ("eager", "graphed")}
     out: dict = {"lengths": {}}
     g = torch.Generator().manual_seed(0)
     for S in lengths:
@@ -122,7 +124,8 @@ def check_family(name: str, spec, policy, rows: int, lengths: list[int], prompt_
         for mode, step in steps.items():
             def one(step=step):
                 draft.zero_grad(set_to_none=True)
-                return step(ids, mask, logits, taps, torch.Generator().manual_seed(S), weight=1.0)
+                return step(ids, mask, logits, taps, torch.Generator().manual_seed(S), weight=1.0,
+                            autocast_dtype=autocast_dtype)
             loss = one()
             grads = [p.grad.clone() for p in step.params if p.grad is not None]
             secs = time_samples(one, warmup=2, repeats=repeats, device=dev)

@@ -9,6 +9,9 @@ one AdamW, each with its own learning rate and its own gradient-norm clipping (N
 embedding/head are all stop-gradient, the draft loss never reaches the policy: with lambda = 0 the
 policy's update is bit-identical to the no-draft baseline's (tests/rl/test_joint.py).
 
+With ``draft.cuda_graph`` (block drafts, deferred pass) the draft's loss and backward replay as a CUDA graph
+(``repro.rl.draft_graph``); the policy's side is unchanged.
+
 ``autocast_dtype`` (e.g. bfloat16 on a GPU) runs the forward passes under ``torch.autocast``: bf16
 compute on fp32 master weights, as Megatron-based trainers do; None (the default, and every CPU
 profile) computes in the parameters' dtype.
@@ -80,7 +83,7 @@ class JointUpdate:
         self.policy_params = [p for p in policy.parameters() if p.requires_grad]
         self.draft_params: list[nn.Parameter] = trainable_parameters(draft) if draft is not None else []
         self.optimizer = joint_optimizer(self.policy_params, self.draft_params, grpo, draft_spec)
-        self.draft_step = (DraftTrainStep(draft, cuda_graphs=True, autocast_dtype=autocast_dtype)
+        self.draft_step = (DraftTrainStep(draft, cuda_graphs=True)
                            if draft_spec is not None and draft_spec.cuda_graph else None)
 
     def _features(self, taps) -> TargetFeatures:
@@ -163,7 +166,8 @@ class JointUpdate:
             frac = (sl.stop - sl.start) / B
             if self.draft_step is not None:      # loss + backward as one CUDA graph (repro.rl.draft_graph)
                 fused = self._features([t[sl] for t in taps]).concat(self.draft.tap_layers)
-                dl = self.draft_step(ids[sl], draft_loss_mask(mask[sl]), logits[sl], fused, gen, weight=lam * frac)
+                dl = self.draft_step(ids[sl], draft_loss_mask(mask[sl]), logits[sl], fused, gen, weight=lam * frac,
+                                     autocast_dtype=self.autocast_dtype)
             else:
                 with amp:
                     dl = self._draft_loss(ids[sl], mask[sl], logits[sl], [t[sl] for t in taps], gen)
