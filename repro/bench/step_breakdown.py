@@ -223,7 +223,6 @@ def update_overhead_ab(tr: CoTrainer, batch, adv, cfg, repeats: int) -> dict:
             t = run(k)
             if k:
                 times[name].append(t)
-    del plain
     sp, sd = summarize(times["no_draft"]), summarize(times["drafted"])
     res = {"no_draft_s": sp, "drafted_s": sd, "ratios": [b / a for a, b in zip(times["no_draft"], times["drafted"])],
            "overhead_pct": 100 * (sd["median"] / sp["median"] - 1), "rounds": repeats, "samples": times}

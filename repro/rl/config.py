@@ -233,6 +233,9 @@ class RunConfig:
     ckpt_every: int = 0                # 0: checkpoint only at the end
     rollout_backend: str = "suite"     # "vllm": rollouts decoded by vLLM (own venv; README "vLLM backend")
     cuda_graphs: str = "off"           # suite engine: "draft" replays the draft's propose/observe as CUDA graphs
+    # 0: Python's automatic garbage collector; N > 0: automatic collection off while training and one full
+    # collection every N steps inside the step's time (Megatron-LM's --manual-gc; repro.rl.trainer)
+    manual_gc_interval: int = 0
 
     def validate(self) -> "RunConfig":
         _check(self.artifact in ARTIFACTS, "artifact", self.artifact, f"one of {ARTIFACTS}")
@@ -250,6 +253,9 @@ class RunConfig:
                f"one of {ROLLOUT_BACKENDS}")
         _check(self.cuda_graphs in CUDA_GRAPH_MODES, "cuda_graphs", self.cuda_graphs,
                f"one of {CUDA_GRAPH_MODES} (rl.rollout.cuda_graphs)")
+        _check(isinstance(self.manual_gc_interval, int) and not isinstance(self.manual_gc_interval, bool)
+               and self.manual_gc_interval >= 0, "manual_gc_interval", self.manual_gc_interval,
+               "an integer >= 0 (0: Python's automatic garbage collection; rl.manual_gc_interval)")
         if self.rollout_backend == "vllm" and self.draft is not None:
             _check(self.draft.family in ("eagle3", "dflash"), "rollout_backend", self.rollout_backend,
                    f"'suite' for draft family {self.draft.family!r} (the vLLM backend exports EAGLE-3 and DFlash "
@@ -299,6 +305,8 @@ class RunConfig:
             del d["rollout_backend"]             # before the option existed stay equal to today's
         if d["cuda_graphs"] == "off":
             del d["cuda_graphs"]
+        if not d["manual_gc_interval"]:
+            del d["manual_gc_interval"]
         for k in ("checkpoint", "path", "tokens"):   # likewise the checkpoint keys of random-init policies
             if not d["policy"][k]:
                 del d["policy"][k]
@@ -436,7 +444,8 @@ def run_config_from_profile(profile: Mapping[str, Any], artifact: str, row: str,
                     grpo=GRPOSpec(**grpo), workload=WorkloadSpec(**workload), sft=SFTSpec(**rl.get("sft", {})),
                     vocab_size=vocab_size, warm_start=warm_start,
                     ckpt_every=int(section.get("ckpt_every", rl.get("ckpt_every", 0))), rollout_backend=backend,
-                    cuda_graphs=rollout.get("cuda_graphs", "off"))
+                    cuda_graphs=rollout.get("cuda_graphs", "off"),
+                    manual_gc_interval=section.get("manual_gc_interval", rl.get("manual_gc_interval", 0)))
     return cfg.validate()
 
 

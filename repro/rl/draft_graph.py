@@ -122,10 +122,9 @@ def check_family(name: str, spec, policy, rows: int, lengths: list[int], prompt_
         logits, mask = fwd.logits.detach(), draft_loss_mask(token_mask)
         res: dict = {}
         for mode, step in steps.items():
-            def one(step=step):
+            def one(step=step, args=(ids, mask, logits, taps), seed=S):
                 draft.zero_grad(set_to_none=True)
-                return step(ids, mask, logits, taps, torch.Generator().manual_seed(S), weight=1.0,
-                            autocast_dtype=autocast_dtype)
+                return step(*args, torch.Generator().manual_seed(seed), weight=1.0, autocast_dtype=autocast_dtype)
             loss = one()
             grads = [p.grad.clone() for p in step.params if p.grad is not None]
             secs = time_samples(one, warmup=2, repeats=repeats, device=dev)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -188,13 +189,29 @@ class CoTrainer:
                                  temperature=self.cfg.grpo.temperature)
         c2 = time.process_time()
         push_s, _ = self.push()
+        gc_s = self._manual_gc(step)
         step_time = time.perf_counter() - t0
         # CPU seconds of this process (plus the tools' latency, which is wall time by design): on a
         # shared CPU machine these are not inflated by other processes, unlike the wall times
         m = step_metrics(self.cfg, batch, stats, push_s=push_s, step_time=step_time,
                          rollout_cpu=(c1 - c0) + batch.tool_time_s, update_cpu=c2 - c1,
                          step_cpu=(time.process_time() - c0) + batch.tool_time_s)
+        if self.cfg.manual_gc_interval:
+            m["train/gc_s"] = gc_s
         return m, batch, stats
+
+    def _manual_gc(self, step: int) -> float:
+        """With ``manual_gc_interval`` N: Python's automatic collector off while training (``run`` turns it back
+        on), one full collection after every N-th step, timed inside the step; returns its seconds."""
+        n = self.cfg.manual_gc_interval
+        if not n:
+            return 0.0
+        gc.disable()
+        if (step + 1) % n:
+            return 0.0
+        t = time.perf_counter()
+        gc.collect()
+        return time.perf_counter() - t
 
     # -- checkpoints -------------------------------------------------------------------------------------
     @functools.cached_property
@@ -223,6 +240,13 @@ class CoTrainer:
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self, logger, *, on_step: Callable[[int, dict], None] | None = None) -> list[dict[str, float]]:
+        try:
+            return self._run(logger, on_step)
+        finally:
+            if self.cfg.manual_gc_interval:
+                gc.enable()
+
+    def _run(self, logger, on_step) -> list[dict[str, float]]:
         cfg, rows = self.cfg, []
         for step in range(self.start_step, cfg.steps):
             m, _, _ = self.train_step(step)
