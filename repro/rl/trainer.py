@@ -39,6 +39,7 @@ from repro.rl.tasks.math import MathTaskSet
 from repro.rl.tasks.workplace import WorkplaceTaskSet
 from repro.rl.tokenizer import WorkloadTokenizer
 from repro.rl.warmstart import DTYPES, load_draft_weights, make_policy
+from repro.rollout.cuda_graph import GraphedCallable
 from repro.rollout.engine import RolloutEngine
 
 # metric names of the per-step rows (prefix "train/" or "val/": the tables' summary names stay free);
@@ -198,6 +199,8 @@ class CoTrainer:
                          step_cpu=(time.process_time() - c0) + batch.tool_time_s)
         if self.cfg.manual_gc_interval:
             m["train/gc_s"] = gc_s
+        if self.cfg.cuda_graphs != "off" or (self.cfg.draft is not None and self.cfg.draft.cuda_graph):
+            m["train/graph_captures"] = GraphedCallable.total_captures     # running count in this process
         return m, batch, stats
 
     def _manual_gc(self, step: int) -> float:

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 
 class GraphedCallable:
+    total_captures = 0       # every capture in this process (each one empties torch's CUDA cache: see _capture)
+
     def __init__(self, fn: Callable[..., Any], name: str, *, enabled: bool = True, warmup: int = 2,
                  persistent_inputs: bool = False):
         if warmup < 1:
@@ -78,6 +80,7 @@ class GraphedCallable:
                 return self.fn(*inputs, **settings)
             self._graphs[k] = entry
             self.captures += 1
+            GraphedCallable.total_captures += 1
         graph, static_in, static_out = entry
         for s, x in zip(static_in, inputs):
             if s is not x:
@@ -87,6 +90,8 @@ class GraphedCallable:
         return static_out
 
     def _capture(self, inputs: tuple[torch.Tensor, ...], settings: dict[str, Hashable]):
+        # torch.cuda.graph() synchronises and empties the caching allocator before recording, so the eager work
+        # after a capture allocates its memory afresh: trainers log the running count (train/graph_captures)
         static_in = list(inputs) if self.persistent_inputs else [x.clone() for x in inputs]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())

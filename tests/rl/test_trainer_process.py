@@ -1,7 +1,8 @@
-"""rl.manual_gc_interval (Megatron-LM's --manual-gc): Python's automatic collector off while training, one timed
-full collection after every N-th step, the collector back on after the run.
+"""Process-level step metrics of the trainer: rl.manual_gc_interval (Megatron-LM's --manual-gc: Python's automatic
+collector off while training, one timed full collection after every N-th step, the collector back on after the
+run) and the running CUDA-graph capture count.
 
-    .venv/bin/python -m pytest -q tests/rl/test_manual_gc.py
+    .venv/bin/python -m pytest -q tests/rl/test_trainer_process.py
 """
 import gc
 
@@ -31,3 +32,15 @@ def test_manual_gc_collects_every_n_steps_inside_the_step(tmp_path, tok):
     assert all(r["train/gc_s"] < r["train/step_time_s"] for r in rows)
     with pytest.raises(ConfigError, match="manual_gc_interval"):
         tiny_config(tmp_path / "bad", manual_gc_interval=-1).validate()
+
+
+@pytest.mark.timeout(120)
+def test_graph_capture_count_is_logged_with_graphs_on(tmp_path, tok):
+    """With draft graphs configured the step logs the process's running capture count (0 on CPU: eager)."""
+    import dataclasses
+    cfg = tiny_config(tmp_path / "g", draft="dflash", steps=1)
+    cfg.draft = dataclasses.replace(cfg.draft, microbatch=4, cuda_graph=True)
+    m, _, _ = CoTrainer(cfg.validate(), tok).train_step(0)
+    assert m["train/graph_captures"] == 0
+    m, _, _ = CoTrainer(tiny_config(tmp_path / "n", draft="dflash", steps=1), tok).train_step(0)
+    assert "train/graph_captures" not in m
