@@ -1,8 +1,9 @@
 """The block draft's training step (loss forward and backward) as one CUDA graph per batch shape.
 
-At one-GPU RL scale the block drafts' training step is host-bound: ~1,400 operator launches for ~14 ms
-of kernels per 32 rows (results/1xh200/h200/step_breakdown/session4/). ``DraftTrainStep`` records the
-step once per shape and replays it, so its cost becomes its kernels:
+At one-GPU RL scale the block drafts' training step is host-bound (on the H200, per 32 rows: ~1,400 operator
+launches for ~14 ms of kernels on the ring route; 627-746 operators for 5.6-6.0 ms on the padded route it uses now;
+results/1xh200/h200/SESSION5.md). ``DraftTrainStep`` records the step once per shape and replays it, so its cost
+becomes its kernels (measured: 11-12 ms per 64-row call graphed, 13-16 ms eager):
 
 1. anchors are drawn on the host as in the eager loss (``sample_anchors``: same generator, same draw);
 2. rows are right-padded to a multiple of ``seq_bucket`` tokens (few shapes over a run, so few captures;
