@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -45,10 +46,11 @@ from repro.report.profiles import load_profile
 from repro.report.provenance import provenance, write_json_atomic
 from repro.rl.config import run_config_from_profile
 from repro.rl.grpo import group_advantages
-from repro.rl.joint import JointUpdate, draft_loss_mask
+from repro.rl.joint import draft_loss_mask
 from repro.rl.summary import run_dir_name
 from repro.rl.tokenizer import build_workload_tokenizer
 from repro.rl.trainer import CoTrainer
+from repro.rl.update_ab import interleaved_update_ab
 
 
 class PhaseTimer:
@@ -197,39 +199,25 @@ def breakdown_row(prof_cfg: dict, row: str, out: Path, warmup: int, repeats: int
 
 
 def update_overhead_ab(tr: CoTrainer, batch, adv, cfg, repeats: int) -> dict:
-    """The drafted update against a no-draft update of the same policy, interleaved in one process.
-
-    Round k runs the no-draft update then the drafted one on the same rollout batch (both step the policy;
-    the timings are what is kept); with a graphed draft training step (``draft.cuda_graph``) the round also
-    runs the drafted update with that step eager. Returns the time summaries, the per-round ratios and the
-    overheads ``median(drafted) / median(no draft) - 1``."""
-    plain = JointUpdate(tr.policy, None, cfg.grpo, None, tr.reference, autocast_dtype=tr.update.autocast_dtype)
+    """The drafted update against a no-draft update of the same policy, interleaved in one process
+    (``repro.rl.update_ab``); with a graphed draft training step (``draft.cuda_graph``) each round also runs
+    the drafted update with that step eager (``drafted_eager_s``, ``overhead_eager_pct``).
+    ``overhead_pct`` is from the median per-round ratio (session 5's committed files: from the medians,
+    now ``overhead_of_medians_pct``)."""
     graphed = tr.update.draft_step
-
-    def drafted_eager(k):
-        tr.update.draft_step = None
-        try:
-            return tr.update.step(batch, adv, anchor_seed=k, temperature=cfg.grpo.temperature).update_time_s
-        finally:
-            tr.update.draft_step = graphed
-
-    runs = {"no_draft": lambda k: plain.step(batch, adv, anchor_seed=k, temperature=cfg.grpo.temperature).update_time_s,
-            "drafted": lambda k: tr.update.step(batch, adv, anchor_seed=k, temperature=cfg.grpo.temperature).update_time_s}
+    variants = {}
     if graphed is not None:
-        runs["drafted_eager"] = drafted_eager
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for k in range(repeats + 1):                  # round 0 warms the optimizers' state (and captures) up
-        for name, run in runs.items():
-            t = run(k)
-            if k:
-                times[name].append(t)
-    sp, sd = summarize(times["no_draft"]), summarize(times["drafted"])
-    res = {"no_draft_s": sp, "drafted_s": sd, "ratios": [b / a for a, b in zip(times["no_draft"], times["drafted"])],
-           "overhead_pct": 100 * (sd["median"] / sp["median"] - 1), "rounds": repeats, "samples": times}
+        def drafted_eager(k):
+            tr.update.draft_step = None
+            try:
+                return tr.update.step(batch, adv, anchor_seed=k, temperature=cfg.grpo.temperature).update_time_s
+            finally:
+                tr.update.draft_step = graphed
+        variants["drafted_eager"] = drafted_eager
+    res = interleaved_update_ab(tr, batch, adv, repeats, variants=variants)
     if graphed is not None:
-        se = summarize(times["drafted_eager"])
-        res.update(drafted_eager_s=se, overhead_eager_pct=100 * (se["median"] / sp["median"] - 1),
-                   draft_graph=graphed.status())
+        eager = [e / a for a, e in zip(res["samples"]["no_draft"], res["samples"]["drafted_eager"])]
+        res.update(overhead_eager_pct=100 * (statistics.median(eager) - 1), draft_graph=graphed.status())
     return res
 
 

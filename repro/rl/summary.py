@@ -16,6 +16,9 @@ the paper's "mean of the first 10 updates" after that):
   100 * (update time with the draft / without - 1); ``tap_wait_s``: mean TapChannel wait per update
   (runs whose artifact section has ``pp_probe``: after training, a few joint updates split into
   pipeline stages with TapChannel, ``repro.rl.pp.probe_tap_wait``; wall seconds, on any basis).
+* ``update_overhead_ab_pct`` (runs whose artifact section has ``ab_probe``): the same overhead measured inside
+  the drafted run's process after training, 100 * (median over rounds of drafted / no-draft update - 1) with
+  the two updates interleaved (repro.rl.update_ab); wall seconds.
 * ``train_inference_kl``: mean over steps; Figure 3/4's ``all`` row gives the largest run mean.
 * ``acceptance_length_final``: mean over the last three steps; ``rollout_share_of_step_pct``:
   100 * rollout time / step time of the no-draft run.
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -114,11 +118,12 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
     """
     if basis not in BASES:
         raise ValueError(f"basis {basis!r} is not one of {sorted(BASES)}")
-    steps, probes = {}, {}
+    steps, probes, ab_rows = {}, {}, {}
     for row in rows:
         everything = read_steps(runs / run_dir_name(row))
         probes[row] = [x for x in everything if "pp/tap_wait_s" in x]         # PP probe rows, after training
-        s = [x for x in everything if "pp/tap_wait_s" not in x][skip_steps:]
+        ab_rows[row] = [x for x in everything if "ab/update_drafted_s" in x]   # A/B probe rows, after training
+        s = [x for x in everything if "pp/tap_wait_s" not in x and "ab/update_drafted_s" not in x][skip_steps:]
         if artifact == "table2":
             s = s[:TABLE2_STEPS]
         if not s:
@@ -142,6 +147,10 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
         elif probes[row]:
             m["tap_wait_s"] = _mean(_col(probes[row], "pp/tap_wait_s"))
             m["pp_update_time_s"] = _mean(_col(probes[row], "pp/update_time_s"))
+        if ab_rows[row]:
+            ratios = [b / a for a, b in zip(_col(ab_rows[row], "ab/update_no_draft_s"),
+                                            _col(ab_rows[row], "ab/update_drafted_s"))]
+            m["update_overhead_ab_pct"] = 100.0 * (statistics.median(ratios) - 1)
         if spec.get("draft"):
             al = _col(s, "train/acceptance_length")
             m["acceptance_length"] = _mean(al)
