@@ -98,6 +98,7 @@ def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: s
             ax.fill_between(b["step"], b["lo"], b["hi"], color=styles.get(base, {}).get("color", "0.5"),
                             alpha=0.2, linewidth=0, label=f"{base}: {b['runs'].iloc[0]}-seed band "
                                                           f"(mean +- {seed_spread.K_SD:g} sd)")
+        lowest = float("inf")                      # smallest value drawn (the KL panel's log axis starts below it)
         for row in ROWS:
             d = curves[(curves["row"] == row) & (curves["metric"] == metric)].sort_values(["run", "step"])
             d = d.groupby("step", as_index=False).last()
@@ -106,6 +107,7 @@ def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: s
                 if window > 1:
                     y = seed_spread.smooth(pd.Series(y.to_numpy(), index=d["step"]), window).to_numpy()
                 ax.plot(d["step"], y, marker=".", markersize=3, label=row, **styles[row])
+                lowest = min(lowest, float(pd.Series(y).min()))
         pm = PAPER_ON_PANEL.get(metric)
         if pm:
             for v, phw in _paper_range(paper, pm):
@@ -118,7 +120,7 @@ def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: s
         ax.set_ylabel(ylabel)
         if metric == "train/train_inference_kl":
             ax.set_yscale("log")
-            ax.set_ylim(bottom=KL_FLOOR / 2)
+            ax.set_ylim(bottom=max(KL_FLOOR / 2, lowest / 10) if lowest < float("inf") else KL_FLOOR / 2)
     handles, labels = [], []
     for ax in axes.flat:
         for h, l in zip(*ax.get_legend_handles_labels()):
