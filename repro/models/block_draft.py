@@ -35,10 +35,9 @@ from repro.models.draft_layers import (
 )
 from repro.models.taps import TapSpec
 from repro.parallel.cp_batch import PackedShard
-from repro.rollout.cuda_graph import GraphedCallable
 from repro.rollout.kv import SlotTable
 from repro.rollout.sampling import proposal_noise
-from repro.rollout.static_kv import StateCache, StaticKV, StaticProposerState
+from repro.rollout.static_kv import StaticKV, StaticProposerState
 
 # "padded": one masked SDPA over the right-padded rows (kernels.attention.padded; no host work, CUDA-graph safe);
 # "kernels": the packed ring route (block_draft_attention, the CP path's kernel at one rank); "dense": the oracle
@@ -311,19 +310,10 @@ class BlockProposer(StaticProposerState):
     caches) or ``prepare(batch, max_slots, cuda_graphs=...)`` (static ``[B, G, S_max, D]`` caches; the
     per-verify-step ``observe`` and ``propose`` run as CUDA graphs on a GPU)."""
 
-    needs_taps = True
-    compact_min_waste = 64        # squeeze dead cache slots out once this many columns would go
-
     def __init__(self, draft):
         self.draft = draft
         self.num_proposals = draft.num_proposals
-        self.static = False
-        self._states = StateCache()
-        self._graphs: dict[str, GraphedCallable] = {}
-
-    @property
-    def tap_spec(self) -> TapSpec:
-        return self.draft.tap_spec
+        self.init_static_state()
 
     def reset(self, batch: int) -> None:
         self.static = False

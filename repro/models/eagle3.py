@@ -44,10 +44,9 @@ from repro.models.draft_layers import (
 from repro.models.taps import TapSpec, TapSpecFromConfig
 from repro.models.vocab import check_vocab_maps, draft_to_target_ids, full_draft_vocab
 from repro.parallel.cp_batch import PackedShard
-from repro.rollout.cuda_graph import GraphedCallable
 from repro.rollout.kv import SlotTable
 from repro.rollout.sampling import probs_from_logits, proposal_noise, sample_with_noise
-from repro.rollout.static_kv import StateCache, StaticKV, StaticProposerState
+from repro.rollout.static_kv import StaticKV, StaticProposerState
 
 ATTN_IMPLS = ("kernels", "dense")
 
@@ -299,22 +298,13 @@ class Eagle3Proposer(StaticProposerState):
     whose per-verify-step ``observe`` and ``propose`` have static shapes and run as CUDA graphs on a GPU
     (``repro.rollout.cuda_graph``). Both sample with ``sample_with_noise`` from the same generator draws."""
 
-    needs_taps = True
-    compact_min_waste = 64        # squeeze dead cache slots out once this many columns would go
-
     def __init__(self, draft: Eagle3Draft, num_proposals: int):
         if num_proposals < 1:
             raise ValueError(f"num_proposals must be >= 1, got {num_proposals}")
         self.draft, self.num_proposals = draft, num_proposals
         self.target_ids = draft_to_target_ids(draft.d2t)
         self.full_vocab = draft.cfg.draft_vocab_size == draft.cfg.vocab_size   # identity maps: no scatter
-        self.static = False
-        self._states = StateCache()
-        self._graphs: dict[str, GraphedCallable] = {}
-
-    @property
-    def tap_spec(self) -> TapSpec:
-        return self.draft.tap_spec
+        self.init_static_state()
 
     def reset(self, batch: int) -> None:
         dev = self.draft.fc.weight.device

@@ -170,7 +170,20 @@ class StateCache:
 class StaticProposerState:
     """What the graphed proposers share (a mixin): per request shape, the slot table, the batch map, the
     cursor and the two graphed calls (``_propose_static``, ``_observe_static``), kept in ``self._states``
-    (a ``StateCache``) and made current by ``prepare_static``; the family adds its own caches (``extra``)."""
+    (a ``StateCache``) and made current by ``prepare_static``; the family adds its own caches (``extra``).
+    The proposer keeps its draft in ``self.draft`` and calls ``init_static_state()`` in its ``__init__``."""
+
+    needs_taps = True
+    compact_min_waste = 64        # growing caches: squeeze dead slots out once this many columns would go
+
+    def init_static_state(self) -> None:
+        self.static = False
+        self._states = StateCache()
+        self._graphs: dict[str, GraphedCallable] = {}
+
+    @property
+    def tap_spec(self):
+        return self.draft.tap_spec
 
     def prepare_static(self, batch: int, max_slots: int, dtype, device, *, cuda_graphs: bool, name: str,
                        extra: Callable[[], dict]) -> None:
