@@ -20,12 +20,20 @@ unpack the tarball into ``results/<hw>/h200/`` afterwards so ``collect`` sees th
     ... --policies dense --steps 16          # the dense rows only, 16 steps each
     ... --rows "Qwen3-8B/DFlash,Qwen3-8B/DSpark" --budget-s 420   # two rows and their no-draft baseline
     ... --artifact fig3 --budget-s 480       # Figure 3's rows and the baseline's seed replicas
+    ... --sft-cache .cache/sft               # reuse the SFT warm start of an earlier call on the same warm machine
+
+The SFT (~170 s of a 600 s call on the H200) is the same for every math artifact of a profile: with
+``--sft-cache`` in an ignored folder of the repository, a call made while the device is still warm (its idle
+window is short: make the next call right after) reuses it (``sft_cache_key``: same policy, vocabulary, SFT
+settings, workload and SFT-relevant source; every draft the rows need).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -57,6 +65,55 @@ def _job(cmd: list[str], log: Path) -> None:
         raise RuntimeError(f"{cmd[2]} exited with {rc} (log: {log})")
 
 
+SFT_CODE = ("repro/rl", "repro/models", "repro/rollout", "repro/parallel", "kernels")   # what an SFT run executes
+
+
+def sft_cache_key(prof: dict, pol: str, workload: str) -> str:
+    """What an SFT warm start depends on: the policy spec, vocabulary, SFT settings, workload, dtype and device of
+    the profile, and the source of the packages SFT runs (any change to them gives a new key)."""
+    rl = prof["rl"]
+    h = hashlib.sha256(json.dumps({"policy": rl["policies"][pol], "vocab": rl.get("vocab_size"), "sft": rl.get("sft"),
+                                   "workload": workload, "dtype": prof.get("dtype"),
+                                   "device": prof.get("hardware", {}).get("device")},
+                                  sort_keys=True, default=str).encode())
+    root = Path(__file__).resolve().parents[2]
+    for sub in SFT_CODE:
+        for f in sorted((root / sub).rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _warm_start(py, prof, prof_file, pol, workload, names, out: Path, cache: str) -> tuple[Path, bool]:
+    """The SFT warm start of ``pol`` with the ``names`` drafts: from ``cache`` when one there has the same key
+    (``sft_cache_key``) and every draft, else a new SFT run (into the cache when given, with the drafts it held
+    before as well). With a cache, its sft.json and log are copied under ``<out>/sft/`` for the record."""
+    log = out / "sft" / f"{pol}-{workload}.log"
+    if not cache:
+        ws = out / "sft" / f"{pol}-{workload}"
+        _job(py + ["repro.rl.sft", "--profile", str(prof_file), "--policy", pol, "--workload", workload,
+                   "--drafts", ",".join(names), "--out", str(ws)], log)
+        return ws, False
+    ws = Path(cache) / f"{pol}-{workload}-{sft_cache_key(prof, pol, workload)}"
+    cached_log = ws.parent / f"{ws.name}.log"
+    have = set(json.loads((ws / "sft.json").read_text()).get("drafts") or {}) if (ws / "sft.json").exists() else set()
+    reused = (ws / "sft.json").exists() and set(names) <= have
+    if reused:
+        print(f"SFT warm start reused from {ws} (drafts {sorted(have)})", flush=True)
+        if cached_log.exists():
+            log.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(cached_log, log)
+    else:                           # the cached drafts too, so that the new warm start serves every earlier call's rows
+        shutil.rmtree(ws, ignore_errors=True)
+        _job(py + ["repro.rl.sft", "--profile", str(prof_file), "--policy", pol, "--workload", workload,
+                   "--drafts", ",".join(sorted(set(names) | have)), "--out", str(ws)], log)
+        shutil.copy2(log, cached_log)
+    rec = out / "sft" / f"{pol}-{workload}"
+    rec.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(ws / "sft.json", rec / "sft.json")
+    return ws, reused
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_rl_out"))
@@ -69,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default="", help="comma-separated keys of rl.policies whose rows run (default all)")
     ap.add_argument("--rows", default="", help="comma-separated rows of the artifact to run (default all of --policies); "
                     "a drafted row brings its baseline row along")
+    ap.add_argument("--sft-cache", default="",
+                    help="folder kept between device calls (an ignored path of the repository, e.g. .cache/sft, "
+                         "survives while the machine stays warm): an SFT warm start is reused from it when the "
+                         "policy, workload, vocabulary, SFT settings and SFT-relevant code are the same and it has "
+                         "every draft the rows need (see sft_cache_key)")
     ap.add_argument("--seed-replicas-only", action="store_true",
                     help="run only the baselines' seed replicas (baseline_seeds) of the chosen rows, e.g. to add a seed "
                          "band to a figure whose main rows ran in an earlier call")
@@ -134,14 +196,12 @@ def main(argv: list[str] | None = None) -> int:
             if pol not in warm:
                 names = sorted({rows[r]["draft"] for r in order                 # the drafts this call runs
                                 if rows[r].get("policy", "dense") == pol and rows[r].get("draft")})
-                ws = out / "sft" / f"{pol}-{workload}"
                 ts = time.perf_counter()
-                _job(py + ["repro.rl.sft", "--profile", str(prof_file), "--policy", pol, "--workload", workload,
-                           "--drafts", ",".join(names), "--out", str(ws)], out / "sft" / f"{pol}-{workload}.log")
+                ws, reused = _warm_start(py, prof, prof_file, pol, workload, names, out, args.sft_cache)
                 summ = json.loads((ws / "sft.json").read_text())
                 report["sft"][pol] = {k: summ.get(k) for k in ("sft_loss_first", "sft_loss_last", "heldout_accuracy",
                                                                "drafts", "sft_time_s", "total_time_s")}
-                report["sft"][pol]["wall_s"] = time.perf_counter() - ts
+                report["sft"][pol].update(wall_s=time.perf_counter() - ts, reused_from_cache=reused, folder=str(ws))
                 warm[pol] = ws
             run_dir = out / art / run_name
             _job(py + ["repro.rl.run", "--artifact", art, "--row", row, "--profile", str(prof_file),
