@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -47,7 +46,7 @@ from repro.report.provenance import provenance, write_json_atomic
 from repro.rl.config import run_config_from_profile
 from repro.rl.grpo import group_advantages
 from repro.rl.joint import draft_loss_mask
-from repro.rl.summary import run_dir_name
+from repro.rl.summary import paired_overhead_pct, run_dir_name
 from repro.rl.tokenizer import build_workload_tokenizer
 from repro.rl.trainer import CoTrainer
 from repro.rl.update_ab import interleaved_update_ab
@@ -216,8 +215,8 @@ def update_overhead_ab(tr: CoTrainer, batch, adv, cfg, repeats: int) -> dict:
         variants["drafted_eager"] = drafted_eager
     res = interleaved_update_ab(tr, batch, adv, repeats, variants=variants)
     if graphed is not None:
-        eager = [e / a for a, e in zip(res["samples"]["no_draft"], res["samples"]["drafted_eager"])]
-        res.update(overhead_eager_pct=100 * (statistics.median(eager) - 1), draft_graph=graphed.status())
+        res.update(overhead_eager_pct=paired_overhead_pct(res["samples"]["no_draft"], res["samples"]["drafted_eager"]),
+                   draft_graph=graphed.status())
     return res
 
 

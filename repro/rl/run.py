@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                        name=Path(args.out).name, resume=first > 0,
                        extra_tags=[f"row:{args.row}", f"draft:{cfg.draft.family if cfg.draft else 'none'}"]) as log:
         rows = trainer.run(log)
+        next_step = cfg.steps                 # probes log their rows after the training steps
         probe = (prof.get(args.artifact) or {}).get("pp_probe")
         if probe and cfg.draft is not None:
             # Table 2's tap wait: the same joint update split into pipeline stages, taps over TapChannel
@@ -102,10 +103,10 @@ def main(argv: list[str] | None = None) -> int:
                         row=args.row, step=cfg.steps + i)
                 print(f"[{args.artifact} {args.row}] PP probe {i}: tap wait {r['tap_wait_s']:.4f}s "
                       f"update {r['update_time_s']:.3f}s", flush=True)
+                next_step += 1
         ab = (prof.get(args.artifact) or {}).get("ab_probe")
         if ab and cfg.draft is not None:
-            log_ab_probe(trainer, log, args.row, int(ab.get("rounds", 8)),
-                         first_step=cfg.steps + (int(probe.get("updates", 3)) if probe else 0))
+            log_ab_probe(trainer, log, args.row, int(ab.get("rounds", 8)), first_step=next_step)
     # written last: the workflow's marker that this run finished (a crashed run has none and resumes)
     write_json_atomic(Path(args.out) / "run.json", {
         "artifact": args.artifact, "row": args.row, "profile": cfg.profile, "steps": cfg.steps,

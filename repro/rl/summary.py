@@ -103,6 +103,14 @@ def _per_token(steps: list[dict], time_key: str) -> float:
     return (sum(tokens) if len(tokens) == len(steps) else len(steps)) / t
 
 
+def paired_overhead_pct(no_draft: list[float], drafted: list[float]) -> float:
+    """100 * (median over rounds of drafted / no-draft - 1): the in-process update overhead of interleaved rounds
+    (repro.rl.update_ab; adjacent updates share the process's speed, so the per-round ratio is the steady one)."""
+    if not no_draft or len(no_draft) != len(drafted):
+        raise ValueError(f"need equally many no-draft and drafted samples, got {len(no_draft)} and {len(drafted)}")
+    return 100.0 * (statistics.median(b / a for a, b in zip(no_draft, drafted)) - 1)
+
+
 BASES = {"wall": ("train/rollout_time_s", "train/update_time_s", "train/step_time_s"),
          "cpu": ("train/rollout_cpu_s", "train/update_cpu_s", "train/step_cpu_s")}
 
@@ -148,9 +156,8 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
             m["tap_wait_s"] = _mean(_col(probes[row], "pp/tap_wait_s"))
             m["pp_update_time_s"] = _mean(_col(probes[row], "pp/update_time_s"))
         if ab_rows[row]:
-            ratios = [b / a for a, b in zip(_col(ab_rows[row], "ab/update_no_draft_s"),
-                                            _col(ab_rows[row], "ab/update_drafted_s"))]
-            m["update_overhead_ab_pct"] = 100.0 * (statistics.median(ratios) - 1)
+            m["update_overhead_ab_pct"] = paired_overhead_pct(_col(ab_rows[row], "ab/update_no_draft_s"),
+                                                              _col(ab_rows[row], "ab/update_drafted_s"))
         if spec.get("draft"):
             al = _col(s, "train/acceptance_length")
             m["acceptance_length"] = _mean(al)

@@ -18,11 +18,11 @@ draft step run eagerly (``variants``).
 """
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 
 from repro.bench.common import summarize
 from repro.rl.joint import JointUpdate
+from repro.rl.summary import paired_overhead_pct
 
 
 def interleaved_update_ab(trainer, batch, advantages, rounds: int, *, anchor_seed: int = 0,
@@ -52,6 +52,6 @@ def interleaved_update_ab(trainer, batch, advantages, rounds: int, *, anchor_see
     ratios = [b / a for a, b in zip(samples["no_draft"], samples["drafted"])]
     sp, sd = summarize(samples["no_draft"]), summarize(samples["drafted"])
     return {"rounds": rounds, "samples": samples, "no_draft_s": sp, "drafted_s": sd, "ratios": ratios,
-            "overhead_pct": 100 * (statistics.median(ratios) - 1),
+            "overhead_pct": paired_overhead_pct(samples["no_draft"], samples["drafted"]),
             "overhead_of_medians_pct": 100 * (sd["median"] / sp["median"] - 1),
             **{f"{name}_s": summarize(v) for name, v in samples.items() if name not in ("no_draft", "drafted")}}
