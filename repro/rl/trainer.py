@@ -101,6 +101,13 @@ def step_metrics(cfg: RunConfig, batch: RolloutBatch, stats: UpdateStats, *, pus
     return m
 
 
+def _device_alloc_calls() -> int | None:
+    """Memory allocations the CUDA caching allocator has requested from the driver so far (None off CUDA)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.memory_stats().get("num_device_alloc", 0))
+
+
 class CoTrainer:
     def __init__(self, cfg: RunConfig, tok: WorkloadTokenizer):
         cfg.validate()
@@ -186,6 +193,7 @@ class CoTrainer:
         batch = self.rollout(step)
         c1 = time.process_time()
         adv = group_advantages(batch.rewards, self.cfg.grpo.generations_per_prompt, self.cfg.grpo.normalize_std)
+        allocs0 = _device_alloc_calls()
         stats = self.update.step(batch, adv, anchor_seed=self.cfg.seed * 7919 + step,
                                  temperature=self.cfg.grpo.temperature)
         c2 = time.process_time()
@@ -199,6 +207,8 @@ class CoTrainer:
                          step_cpu=(time.process_time() - c0) + batch.tool_time_s)
         if self.cfg.manual_gc_interval:
             m["train/gc_s"] = gc_s
+        if allocs0 is not None:      # cudaMalloc calls the update made: ~0 once the caching allocator is warm
+            m["train/update_device_allocs"] = _device_alloc_calls() - allocs0
         if self.cfg.cuda_graphs != "off" or (self.cfg.draft is not None and self.cfg.draft.cuda_graph):
             m["train/graph_captures"] = GraphedCallable.total_captures     # running count in this process
         return m, batch, stats

@@ -33,8 +33,32 @@ import torch
 log = logging.getLogger(__name__)
 
 
+@contextlib.contextmanager
+def capture_into(graph: torch.cuda.CUDAGraph, *, release_cached_memory: bool = False):
+    """Record the enclosed CUDA work into ``graph`` on a fresh side stream (the graph gets its own memory pool).
+
+    ``torch.cuda.graph()`` also empties the caching allocator and the pinned-host cache before every capture, so
+    the eager work after it (the next policy update) re-allocates its memory with ``cudaMalloc``; in a run whose
+    rollouts meet new batch shapes for many steps that recurs step after step. Here that release is opt-in.
+    """
+    torch.cuda.synchronize()
+    if release_cached_memory:
+        torch.cuda.empty_cache()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        try:
+            yield graph
+        except BaseException:
+            with contextlib.suppress(Exception):     # the capture is already broken: keep the original error
+                graph.capture_end()
+            raise
+        graph.capture_end()
+
+
 class GraphedCallable:
-    total_captures = 0       # every capture in this process (each one empties torch's CUDA cache: see _capture)
+    total_captures = 0       # every capture in this process (trainers log it: train/graph_captures)
+    release_cached_memory_on_capture = False     # True: torch.cuda.graph()'s behaviour (see capture_into)
 
     def __init__(self, fn: Callable[..., Any], name: str, *, enabled: bool = True, warmup: int = 2,
                  persistent_inputs: bool = False):
@@ -90,8 +114,6 @@ class GraphedCallable:
         return static_out
 
     def _capture(self, inputs: tuple[torch.Tensor, ...], settings: dict[str, Hashable]):
-        # torch.cuda.graph() synchronises and empties the caching allocator before recording, so the eager work
-        # after a capture allocates its memory afresh: trainers log the running count (train/graph_captures)
         static_in = list(inputs) if self.persistent_inputs else [x.clone() for x in inputs]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -100,7 +122,7 @@ class GraphedCallable:
                 self.fn(*static_in, **settings)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with capture_into(graph, release_cached_memory=self.release_cached_memory_on_capture):
             static_out = self.fn(*static_in, **settings)
         return graph, static_in, static_out
 
