@@ -126,7 +126,7 @@ def child(profile: str, row: str, repeats: int, rollouts: int, out: Path) -> dic
 def run_child(args, cpus: set[int], out: Path) -> dict:
     cmd = [sys.executable, "-m", "repro.bench.host_binding", "--child", "--profile", args.profile, "--row", args.row,
            "--repeats", str(args.repeats), "--rollouts", str(args.rollouts), "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.child_timeout_s,
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=args.child_timeout_s,
                           preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_TAG):
