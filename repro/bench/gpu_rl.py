@@ -20,6 +20,7 @@ unpack the tarball into ``results/<hw>/h200/`` afterwards so ``collect`` sees th
     ... --policies dense --steps 16          # the dense rows only, 16 steps each
     ... --rows "Qwen3-8B/DFlash,Qwen3-8B/DSpark" --budget-s 420   # two rows and their no-draft baseline
     ... --artifact fig3 --budget-s 480       # Figure 3's rows and the baseline's seed replicas
+    ... --lockstep                           # each policy's rows in one process, steps interleaved (repro.rl.lockstep)
     ... --sft-cache .cache/sft               # reuse the SFT warm start of an earlier call on the same warm machine
 
 The SFT (~170 s of a 600 s call on the H200) is the same for every math artifact of a profile: with
@@ -131,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                          "survives while the machine stays warm): an SFT warm start is reused from it when the "
                          "policy, workload, vocabulary, SFT settings and SFT-relevant code are the same and it has "
                          "every draft the rows need (see sft_cache_key)")
+    ap.add_argument("--lockstep", action="store_true",
+                    help="run each policy's rows in one process with their steps interleaved (repro.rl.lockstep): "
+                         "the host's speed drift and process state hit every row alike; seed replicas stay separate")
     ap.add_argument("--seed-replicas-only", action="store_true",
                     help="run only the baselines' seed replicas (baseline_seeds) of the chosen rows, e.g. to add a seed "
                          "band to a figure whose main rows ran in an earlier call")
@@ -177,16 +181,23 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"nothing to run: {art} has no baseline_seeds in profile {args.profile!r}"
                          if args.seed_replicas_only else f"nothing to run: no rows of {art} chosen")
     report: dict = {"profile": args.profile, "artifact": art, "workload": workload, "rows": {},
+                    "lockstep": args.lockstep,
                     "skipped": [r for r in rows if r not in order],
                     "sft": {}, "errors": {}, "overrides": {"steps": args.steps, "sft_steps": args.sft_steps}}
     warm: dict[str, Path] = {}
     done: dict[str, dict] = {}
     py = [sys.executable, "-m"]
-    for row, seed, run_name in jobs:
+    if args.lockstep:                # one job per policy: its rows together (no-draft first), then the replicas
+        groups = [[j for j in jobs if not j[1] and rows[j[0]].get("policy", "dense") == p] for p in policies]
+        jobs = [g for g in groups if g] + [[j] for j in jobs if j[1]]
+    else:
+        jobs = [[j] for j in jobs]
+    for group in jobs:
+        row, seed, run_name = group[0]
         spec = rows[row]
         pol = spec.get("policy", "dense")
         if time.perf_counter() - t0 > args.budget_s:
-            report["skipped"].append(run_name if seed else row)
+            report["skipped"] += [r if not k else n for r, k, n in group]
             continue
         base = spec.get("baseline")
         if base is not None and base not in done:
@@ -203,17 +214,23 @@ def main(argv: list[str] | None = None) -> int:
                                                                "drafts", "sft_time_s", "total_time_s")}
                 report["sft"][pol].update(wall_s=time.perf_counter() - ts, reused_from_cache=reused, folder=str(ws))
                 warm[pol] = ws
-            run_dir = out / art / run_name
-            _job(py + ["repro.rl.run", "--artifact", art, "--row", row, "--profile", str(prof_file),
-                       "--out", str(run_dir), "--warm-start", str(warm[pol]), "--seed", str(seed)],
-                 out / art / f"{run_name}.log")
-            last = json.loads((run_dir / "run.json").read_text()).get("last")
-            if not seed:
-                done[row] = last
-            report["rows"][run_name if seed else row] = {"last_step": last, "elapsed_s": time.perf_counter() - t0}
+            if len(group) > 1:
+                _job(py + ["repro.rl.lockstep", "--artifact", art, "--rows", ",".join(r for r, _, _ in group),
+                           "--profile", str(prof_file), "--out-root", str(out / art), "--warm-start", str(warm[pol])],
+                     out / art / f"lockstep_{pol}.log")
+            else:
+                _job(py + ["repro.rl.run", "--artifact", art, "--row", row, "--profile", str(prof_file),
+                           "--out", str(out / art / run_name), "--warm-start", str(warm[pol]), "--seed", str(seed)],
+                     out / art / f"{run_name}.log")
+            for r, k, name in group:
+                last = json.loads((out / art / name / "run.json").read_text()).get("last")
+                if not k:
+                    done[r] = last
+                report["rows"][name if k else r] = {"last_step": last, "elapsed_s": time.perf_counter() - t0}
         except Exception as exc:  # noqa: BLE001 -- one failing row must not lose the others' measurements
             traceback.print_exc()
-            report["errors"][run_name if seed else row] = f"{type(exc).__name__}: {exc}"
+            for r, k, name in group:
+                report["errors"][name if k else r] = f"{type(exc).__name__}: {exc}"
     finished = {r: s for r, s in rows.items() if r in done}
     if finished:
         try:

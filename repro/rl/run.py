@@ -59,6 +59,59 @@ def log_ab_probe(trainer: CoTrainer, log, row: str, rounds: int, first_step: int
     return res
 
 
+def build_row(profile: str, artifact: str, row: str, *, out: str, seed: int = 0, warm_start: str = "",
+              engine: str | None = None, checkpoint_root: str = "") -> tuple[dict, CoTrainer, int]:
+    """Validate a row's config, build its trainer and resume it from its run folder's last checkpoint.
+    Returns (profile dict, trainer, first step still to run); raises ConfigError/ProfileError/FileNotFoundError."""
+    prof = load_run_profile(profile)
+    check_engine(prof, engine, artifact, "python -m repro.rl.run")
+    cfg = run_config_from_profile(prof, artifact, row, out=out, seed=seed, warm_start=warm_start,
+                                  checkpoint_root=checkpoint_root or None)
+    tok = tokenizer_for_run(cfg, out=out, seed=seed, warm_start=warm_start)
+    trainer = CoTrainer(cfg, tok)
+    first = trainer.try_resume()
+    if first:
+        print(f"[{artifact} {row}] resuming at step {first}", flush=True)
+    return prof, trainer, first
+
+
+def row_logger(trainer: CoTrainer, first: int) -> MetricsLogger:
+    cfg = trainer.cfg
+    return MetricsLogger(cfg.out, artifact=cfg.artifact, profile=cfg.profile, config=cfg.to_dict(),
+                         name=Path(cfg.out).name, resume=first > 0,
+                         extra_tags=[f"row:{cfg.row}", f"draft:{cfg.draft.family if cfg.draft else 'none'}"])
+
+
+def run_probes(prof: dict, trainer: CoTrainer, log) -> None:
+    """The artifact's after-training probes of a drafted row (pp_probe, ab_probe), logged after its steps."""
+    cfg, section = trainer.cfg, prof.get(trainer.cfg.artifact) or {}
+    if cfg.draft is None:
+        return
+    next_step = cfg.steps
+    probe = section.get("pp_probe")
+    if probe:
+        # Table 2's tap wait: the same joint update split into pipeline stages, taps over TapChannel
+        from repro.rl.pp import probe_tap_wait
+        for i, r in enumerate(probe_tap_wait(trainer, **probe)):
+            log.log({"pp/tap_wait_s": r["tap_wait_s"], "pp/update_time_s": r["update_time_s"],
+                     "pp/draft_loss": r["draft_loss"], "pp/stages": probe.get("stages", 2)},
+                    row=cfg.row, step=cfg.steps + i)
+            print(f"[{cfg.artifact} {cfg.row}] PP probe {i}: tap wait {r['tap_wait_s']:.4f}s "
+                  f"update {r['update_time_s']:.3f}s", flush=True)
+            next_step += 1
+    ab = section.get("ab_probe")
+    if ab:
+        log_ab_probe(trainer, log, cfg.row, int(ab.get("rounds", 8)), first_step=next_step)
+
+
+def write_run_record(trainer: CoTrainer, first: int, rows: list[dict], **extra) -> None:
+    """run.json, written last: the workflow's marker that this run finished (a crashed run has none and resumes)."""
+    cfg = trainer.cfg
+    write_json_atomic(Path(cfg.out) / "run.json", {
+        "artifact": cfg.artifact, "row": cfg.row, "profile": cfg.profile, "steps": cfg.steps,
+        "resumed_at": first, "last": rows[-1] if rows else None, "draft_warm_start": trainer.draft_warm, **extra})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--artifact", required=True, choices=ARTIFACTS)
@@ -76,41 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        prof = load_run_profile(args.profile)
-        check_engine(prof, args.engine, args.artifact, "python -m repro.rl.run")
-        cfg = run_config_from_profile(prof, args.artifact, args.row, out=args.out, seed=args.seed,
-                                      warm_start=args.warm_start, checkpoint_root=args.checkpoint_root or None)
-        tok = tokenizer_for_run(cfg, out=args.out, seed=args.seed, warm_start=args.warm_start)
-        trainer = CoTrainer(cfg, tok)
+        prof, trainer, first = build_row(args.profile, args.artifact, args.row, out=args.out, seed=args.seed,
+                                         warm_start=args.warm_start, engine=args.engine,
+                                         checkpoint_root=args.checkpoint_root)
     except (ConfigError, ProfileError, FileNotFoundError) as exc:
         print(f"run: error: {exc}", file=sys.stderr)
         return 2
-    first = trainer.try_resume()
-    if first:
-        print(f"[{args.artifact} {args.row}] resuming at step {first}", flush=True)
-    with MetricsLogger(args.out, artifact=args.artifact, profile=cfg.profile, config=cfg.to_dict(),
-                       name=Path(args.out).name, resume=first > 0,
-                       extra_tags=[f"row:{args.row}", f"draft:{cfg.draft.family if cfg.draft else 'none'}"]) as log:
+    with row_logger(trainer, first) as log:
         rows = trainer.run(log)
-        next_step = cfg.steps                 # probes log their rows after the training steps
-        probe = (prof.get(args.artifact) or {}).get("pp_probe")
-        if probe and cfg.draft is not None:
-            # Table 2's tap wait: the same joint update split into pipeline stages, taps over TapChannel
-            from repro.rl.pp import probe_tap_wait
-            for i, r in enumerate(probe_tap_wait(trainer, **probe)):
-                log.log({"pp/tap_wait_s": r["tap_wait_s"], "pp/update_time_s": r["update_time_s"],
-                         "pp/draft_loss": r["draft_loss"], "pp/stages": probe.get("stages", 2)},
-                        row=args.row, step=cfg.steps + i)
-                print(f"[{args.artifact} {args.row}] PP probe {i}: tap wait {r['tap_wait_s']:.4f}s "
-                      f"update {r['update_time_s']:.3f}s", flush=True)
-                next_step += 1
-        ab = (prof.get(args.artifact) or {}).get("ab_probe")
-        if ab and cfg.draft is not None:
-            log_ab_probe(trainer, log, args.row, int(ab.get("rounds", 8)), first_step=next_step)
-    # written last: the workflow's marker that this run finished (a crashed run has none and resumes)
-    write_json_atomic(Path(args.out) / "run.json", {
-        "artifact": args.artifact, "row": args.row, "profile": cfg.profile, "steps": cfg.steps,
-        "resumed_at": first, "last": rows[-1] if rows else None, "draft_warm_start": trainer.draft_warm})
+        run_probes(prof, trainer, log)
+    write_run_record(trainer, first, rows)
     return 0
 
 

@@ -148,7 +148,7 @@ class CoTrainer:
                                         cuda_graphs=cfg.cuda_graphs)
         self.math = MathTaskSet(cfg.seed) if cfg.workload.name == "math" else None
         self.workplace = WorkplaceTaskSet(cfg.seed) if cfg.workload.name == "workplace" else None
-        self._pool = ThreadPoolExecutor(max_workers=32) if self.workplace else None
+        self._pool: ThreadPoolExecutor | None = None      # the workplace tools' thread pool, made on first use
         self.start_step = 0
         self.push()
 
@@ -176,6 +176,8 @@ class CoTrainer:
                 items, group = self.math.problems("heldout", c.workload.val_size), 1
             return math_rollout(self.engine, self.tok, items, group_size=group, max_new_tokens=g.max_new_tokens,
                                 temperature=g.temperature, seed=seed, greedy=greedy)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=32)
         if split == "train":
             items, group = self.workplace.tasks("train", g.prompts_per_step, draw=step), g.generations_per_prompt
         else:
@@ -260,24 +262,32 @@ class CoTrainer:
                 gc.enable()
 
     def _run(self, logger, on_step) -> list[dict[str, float]]:
-        cfg, rows = self.cfg, []
-        for step in range(self.start_step, cfg.steps):
-            m, _, _ = self.train_step(step)
-            last = step == cfg.steps - 1
-            if step % cfg.workload.val_every == 0 or last:
-                tv = time.perf_counter()
-                m["val/accuracy"] = self.validate(step)
-                m["val/time_s"] = time.perf_counter() - tv
-            logger.log(m, row=cfg.row, step=step)
-            rows.append(m)
-            if (cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or last:
-                self.save(step)
-            if on_step is not None:
-                on_step(step, m)
-            print(f"[{cfg.artifact} {cfg.row}] step {step}: reward {m['train/reward']:.3f} "
-                  + (f"AL {m['train/acceptance_length']:.2f} " if "train/acceptance_length" in m else "")
-                  + f"rollout {m['train/rollout_time_s']:.2f}s update {m['train/update_time_s']:.2f}s "
-                  f"kl {m['train/train_inference_kl']:.2e}", flush=True)
+        rows = [self.run_step(step, logger, on_step) for step in range(self.start_step, self.cfg.steps)]
+        self.close()
+        return rows
+
+    def run_step(self, step: int, logger, on_step: Callable[[int, dict], None] | None = None) -> dict[str, float]:
+        """One logged step: train, validate when due, log, checkpoint when due (repro.rl.lockstep calls this)."""
+        cfg = self.cfg
+        m, _, _ = self.train_step(step)
+        last = step == cfg.steps - 1
+        if step % cfg.workload.val_every == 0 or last:
+            tv = time.perf_counter()
+            m["val/accuracy"] = self.validate(step)
+            m["val/time_s"] = time.perf_counter() - tv
+        logger.log(m, row=cfg.row, step=step)
+        if (cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or last:
+            self.save(step)
+        if on_step is not None:
+            on_step(step, m)
+        print(f"[{cfg.artifact} {cfg.row}] step {step}: reward {m['train/reward']:.3f} "
+              + (f"AL {m['train/acceptance_length']:.2f} " if "train/acceptance_length" in m else "")
+              + f"rollout {m['train/rollout_time_s']:.2f}s update {m['train/update_time_s']:.2f}s "
+              f"kl {m['train/train_inference_kl']:.2e}", flush=True)
+        return m
+
+    def close(self) -> None:
+        """Stop the tool-call thread pool (the workplace workload's; a later rollout makes a new one)."""
         if self._pool is not None:
             self._pool.shutdown()
-        return rows
+            self._pool = None

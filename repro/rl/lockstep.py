@@ -1,0 +1,92 @@
+"""Run several rows of one RL artifact in one process, their steps interleaved: step s of every row before step s+1.
+
+Why: on the one-GPU profile the update and the rollout are launch-bound, and the host's speed drifts. Fresh
+processes timing the same no-draft update on the H200 (a KVM guest) measured 205-334 ms
+(``results/1xh200/h200/host_binding/``), a spread larger than the update overheads Table 1 and Table 2 report. Rows
+run one after another (``repro.rl.run`` per row) compare different time windows; in lockstep every row meets the
+same drift (the order rotates each step) and the same process state, so a row's time against its baseline's is the
+cost of its draft. Each row still trains exactly as alone (its own models, optimizers, seeds and run folder:
+metrics.jsonl, checkpoints, run.json as ``repro.rl.run`` writes them; tests/rl/test_lockstep.py checks a lockstep
+row's values equal its separate run's), resumes from its own last checkpoint, and runs its probes (``pp_probe``,
+``ab_probe``) after the last step.
+
+    python -m repro.rl.lockstep --artifact table1 --profile cpu-tiny --warm-start <sft folder> \\
+        --rows "Qwen3-8B/no draft,Qwen3-8B/DFlash" --out-root /tmp/lockstep/table1
+    (each row in <out-root>/<run_dir_name(row)>, as repro.bench.gpu_rl and the workflow name them)
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import sys
+from pathlib import Path
+
+import torch
+
+from repro.report.profiles import ProfileError
+from repro.rl.config import ARTIFACTS, ENGINES, ConfigError
+from repro.rl.run import build_row, row_logger, run_probes, write_run_record
+from repro.rl.summary import run_dir_name
+
+
+def rotated(items: list, k: int) -> list:
+    """``items`` started at position k (mod len): step k's order of the rows."""
+    k %= max(1, len(items))
+    return items[k:] + items[:k]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--artifact", required=True, choices=ARTIFACTS)
+    ap.add_argument("--rows", required=True, help="comma-separated row labels (keys of <artifact>.rows)")
+    ap.add_argument("--profile", default="cpu-tiny", help="profile name, or a path to a profile .yaml file")
+    ap.add_argument("--engine", choices=ENGINES, default=None)
+    ap.add_argument("--checkpoint-root", default="")
+    ap.add_argument("--out-root", required=True, help="folder of the rows' run folders")
+    ap.add_argument("--warm-start", default="", help="SFT warm-start folder (repro.rl.sft); empty: random init")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    args = ap.parse_args(argv)
+    rows = list(dict.fromkeys(r.strip() for r in args.rows.split(",") if r.strip()))
+    if not rows:
+        ap.error(f"--rows names no row: {args.rows!r}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    runs = []            # (row, profile, trainer, first step to run); every config checked before any training
+    try:
+        for row in rows:
+            out = str(Path(args.out_root) / run_dir_name(row))
+            runs.append((row, *build_row(args.profile, args.artifact, row, out=out, seed=args.seed,
+                                         warm_start=args.warm_start, engine=args.engine,
+                                         checkpoint_root=args.checkpoint_root)))
+    except (ConfigError, ProfileError, FileNotFoundError) as exc:
+        print(f"lockstep: error: {exc}", file=sys.stderr)
+        return 2
+    steps = {t.cfg.steps for _, _, t, _ in runs}
+    if len(steps) != 1:
+        print(f"lockstep: error: the rows train different numbers of steps {sorted(steps)}; expected one",
+              file=sys.stderr)
+        return 2
+    n_steps = steps.pop()
+    logged: dict[str, list[dict]] = {row: [] for row in rows}
+    with contextlib.ExitStack() as stack:
+        logs = {row: stack.enter_context(row_logger(t, first)) for row, _, t, first in runs}
+        try:
+            for step in range(min(first for *_, first in runs), n_steps):
+                for row, _, trainer, first in rotated(runs, step):
+                    if step >= first:
+                        logged[row].append(trainer.run_step(step, logs[row]))
+        finally:
+            if any(t.cfg.manual_gc_interval for _, _, t, _ in runs):
+                gc.enable()
+        for row, prof, trainer, first in runs:
+            trainer.close()
+            run_probes(prof, trainer, logs[row])
+    for row, _, trainer, first in runs:
+        write_run_record(trainer, first, logged[row], lockstep_rows=rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
