@@ -14,7 +14,9 @@ artifact, profile, hardware and git sha so the collector can find runs online to
         log.log({"latency_s": 0.12, "peak_mem_gb": 1.5}, row="zigzag cp=2")
 
 ``resume=True`` continues a crashed run in the same folder: earlier rows are kept, W&B continues the
-same run id in a new log file, and collect lets later rows win on (row, step).
+same run id in a new log file, and collect lets later rows win on (row, step). ``measured_on`` (a hardware
+record as the measured runs detected it) labels values derived elsewhere from those runs, e.g. a summary
+recomputed on a laptop from GPU runs; the computing machine is kept as ``derived_on``.
 """
 from __future__ import annotations
 
@@ -50,7 +52,8 @@ class MetricsLogger:
 
     def __init__(self, run_dir: str | os.PathLike, *, artifact: str, profile: str,
                  config: Mapping[str, Any] | None = None, name: str | None = None,
-                 project: str | None = None, extra_tags: list[str] | None = None, resume: bool = False):
+                 project: str | None = None, extra_tags: list[str] | None = None, resume: bool = False,
+                 measured_on: Mapping[str, Any] | None = None):
         self.run_dir = Path(run_dir)
         self.artifact, self.profile = artifact, profile
         self.config = dict(config or {})
@@ -58,6 +61,9 @@ class MetricsLogger:
         self.project = project or os.environ.get("REPRO_WANDB_PROJECT", DEFAULT_PROJECT)
         self.mode = wandb_mode()
         self.provenance = provenance(self.config)
+        if measured_on is not None:      # values derived from runs on other hardware (a summary): theirs, as detected
+            self.provenance["derived_on"] = self.provenance["hardware"]
+            self.provenance["hardware"] = dict(measured_on)
         hw = self.provenance["hardware"]["tag"]
         sha = self.provenance["git"]["sha"][:10]
         self.tags = [f"artifact:{artifact}", f"profile:{profile}", f"hw:{hw}", f"git:{sha}",

@@ -19,6 +19,8 @@ the paper's "mean of the first 10 updates" after that):
 * ``update_overhead_ab_pct`` (runs whose artifact section has ``ab_probe``): the same overhead measured inside
   the drafted run's process after training, 100 * (median over rounds of drafted / no-draft update - 1) with
   the two updates interleaved (repro.rl.update_ab); wall seconds.
+* ``lockstep_rows``: for rows trained by ``repro.rl.lockstep``, how many rows shared the process (their steps
+  interleaved; tables mark such rows "lockstep").
 * ``train_inference_kl``: mean over steps; Figure 3/4's ``all`` row gives the largest run mean.
 * ``acceptance_length_final``: mean over the last three steps; ``rollout_share_of_step_pct``:
   100 * rollout time / step time of the no-draft run.
@@ -155,6 +157,10 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
         elif probes[row]:
             m["tap_wait_s"] = _mean(_col(probes[row], "pp/tap_wait_s"))
             m["pp_update_time_s"] = _mean(_col(probes[row], "pp/update_time_s"))
+        record = runs / run_dir_name(row) / "run.json"
+        lockstep = json.loads(record.read_text()).get("lockstep_rows") if record.exists() else None
+        if lockstep:
+            m["lockstep_rows"] = float(len(lockstep))
         if ab_rows[row]:
             m["update_overhead_ab_pct"] = paired_overhead_pct(_col(ab_rows[row], "ab/update_no_draft_s"),
                                                               _col(ab_rows[row], "ab/update_drafted_s"))
@@ -192,6 +198,23 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
     return out
 
 
+def runs_hardware(runs: Path, rows: dict[str, dict]) -> dict | None:
+    """The hardware record (as detected by the runs) of the rows' run folders; None when no run folder has one
+    (runs logged by other engines); ValueError when the rows ran on different hardware."""
+    seen = {}
+    for row in rows:
+        env = runs / run_dir_name(row) / "env.json"
+        if env.exists():
+            hw = json.loads(env.read_text()).get("hardware")
+            if hw:
+                seen[row] = hw
+    tags = {hw.get("tag") for hw in seen.values()}
+    if len(tags) > 1:
+        raise ValueError(f"the rows under {runs} ran on different hardware ({sorted(map(str, tags))}); "
+                         "expected one machine per summary")
+    return next(iter(seen.values()), None)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--artifact", required=True, choices=ARTIFACTS)
@@ -200,10 +223,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="summary run folder (default: <runs>/summary)")
     ap.add_argument("--basis", choices=sorted(BASES), default=None,
                     help="time basis of speedups (default: cpu on CPU profiles, wall on GPU profiles)")
+    ap.add_argument("--rows", default="", help="comma-separated rows to summarise (default: every row of the artifact; "
+                    "e.g. the rows one device call ran)")
     args = ap.parse_args(argv)
     try:
         prof = load_profile(args.profile)
         rows = artifact_rows(prof, args.artifact)
+        if args.rows:
+            wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
+            bad = [r for r in wanted if r not in rows]
+            if bad:
+                raise ConfigError(f"--rows {bad} are not {args.artifact} rows of profile {args.profile!r}; "
+                                  f"expected some of {list(rows)}")
+            rows = {r: rows[r] for r in wanted}
         skip = int(prof[args.artifact].get("skip_steps", 0))
         basis = args.basis or ("cpu" if prof["hardware"]["device"] == "cpu" else "wall")
         result = summarize(args.artifact, rows, args.runs, skip, basis)
@@ -211,7 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"summary: error: {exc}", file=sys.stderr)
         return 2
     out = args.out or args.runs / "summary"
-    with MetricsLogger(out, artifact=args.artifact, profile=args.profile,
+    try:
+        measured_on = runs_hardware(args.runs, rows)
+    except ValueError as exc:
+        print(f"summary: error: {exc}", file=sys.stderr)
+        return 2
+    with MetricsLogger(out, artifact=args.artifact, profile=args.profile, measured_on=measured_on,
                        config={"rows": rows, "skip_steps": skip, "runs": str(args.runs), "basis": basis}) as log:
         for row, metrics in result.items():
             log.log(metrics, row=row, step=0)

@@ -123,3 +123,14 @@ def test_index_tells_unmatched_measurements_apart(tmp_path):
     write_reports("cpu-tiny", tidy, None, tmp_path)
     assert "| fig6 | 8 | 0 | 1 | measured, but no row matches a paper number at this scale |" in (
         tmp_path / "index.md").read_text()
+
+
+def test_table_rows_trained_in_lockstep_say_so():
+    from repro.report.artifacts.table1 import METRICS, comparison_table
+    paper = load_paper_numbers()
+    tidy = _tidy([("table1", "Qwen3-8B/DFlash", "acceptance_length", 3.4),
+                  ("table1", "Qwen3-8B/DFlash", "lockstep_rows", 4.0),
+                  ("table1", "Qwen3-8B/DSpark", "acceptance_length", 3.5)])
+    df = comparison_table(tidy, paper[paper["artifact"] == "table1"], METRICS, ["Qwen3-8B/DFlash", "Qwen3-8B/DSpark"])
+    on = dict(zip(df["row"], df["measured on"]))
+    assert on == {"Qwen3-8B/DFlash": "cpu-2c (cpu-emulated), lockstep", "Qwen3-8B/DSpark": "cpu-2c (cpu-emulated)"}

@@ -121,3 +121,27 @@ def test_fig3_builder_draws_curves_and_summary(tmp_path):
     assert {p.suffix for p in paths} == {".pdf", ".png", ".csv", ".md"}
     md = (tmp_path / "fig3.md").read_text()
     assert "train_inference_kl" in md and "0.0006-0.0007" in md
+
+
+def test_lockstep_rows_come_from_the_run_record(tmp_path):
+    rows = {"no draft": {}, "DFlash": {"draft": "dflash", "baseline": "no draft"}}
+    _write_run(tmp_path, "no draft", _steps(3, rollout=2.0, update=1.0, tokens=10))
+    _write_run(tmp_path, "DFlash", _steps(3, rollout=1.0, update=1.0, tokens=10, al=2.0))
+    (tmp_path / run_dir_name("DFlash") / "run.json").write_text(json.dumps({"lockstep_rows": ["no draft", "DFlash"]}))
+    s = summarize("table1", rows, tmp_path)
+    assert s["DFlash"]["lockstep_rows"] == 2.0 and "lockstep_rows" not in s["no draft"]
+
+
+def test_summary_carries_the_runs_hardware(tmp_path, monkeypatch):
+    from repro.rl import summary
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    gpu = {"tag": "1xh200", "label": "gpu"}
+    for row, al in (("no draft", None), ("EAGLE-3", 2.0), ("DFlash", 3.0), ("DSpark", 3.0)):
+        _write_run(tmp_path, row, _steps(3, rollout=1.0, update=1.0, tokens=10, al=al))
+        (tmp_path / run_dir_name(row) / "env.json").write_text(json.dumps({"hardware": gpu}))
+    args = ["--artifact", "table2", "--profile", "h200", "--runs", str(tmp_path)]
+    assert summary.main(args) == 0
+    env = json.loads((tmp_path / "summary" / "env.json").read_text())
+    assert env["hardware"] == gpu and env["derived_on"]["tag"] != "1xh200"
+    (tmp_path / run_dir_name("EAGLE-3") / "env.json").write_text(json.dumps({"hardware": {"tag": "cpu-2c"}}))
+    assert summary.main(args) == 2

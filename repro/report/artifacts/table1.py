@@ -19,6 +19,11 @@ from repro.report.tables import write_table
 METRICS = (("acceptance_length", "AL"), ("rollout_speedup", "rollout"), ("e2e_speedup", "E2E"))
 
 
+LOCKSTEP_NOTE = ("Measured on '..., lockstep': the row and its no-draft baseline trained in one process, their steps "
+                 "interleaved (repro.rl.lockstep), so drift in the host's speed (launch-bound runs on one GPU) hits "
+                 "both alike.")
+
+
 def latest_values(tidy: pd.DataFrame, metrics) -> pd.DataFrame:
     """One value per (hardware, row, metric): the last logged (by run, then step)."""
     t = tidy[tidy["metric"].isin(list(metrics))]
@@ -35,12 +40,15 @@ def comparison_table(tidy: pd.DataFrame, paper: pd.DataFrame, metrics, row_order
     """Rows: every paper row (in paper order) then measured rows the paper lacks; measured and paper columns."""
     names = [m for m, _ in metrics]
     meas = latest_values(tidy, names)
+    lockstep = latest_values(tidy, ["lockstep_rows"])
     hw = sorted(set(zip(meas["hardware"], meas["hardware_label"]))) or [("-", "")]
     rows = list(row_order) + [r for r in meas["row"].drop_duplicates() if r not in row_order]
     lines = []
     for row in rows:
         for h, label in hw:
             line = {"row": row, "measured on": f"{h} ({label})" if label else h}
+            if ((lockstep["row"] == row) & (lockstep["hardware"] == h) & (lockstep["value"] > 1)).any():
+                line["measured on"] += ", lockstep"
             got = meas[(meas["row"] == row) & (meas["hardware"] == h)]
             for m, short in metrics:
                 v = got[got["metric"] == m]["value"]
@@ -68,6 +76,7 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
              "co-trained run over its no-draft run of the same configuration (repro.rl.summary); time is wall "
              "time on GPUs and process CPU time plus tool latency on CPU profiles (shared cores make wall time "
              "noisy; the wall ratios are in the collected data as *_wall).",
+             LOCKSTEP_NOTE,
              "On cpu-tiny and h200 the rows are played by scaled-down policies (dense for Qwen3-8B, MoE for "
              "Qwen3.5-35B-A3B); absolute behaviour is not the paper's, the comparison is of mechanisms."]
     return write_table(df, Path(out_dir) / "table1", title="Table 1: end-to-end speculative decoding in RL",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from repro.report.artifacts.table1 import comparison_table
+from repro.report.artifacts.table1 import LOCKSTEP_NOTE, comparison_table
 from repro.report.tables import write_table
 
 METRICS = (("acceptance_length", "AL"), ("rollout_time_s", "rollout s"), ("rollout_speedup", "rollout x"),
@@ -29,6 +29,7 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
              "Update overhead in-process: drafted and no-draft updates interleaved inside the drafted run's process "
              "after training (ab_probe; repro.rl.update_ab), median ratio over rounds; the paper reports only the "
              "cross-run overhead.",
+             LOCKSTEP_NOTE,
              "Tap wait is logged only by runs whose policy is split into pipeline stages with a TapChannel; "
              "single-process runs show '-'.",
              "Seconds, speedups and update overhead are wall time on GPUs and process CPU time (+ tool latency) "
