@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                          "every draft the rows need (see sft_cache_key)")
     ap.add_argument("--lockstep", action="store_true",
                     help="run each policy's rows in one process with their steps interleaved (repro.rl.lockstep): "
-                         "the host's speed drift and process state hit every row alike; seed replicas stay separate")
+                         "the host's speed drift and process state hit every row alike; seed replicas stay separate "
+                         "(default: the artifact section's lockstep setting)")
     ap.add_argument("--seed-replicas-only", action="store_true",
                     help="run only the baselines' seed replicas (baseline_seeds) of the chosen rows, e.g. to add a seed "
                          "band to a figure whose main rows ran in an earlier call")
@@ -181,13 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"nothing to run: {art} has no baseline_seeds in profile {args.profile!r}"
                          if args.seed_replicas_only else f"nothing to run: no rows of {art} chosen")
     report: dict = {"profile": args.profile, "artifact": art, "workload": workload, "rows": {},
-                    "lockstep": args.lockstep,
+                    "lockstep": bool(args.lockstep or prof[art].get("lockstep")),
                     "skipped": [r for r in rows if r not in order],
                     "sft": {}, "errors": {}, "overrides": {"steps": args.steps, "sft_steps": args.sft_steps}}
     warm: dict[str, Path] = {}
     done: dict[str, dict] = {}
     py = [sys.executable, "-m"]
-    if args.lockstep:                # one job per policy: its rows together (no-draft first), then the replicas
+    if args.lockstep or prof[art].get("lockstep"):        # one job per policy: its rows together (no-draft first), then the replicas
         groups = [[j for j in jobs if not j[1] and rows[j[0]].get("policy", "dense") == p] for p in policies]
         jobs = [g for g in groups if g] + [[j] for j in jobs if j[1]]
     else:

@@ -12,7 +12,8 @@ row's values equal its separate run's), resumes from its own last checkpoint, an
 
     python -m repro.rl.lockstep --artifact table1 --profile cpu-tiny --warm-start <sft folder> \\
         --rows "Qwen3-8B/no draft,Qwen3-8B/DFlash" --out-root /tmp/lockstep/table1
-    (each row in <out-root>/<run_dir_name(row)>, as repro.bench.gpu_rl and the workflow name them)
+    (each row in <out-root>/<run_dir_name(row)>, as repro.bench.gpu_rl and the workflow name them; an artifact
+    section with ``lockstep: true`` makes the workflow and gpu_rl run its rows this way, one job per policy)
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 from repro.report.profiles import ProfileError
+from repro.report.provenance import write_json_atomic
 from repro.rl.config import ARTIFACTS, ENGINES, ConfigError
 from repro.rl.run import build_row, row_logger, run_probes, write_run_record
 from repro.rl.summary import run_dir_name
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-start", default="", help="SFT warm-start folder (repro.rl.sft); empty: random init")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--record", default="", help="JSON file written last (atomically): the rows and their run "
+                    "folders (the workflow's marker that the lockstep job finished)")
     args = ap.parse_args(argv)
     rows = list(dict.fromkeys(r.strip() for r in args.rows.split(",") if r.strip()))
     if not rows:
@@ -85,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             run_probes(prof, trainer, logs[row])
     for row, _, trainer, first in runs:
         write_run_record(trainer, first, logged[row], lockstep_rows=rows)
+    if args.record:
+        write_json_atomic(args.record, {"artifact": args.artifact, "rows": rows,
+                                        "runs": {row: t.cfg.out for row, _, t, _ in runs}})
     return 0
 
 

@@ -35,8 +35,10 @@ def test_lockstep_rows_equal_their_separate_runs(tmp_path, profile_file):
     for row in ROWS:
         assert run.main(["--artifact", "table1", "--row", row, "--profile", str(profile_file),
                          "--out", str(tmp_path / "alone" / run_dir_name(row))]) == 0
+    record = tmp_path / "lockstep_dense.json"
     assert lockstep.main(["--artifact", "table1", "--rows", ",".join(ROWS), "--profile", str(profile_file),
-                          "--out-root", str(tmp_path / "lockstep")]) == 0
+                          "--out-root", str(tmp_path / "lockstep"), "--record", str(record)]) == 0
+    assert json.loads(record.read_text())["rows"] == ROWS
     for row in ROWS:
         alone, together = tmp_path / "alone" / run_dir_name(row), tmp_path / "lockstep" / run_dir_name(row)
         a, b = _values(alone), _values(together)

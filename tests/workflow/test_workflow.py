@@ -93,3 +93,23 @@ def test_profile_schema_refuses_bad_baseline_seeds():
     profile["fig3"]["baseline_seeds"] = [1, 1]
     with pytest.raises(ProfileError, match=r"fig3\.baseline_seeds: .*non-unique"):
         validate(profile, "profile.schema.yaml", "cpu-tiny")
+
+
+def test_lockstep_sections_plan_one_job_per_policy():
+    # h200's table1 says lockstep: true: one repro.rl.lockstep job per policy instead of one rl_run per row
+    out = snakemake("-n", "-p", "--forceall", "table1", "--config", "profile=h200")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert re.search(r"repro\.rl\.lockstep --artifact table1 --rows 'Qwen3-8B/no draft,Qwen3-8B/EAGLE-3,"
+                     r"Qwen3-8B/DFlash,Qwen3-8B/DSpark' .*--record \S+/table1/lockstep_dense\.json", text), text
+    assert "lockstep_moe.json" in text and "repro.rl.run " not in text
+    tiny = snakemake("-n", "-p", "--forceall", "table1", "--config", "profile=cpu-tiny")
+    assert tiny.returncode == 0 and "repro.rl.run " in tiny.stdout and "repro.rl.lockstep" not in tiny.stdout
+
+
+def test_profile_schema_refuses_a_non_boolean_lockstep():
+    from repro.report.profiles import ProfileError, load_profile, validate
+    profile = load_profile("cpu-tiny")
+    profile["table2"] = {**profile["table2"], "lockstep": "yes"}
+    with pytest.raises(ProfileError, match=r"table2\.lockstep: 'yes' is not of type 'boolean'"):
+        validate(profile, "profile.schema.yaml", "cpu-tiny")

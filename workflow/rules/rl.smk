@@ -6,7 +6,9 @@
 # ENGINE (common.smk: --config engine=, default the profile's own) picks who runs a row: NeMo-RL
 # (repro.nemo_rl.run) or the suite (repro.rl). On the suite, a row whose policy loads a checkpoint (the
 # paper profiles' rl: section) has no SFT warm start and runs under torchrun on its policy's mesh
-# (repro.rl.dist_run, pp * cp processes on one node); the others run in one process (repro.rl.run).
+# (repro.rl.dist_run, pp * cp processes on one node); the others run in one process (repro.rl.run), or, when the
+# artifact section says lockstep: true, one process per policy trains all its rows with their steps interleaved
+# (repro.rl.lockstep; the profile's GPU sections do, since host speed drifts between processes).
 from pathlib import Path as _Path
 
 from repro.report.seed_spread import seed_run_name
@@ -95,9 +97,25 @@ def rl_warm_input(wildcards):
     return [f"{rl_warm_dir(wildcards)}/policy.pt"]
 
 
+def rl_lockstep_groups(artifact):
+    """{policy: its rows, no-draft first} when the artifact section asks for lockstep (repro.rl.lockstep), else {}."""
+    if not (PROFILE.get(artifact) or {}).get("lockstep"):
+        return {}
+    rows = rl_rows(artifact)
+    if ENGINE == "nemo-rl" or any(rl_policy_entry(artifact, r).get("checkpoint") for r in rows):
+        raise WorkflowError(f"profile {PROFILE_NAME}: {artifact}.lockstep is for rows the suite trains in one "
+                            "process (no NeMo-RL engine, no checkpoint policies on a torchrun mesh); remove it")
+    groups = {}
+    for row in sorted(rows, key=lambda r: bool((rows[r] or {}).get("draft"))):
+        groups.setdefault((rows[row] or {}).get("policy", "dense"), []).append(row)
+    return groups
+
+
 def rl_run_markers(artifact):
-    return ([f"{RUNS}/{artifact}/{run_dir_name(r)}/run.json" for r in rl_rows(artifact)]
-            + [f"{RUNS}/{artifact}/{run}/run.json" for run in rl_seed_runs(artifact)])
+    groups = rl_lockstep_groups(artifact)
+    main = ([f"{RUNS}/{artifact}/lockstep_{policy}.json" for policy in groups] if groups
+            else [f"{RUNS}/{artifact}/{run_dir_name(r)}/run.json" for r in rl_rows(artifact)])
+    return main + [f"{RUNS}/{artifact}/{run}/run.json" for run in rl_seed_runs(artifact)]
 
 
 def rl_run_cmd(wildcards):
@@ -158,6 +176,28 @@ rule rl_run:
     threads: 1
     shell:
         "{params.cmd} > {log} 2>&1"
+
+
+rule rl_lockstep:
+    # one process trains the policy's rows with their steps interleaved; each row's folder is as rl_run's, and the
+    # record is written last (a failed job leaves checkpoints and logged steps, and the rerun resumes every row)
+    input:
+        lambda wc: f"{SFT_DIR}/{wc.policy}-{rl_workload(wc.artifact)}/policy.pt",
+    output:
+        f"{RUNS}/{{artifact}}/lockstep_{{policy}}.json",
+    log:
+        f"{RUNS}/{{artifact}}/lockstep_{{policy}}.log",
+    wildcard_constraints:
+        artifact="table1|table2|fig3|fig4",
+        policy="[a-z0-9_-]+",
+    params:
+        rows=lambda wc: ",".join(rl_lockstep_groups(wc.artifact)[wc.policy]),
+        warm=lambda wc: f"{SFT_DIR}/{wc.policy}-{rl_workload(wc.artifact)}",
+    threads: 1
+    shell:
+        "{PY} -m repro.rl.lockstep --artifact {wildcards.artifact} --rows '{params.rows}' --profile {PROFILE_NAME} "
+        "--warm-start {params.warm} --out-root {RUNS}/{wildcards.artifact} --seed {config[seed]} --threads 1 "
+        "--record {output} > {log} 2>&1"
 
 
 rule rl_summary:
