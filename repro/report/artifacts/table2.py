@@ -29,12 +29,13 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
              "Update overhead in-process: drafted and no-draft updates interleaved inside the drafted run's process "
              "after training (ab_probe; repro.rl.update_ab), median ratio over rounds; the paper reports only the "
              "cross-run overhead.",
-             LOCKSTEP_NOTE,
              "Tap wait is logged only by runs whose policy is split into pipeline stages with a TapChannel; "
              "single-process runs show '-'.",
              "Seconds, speedups and update overhead are wall time on GPUs and process CPU time (+ tool latency) "
              "on CPU profiles, whose shared cores make wall time noisy (wall values: *_wall in the collected data; "
              "repro.rl.summary).",
              "Absolute seconds are not comparable across hardware or workload scale; the ratios are."]
+    if df["measured on"].str.endswith(", lockstep").any():
+        notes.insert(1, LOCKSTEP_NOTE)
     return write_table(df, Path(out_dir) / "table2", title="Table 2: pipeline-parallel co-training overhead",
                        notes=notes)
