@@ -58,3 +58,29 @@ def test_bad_rows_fail_before_training(tmp_path, profile_file, capsys):
     assert not list((tmp_path / "x").rglob("metrics.jsonl"))
     with pytest.raises(SystemExit):
         lockstep.main(["--artifact", "table1", "--rows", " , ", "--out-root", str(tmp_path / "y")])
+
+
+@pytest.mark.timeout(600)
+def test_a_crashed_lockstep_job_resumes_every_row_without_losing_steps(tmp_path, profile_file, monkeypatch):
+    prof = yaml.safe_load(profile_file.read_text())
+    prof["table1"].update(steps=3, ckpt_every=1)
+    profile_file.write_text(yaml.safe_dump(prof, sort_keys=False))
+    args = ["--artifact", "table1", "--rows", ",".join(ROWS), "--profile", str(profile_file)]
+    assert lockstep.main(args + ["--out-root", str(tmp_path / "whole")]) == 0
+
+    real_step = run.CoTrainer.run_step
+
+    def crash_at_drafted_step_2(self, step, logger, on_step=None):
+        if step == 2 and self.cfg.draft is not None:
+            raise RuntimeError("simulated crash")
+        return real_step(self, step, logger, on_step)
+
+    monkeypatch.setattr(run.CoTrainer, "run_step", crash_at_drafted_step_2)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        lockstep.main(args + ["--out-root", str(tmp_path / "crashed")])
+    assert not (tmp_path / "crashed" / run_dir_name(ROWS[1]) / "run.json").exists()
+    monkeypatch.setattr(run.CoTrainer, "run_step", real_step)
+    assert lockstep.main(args + ["--out-root", str(tmp_path / "crashed")]) == 0
+    for row in ROWS:
+        whole, resumed = _values(tmp_path / "whole" / run_dir_name(row)), _values(tmp_path / "crashed" / run_dir_name(row))
+        assert [r["step"] for r in resumed] == [0, 1, 2] and resumed == whole, row
