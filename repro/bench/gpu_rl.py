@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="run each policy's rows in one process with their steps interleaved (repro.rl.lockstep): "
                          "the host's speed drift and process state hit every row alike; seed replicas stay separate "
                          "(default: the artifact section's lockstep setting)")
+    ap.add_argument("--seeds", default="",
+                    help="comma-separated baseline seeds whose replicas run (default: all of the artifact's "
+                         "baseline_seeds), e.g. the ones an earlier call did not reach")
     ap.add_argument("--seed-replicas-only", action="store_true",
                     help="run only the baselines' seed replicas (baseline_seeds) of the chosen rows, e.g. to add a seed "
                          "band to a figure whose main rows ran in an earlier call")
@@ -173,6 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     prof_file.write_text(yaml.safe_dump(prof, sort_keys=False))
     # a figure's baseline seed replicas (the main runs use seed 0, as the workflow's default seed)
     seeds = [int(k) for k in dict.fromkeys(prof[art].get("baseline_seeds") or []) if int(k) != 0]
+    if args.seeds:
+        try:
+            wanted = [int(k) for k in args.seeds.split(",") if k.strip()]
+        except ValueError:
+            raise SystemExit(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 3,4") from None
+        bad = [k for k in wanted if k not in seeds]
+        if bad:
+            raise SystemExit(f"--seeds {bad} are not baseline_seeds of {art} in profile {args.profile!r}; "
+                             f"expected some of {seeds}")
+        seeds = wanted
     bases = sorted({rows[r]["baseline"] for r in order if rows[r].get("baseline")})
     if args.seed_replicas_only:
         bases = sorted({rows[r]["baseline"] if rows[r].get("baseline") else r for r in order})

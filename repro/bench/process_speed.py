@@ -8,10 +8,7 @@ policy and rollout batch) in one process at stages:
   A  after its own warm-up;
   B  after a drafted trainer (the ``--draft-row``) is built beside it;
   C  after that trainer ran ``--draft-steps`` co-training steps (graphed draft rollouts, drafted updates);
-  D  after ``gc.collect(); gc.freeze()``;
-  E  (CUDA only) right after a CUDA-graph capture, alternating captures that empty torch's caching allocator first
-     (``torch.cuda.graph()``'s behaviour) with captures that keep it (``capture_into``'s default): the update's
-     time and its ``cudaMalloc`` calls in each case (``--capture-rounds`` pairs).
+  D  after ``gc.collect(); gc.freeze()``.
 
 With each stage: thread count, child processes, Python objects tracked by the GC, whether torch's
 compiler stack (dynamo/inductor) was imported. Writes ``<out>/process_speed.json`` (samples, provenance).
@@ -27,8 +24,6 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
 from repro.bench.common import summarize
 from repro.report.profiles import load_profile
 from repro.report.provenance import provenance, write_json_atomic
@@ -37,7 +32,6 @@ from repro.rl.grpo import group_advantages
 from repro.rl.summary import run_dir_name
 from repro.rl.tokenizer import build_workload_tokenizer
 from repro.rl.trainer import CoTrainer
-from repro.rollout.cuda_graph import GraphedCallable
 
 
 def process_state() -> dict:
@@ -60,25 +54,6 @@ def process_state() -> dict:
             "inductor_imported": "torch._inductor" in sys.modules}
 
 
-def capture_ab(update, rounds: int) -> dict:
-    """Time one update right after a fresh CUDA-graph capture, captures emptying the allocator's cache or not."""
-    out = {m: {"samples": [], "device_allocs": []} for m in ("release_cache", "keep_cache")}
-    for k in range(rounds):
-        for mode in (("release_cache", "keep_cache") if k % 2 == 0 else ("keep_cache", "release_cache")):
-            probe = GraphedCallable(lambda x: x * 2 + 1, f"capture_probe_{k}_{mode}")
-            probe.release_cached_memory_on_capture = mode == "release_cache"
-            probe(torch.zeros(k + 1, device="cuda"))
-            a0 = torch.cuda.memory_stats().get("num_device_alloc", 0)
-            out[mode]["samples"].append(update(k).update_time_s)
-            out[mode]["device_allocs"].append(torch.cuda.memory_stats().get("num_device_alloc", 0) - a0)
-    for m, v in out.items():
-        v["update_s"] = summarize(v["samples"])
-        print(f"[E {m}] update after a capture {v['update_s']['median'] * 1e3:.1f} ms; cudaMalloc calls "
-              f"{v['device_allocs']}", flush=True)
-    out["release_over_keep"] = out["release_cache"]["update_s"]["median"] / out["keep_cache"]["update_s"]["median"]
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="h200")
@@ -86,13 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-row", default="Qwen3-8B/DSpark", help="table1 row of the co-training trainer")
     ap.add_argument("--draft-steps", type=int, default=3, help="co-training steps before stage C (default 3)")
     ap.add_argument("--repeats", type=int, default=8, help="timed updates per stage (default 8)")
-    ap.add_argument("--capture-rounds", type=int, default=6,
-                    help="stage E: (cache-emptying, cache-keeping) capture pairs, each followed by one timed update")
     ap.add_argument("--out", type=Path, default=Path("process_speed_out"))
     args = ap.parse_args(argv)
-    if args.repeats < 1 or args.draft_steps < 0 or args.capture_rounds < 0:
-        ap.error(f"--repeats must be >= 1, --draft-steps and --capture-rounds >= 0, got {args.repeats}, "
-                 f"{args.draft_steps} and {args.capture_rounds}")
+    if args.repeats < 1 or args.draft_steps < 0:
+        ap.error(f"--repeats must be >= 1 and --draft-steps >= 0, got {args.repeats} and {args.draft_steps}")
     os.environ.setdefault("WANDB_MODE", "disabled")
     prof = load_profile(args.profile)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -130,10 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     report["stages"]["D_gc_frozen"] = stage("D")
-    if torch.cuda.is_available() and cfg.device.startswith("cuda") and args.capture_rounds:
-        report["after_capture"] = capture_ab(lambda k: base.update.step(batch, adv, anchor_seed=k,
-                                                                         temperature=cfg.grpo.temperature),
-                                             args.capture_rounds)
     a = report["stages"]["A_own_warmup"]["update_s"]["median"]
     report["slowdown_vs_A"] = {k: v["update_s"]["median"] / a for k, v in report["stages"].items()}
     write_json_atomic(args.out / "process_speed.json", {**report, "provenance": provenance(report["config"])})

@@ -34,16 +34,14 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def capture_into(graph: torch.cuda.CUDAGraph, *, release_cached_memory: bool = False):
+def capture_into(graph: torch.cuda.CUDAGraph):
     """Record the enclosed CUDA work into ``graph`` on a fresh side stream (the graph gets its own memory pool).
 
-    ``torch.cuda.graph()`` also empties the caching allocator and the pinned-host cache before every capture, so
-    the eager work after it (the next policy update) re-allocates its memory with ``cudaMalloc``; in a run whose
-    rollouts meet new batch shapes for many steps that recurs step after step. Here that release is opt-in.
+    Unlike ``torch.cuda.graph()``, this does not empty the caching allocator and the pinned-host cache before the
+    capture, so the eager work after a capture (the next policy update) keeps its cached memory instead of
+    allocating it again with ``cudaMalloc``.
     """
     torch.cuda.synchronize()
-    if release_cached_memory:
-        torch.cuda.empty_cache()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         graph.capture_begin()
@@ -58,7 +56,6 @@ def capture_into(graph: torch.cuda.CUDAGraph, *, release_cached_memory: bool = F
 
 class GraphedCallable:
     total_captures = 0       # every capture in this process (trainers log it: train/graph_captures)
-    release_cached_memory_on_capture = False     # True: torch.cuda.graph()'s behaviour (see capture_into)
 
     def __init__(self, fn: Callable[..., Any], name: str, *, enabled: bool = True, warmup: int = 2,
                  persistent_inputs: bool = False):
@@ -122,7 +119,7 @@ class GraphedCallable:
                 self.fn(*static_in, **settings)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with capture_into(graph, release_cached_memory=self.release_cached_memory_on_capture):
+        with capture_into(graph):
             static_out = self.fn(*static_in, **settings)
         return graph, static_in, static_out
 

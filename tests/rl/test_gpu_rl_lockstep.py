@@ -19,3 +19,12 @@ def test_lockstep_call_runs_the_rows_in_one_job(tmp_path, monkeypatch):
         rec = json.loads((out / "table1" / name / "run.json").read_text())
         assert rec["lockstep_rows"] == ["Qwen3-8B/no draft", "Qwen3-8B/DFlash"]
     assert "rollout_speedup" in rep["summary"]["Qwen3-8B/DFlash"]
+
+
+def test_seeds_must_be_baseline_seeds_of_the_artifact(tmp_path):
+    with pytest.raises(SystemExit, match=r"--seeds \[7\] are not baseline_seeds of fig3 .*expected some of \[1, 2\]"):
+        gpu_rl.main(["--profile", "cpu-tiny", "--out", str(tmp_path), "--artifact", "fig3", "--seeds", "2,7",
+                     "--seed-replicas-only"])
+    with pytest.raises(SystemExit, match="expected comma-separated integers"):
+        gpu_rl.main(["--profile", "cpu-tiny", "--out", str(tmp_path), "--artifact", "fig3", "--seeds", "x"])
+    assert not (tmp_path / "fig3").exists()
