@@ -15,6 +15,8 @@ Definitions used by the figure and the table (``repro.report.artifacts.fig3.buil
 * a co-trained row's fraction: its smoothed values inside the band (inclusive, 1e-12 tolerance) over
   the band's steps it logged; verdict "within the seed-to-seed spread" when the fraction is at least
   ``MIN_FRACTION`` for reward and for validation accuracy, else "outside";
+* self-check (``self_check_table``, with >= 3 baseline runs): each baseline run judged the same way against the
+  band of the other baseline runs (leave one out), i.e. how often the test calls the baseline itself outside;
 * acceptance-length trend: slope of the least-squares line of acceptance length against step over
   every logged step (per step); it "rises" when the slope is > 0.
 
@@ -110,6 +112,23 @@ def acceptance_slope(steps: pd.DataFrame, run: str) -> float:
     return float(np.polyfit(s.index.to_numpy(float), s.to_numpy(float), 1)[0])
 
 
+def judge(h: pd.DataFrame, run: str, bands: dict[str, pd.DataFrame], row: str, baseline: str, nruns: int) -> dict:
+    """One verdict line: ``run``'s smoothed curves against ``bands``, and its acceptance trend."""
+    hw, label = h["hardware"].iloc[0], h["hardware_label"].iloc[0]
+    line = {"row": row, "baseline": baseline, "baseline runs": nruns}
+    ok = True
+    for metric, name in BAND_METRICS:
+        n_in, n = fraction_inside(curve(h, run, metric), bands[metric])
+        frac = n_in / n if n else float("nan")
+        ok = ok and n > 0 and frac >= MIN_FRACTION
+        line[f"{name} in band"] = f"{n_in}/{n} ({frac:.2f})" if n else "-"
+    slope = acceptance_slope(h, run)
+    line.update({"verdict": WITHIN if ok else OUTSIDE, "acceptance slope/step": slope,
+                 "acceptance rises": "-" if np.isnan(slope) else ("yes" if slope > 0 else "no"),
+                 "measured on": f"{hw} ({label})" if label else hw})
+    return line
+
+
 def spread_table(steps: pd.DataFrame) -> pd.DataFrame:
     """One line per co-trained row (per hardware): fraction of its steps in the baseline's band, verdict,
     acceptance trend. Empty when no row has seed replicas."""
@@ -118,7 +137,6 @@ def spread_table(steps: pd.DataFrame) -> pd.DataFrame:
         base = baseline_row(h)
         if base is None:
             continue
-        label = h["hardware_label"].iloc[0]
         bands = {m: band(h, base, m) for m, _ in BAND_METRICS}
         nruns = int(bands[BAND_METRICS[0][0]]["runs"].iloc[0])
         mains = main_runs(h)
@@ -126,19 +144,27 @@ def spread_table(steps: pd.DataFrame) -> pd.DataFrame:
             runs = sorted(set(mains.loc[mains["row"] == row, "run"]))
             if len(runs) != 1:
                 raise ValueError(f"row {row!r} on {hw}: {len(runs)} main runs {runs}; expected one")
-            run = runs[0]
-            line = {"row": row, "baseline": base, "baseline runs": nruns}
-            ok = True
-            for metric, name in BAND_METRICS:
-                n_in, n = fraction_inside(curve(h, run, metric), bands[metric])
-                frac = n_in / n if n else float("nan")
-                ok = ok and n > 0 and frac >= MIN_FRACTION
-                line[f"{name} in band"] = f"{n_in}/{n} ({frac:.2f})" if n else "-"
-            slope = acceptance_slope(h, run)
-            line.update({"verdict": WITHIN if ok else OUTSIDE, "acceptance slope/step": slope,
-                         "acceptance rises": "-" if np.isnan(slope) else ("yes" if slope > 0 else "no"),
-                         "measured on": f"{hw} ({label})" if label else hw})
-            lines.append(line)
+            lines.append(judge(h, runs[0], bands, row, base, nruns))
+    return pd.DataFrame(lines, columns=TABLE_COLUMNS)
+
+
+def self_check_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """Each baseline run judged like a co-trained row against the band of the *other* baseline runs (with >= 3
+    baseline runs): how often the test calls a run of the baseline itself outside. Empty otherwise."""
+    lines = []
+    for _, h in steps.groupby("hardware", sort=True):
+        base = baseline_row(h)
+        if base is None:
+            continue
+        runs = sorted(set(h.loc[h["row"] == base, "run"]))
+        if len(runs) < 3:
+            continue
+        for run in runs:
+            others = h[~((h["row"] == base) & (h["run"] == run))]
+            bands = {m: band(others, base, m) for m, _ in BAND_METRICS}
+            k = seed_of_run(run)
+            lines.append(judge(h, run, bands, f"{base} ({'main run' if k is None else f'seed {k}'})",
+                               f"the other {base} runs", len(runs) - 1))
     return pd.DataFrame(lines, columns=TABLE_COLUMNS)
 
 
@@ -148,7 +174,10 @@ NOTES = [f"Seed band: per step, mean +- {K_SD:g} sd (ddof=1) over the baseline r
          f"{SMOOTH['val/accuracy']} for validation accuracy (the figure's reward panel shows the same smoothing). "
          f"Verdict: '{WITHIN}' when at least {MIN_FRACTION:.0%} of a co-trained row's band steps lie inside for "
          "both reward and validation accuracy, else 'outside'. Acceptance slope: least-squares slope of "
-         "acceptance length against step over every logged step; 'rises' when > 0."]
+         "acceptance length against step over every logged step; 'rises' when > 0.",
+         "Lines '<baseline> (main run)' and '<baseline> (seed k)' (with >= 3 baseline runs): that baseline run judged "
+         "the same way against the band of the other baseline runs, i.e. how often this test calls the baseline "
+         "itself outside; an 'outside' of a co-trained row weighs only as much as the baseline's own lines allow."]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m repro.report.seed_spread <tidy csv>", file=sys.stderr)
         return 2
     tidy = read_tidy(Path(args[0]))
-    print(to_markdown(spread_table(tidy[tidy["metric"].str.startswith(("train/", "val/"))]), notes=NOTES))
+    steps = tidy[tidy["metric"].str.startswith(("train/", "val/"))]
+    print(to_markdown(pd.concat([spread_table(steps), self_check_table(steps)], ignore_index=True), notes=NOTES))
     return 0
 
 

@@ -106,7 +106,25 @@ def test_fig3_builder_draws_the_band_and_writes_the_verdicts(tmp_path):
     paper = pd.DataFrame(columns=["row", "metric", "stat", "value", "paper_hardware"])
     paths = build(tidy, paper, tmp_path)
     spread = pd.read_csv(tmp_path / "fig3_spread.csv")
-    assert list(spread["row"]) == ["DSpark"] and spread["verdict"].iloc[0] == ss.OUTSIDE
+    assert list(spread["row"]) == ["DSpark", "no draft (main run)", "no draft (seed 1)", "no draft (seed 2)"]
+    assert spread["verdict"].iloc[0] == ss.OUTSIDE
     md = (tmp_path / "fig3.md").read_text()
     assert "seed-to-seed spread" in md and "| DSpark | no draft | 3 |" in md
     assert tmp_path / "fig3.png" in paths
+
+
+def test_self_check_judges_each_baseline_run_against_the_others():
+    # baseline rewards 0.4/0.5/0.6 (val 0.2/0.3/0.4). Leaving out 0.5: the others give mean 0.5, sd 0.141, band
+    # 0.217..0.783: inside. Leaving out 0.4: 0.5/0.6 give 0.55 +- 2 * 0.0707 = 0.409..0.691: 0.4 is outside (and
+    # 0.6 likewise against 0.4/0.5): with three runs the test calls the baseline's own extremes outside
+    t = ss.self_check_table(_frame([0.5] * 12, [0.3] * 3)).set_index("row")
+    assert list(t.index) == ["no draft (main run)", "no draft (seed 1)", "no draft (seed 2)"]
+    assert set(t["baseline runs"]) == {2} and set(t["acceptance rises"]) == {"-"}
+    assert t.at["no draft (main run)", "verdict"] == ss.WITHIN
+    assert t.at["no draft (main run)", "reward in band"] == "12/12 (1.00)"
+    assert t.at["no draft (seed 1)", "verdict"] == t.at["no draft (seed 2)", "verdict"] == ss.OUTSIDE
+    assert t.at["no draft (seed 1)", "reward in band"] == "0/12 (0.00)"
+    # fewer than 3 baseline runs: a leave-one-out band would rest on one run, so no self-check
+    two = _frame([0.5] * 12, [0.3] * 3)
+    two = two[~two["run"].str.endswith("no_draft_seed2")]
+    assert ss.self_check_table(two).empty

@@ -135,7 +135,8 @@ def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: s
              "the drafted runs; rollout share is the no-draft run's rollout time over step time.",
              f"KL is drawn floored at {KL_FLOOR:g} (fp32 CPU runs are synced to rounding). On cpu-emulated runs "
              "step time and throughput are process CPU seconds (+ tool latency), the basis of the speedups."]
-    spread = seed_spread.spread_table(steps) if len(steps) else pd.DataFrame(columns=seed_spread.TABLE_COLUMNS)
+    spread = (pd.concat([seed_spread.spread_table(steps), seed_spread.self_check_table(steps)], ignore_index=True)
+              if len(steps) else pd.DataFrame(columns=seed_spread.TABLE_COLUMNS))
     if len(spread):
         paths += write_table(spread, Path(out_dir) / f"{name}_spread")
         notes += ["", "## Co-trained curves against the baseline's seed-to-seed spread", "",
