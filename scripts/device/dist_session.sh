@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One device call on 2 GPUs of one host (kind nvidia-h200-x2): the distributed co-training row under torchrun with
+# NCCL, a few steps per layout (PP=2 x CP=1 with the taps over CUDA IPC, then PP=1 x CP=2), random-init h200
+# models, microbatches of $MICROBATCH (default 8: 1F1B needs >= pp of them), packed into $OUT/dist.tgz. Not yet run on the device (written in session 6; CPU/gloo runs of the same
+# entry are tests/rl/test_dist_run.py). Runs in the repository root.
+#   REPRO_GIT_SHA=<sha> bash scripts/device/dist_session.sh [STEPS] [ROWS...]
+#   PROFILE=cpu-tiny OUT=/tmp/d bash scripts/device/dist_session.sh 1 "Qwen3-8B/DFlash"     # CPU (gloo) check
+set -uo pipefail
+STEPS=${1:-4}; shift || true
+ROWS=("$@"); [ ${#ROWS[@]} -gt 0 ] || ROWS=("Qwen3-8B/EAGLE-3" "Qwen3-8B/DFlash")
+export PYTHONUNBUFFERED=1 WANDB_MODE=disabled OMP_NUM_THREADS=1
+W=$OUT/work; mkdir -p "$W"
+nvidia-smi topo -m > "$W/topology.txt" 2>&1
+for row in "${ROWS[@]}"; do
+  name=$(echo "$row" | tr 'A-Z/ ' 'a-z__' | tr -cd 'a-z0-9_.-')
+  for layout in "2 1" "1 2"; do
+    set -- $layout
+    echo "[$(date +%T)] $row pp=$1 cp=$2"
+    timeout 240 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m repro.rl.dist_run \
+      --artifact table1 --row "$row" --profile "${PROFILE:-h200}" --pp "$1" --cp "$2" --steps "$STEPS" \
+      --microbatch "${MICROBATCH:-8}" --out "$W/${name}_pp$1cp$2" > "$W/${name}_pp$1cp$2.log" 2>&1
+    rc=$?; echo "[$(date +%T)] rc=$rc"; tail -3 "$W/${name}_pp$1cp$2.log"
+  done
+done
+(cd "$W" && find . -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' -o -name '*.txt' \) -print0 \
+   | tar czf "$OUT/dist.tgz" --null -T -)
