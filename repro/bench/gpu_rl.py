@@ -2,14 +2,16 @@
 
 Meant for a single call on a machine with one H200 (the suite's ``run`` device), where the workflow
 cannot run (no snakemake or wandb there). It does what the workflow's RL rules do, each job in its
-own process as the workflow runs them (a row never inherits an earlier row's memory, allocator state or
-garbage-collector load: in one process the later rows' update times grew row after row):
+own process as the workflow runs them (rows run one after another in one process would inherit the earlier
+rows' memory, allocator state and garbage-collector load: their update times grew row after row):
 
     1. ``python -m repro.rl.sft`` for each policy the rows need (tokenizer, policy, drafts);
     2. ``python -m repro.rl.run --artifact <artifact>`` for each row (config from the profile, ``CoTrainer``,
-       ``MetricsLogger`` with W&B disabled) in profile order, no-draft rows first, then the baseline's
-       seed replicas of a figure (``baseline_seeds``, folders ``<row>_seed<k>`` as the workflow names
-       them), while the time budget lasts (rows left out are listed as skipped, never invented);
+       ``MetricsLogger`` with W&B disabled) in profile order, no-draft rows first, or, when the artifact section
+       says ``lockstep: true`` (or with ``--lockstep``), one ``python -m repro.rl.lockstep`` per policy training
+       its rows together from the start, steps interleaved (the host's speed drifts between processes); then
+       the baseline's seed replicas of a figure (``baseline_seeds``, folders ``<row>_seed<k>`` as the workflow
+       names them), while the time budget lasts (rows left out are listed as skipped, never invented);
     3. ``repro.rl.summary`` over the finished rows.
 
 Everything lands in ``<out>/<artifact>/<row>/`` (env.json, metrics.jsonl, run.json) and ``<out>/sft/*/sft.json``,
