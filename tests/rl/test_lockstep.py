@@ -30,8 +30,16 @@ def _values(run_dir):
     return [{k: v for k, v in r.items() if not any(k.endswith(t) or t in k for t in timing)} for r in rows]
 
 
+@pytest.fixture()
+def varied_rewards(monkeypatch):
+    """A random tiny policy never solves a problem, so every advantage would be 0 and the policy never move: score
+    responses by a deterministic function of their text instead, so the policy updates are compared too."""
+    from repro.rl import episodes
+    monkeypatch.setattr(episodes, "dapo_reward", lambda text, answer: float(len(text) % 3 == 0))
+
+
 @pytest.mark.timeout(600)
-def test_lockstep_rows_equal_their_separate_runs(tmp_path, profile_file):
+def test_lockstep_rows_equal_their_separate_runs(tmp_path, profile_file, varied_rewards):
     for row in ROWS:
         assert run.main(["--artifact", "table1", "--row", row, "--profile", str(profile_file),
                          "--out", str(tmp_path / "alone" / run_dir_name(row))]) == 0
@@ -43,6 +51,7 @@ def test_lockstep_rows_equal_their_separate_runs(tmp_path, profile_file):
         alone, together = tmp_path / "alone" / run_dir_name(row), tmp_path / "lockstep" / run_dir_name(row)
         a, b = _values(alone), _values(together)
         assert len(a) == len(b) == 2 and a == b, row
+        assert any(r["train/policy_grad_norm"] > 0 for r in a), row          # the policy did move
         rec = json.loads((together / "run.json").read_text())
         assert rec["row"] == row and rec["lockstep_rows"] == ROWS and rec["last"] is not None
 
@@ -61,7 +70,8 @@ def test_bad_rows_fail_before_training(tmp_path, profile_file, capsys):
 
 
 @pytest.mark.timeout(600)
-def test_a_crashed_lockstep_job_resumes_every_row_without_losing_steps(tmp_path, profile_file, monkeypatch):
+def test_a_crashed_lockstep_job_resumes_every_row_without_losing_steps(tmp_path, profile_file, monkeypatch,
+                                                                     varied_rewards):
     prof = yaml.safe_load(profile_file.read_text())
     prof["table1"].update(steps=3, ckpt_every=1)
     profile_file.write_text(yaml.safe_dump(prof, sort_keys=False))
