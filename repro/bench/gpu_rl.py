@@ -196,14 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     if not jobs:
         raise SystemExit(f"nothing to run: {art} has no baseline_seeds in profile {args.profile!r}"
                          if args.seed_replicas_only else f"nothing to run: no rows of {art} chosen")
+    lockstep = bool(args.lockstep or prof[art].get("lockstep"))
     report: dict = {"profile": args.profile, "artifact": art, "workload": workload, "rows": {},
-                    "lockstep": bool(args.lockstep or prof[art].get("lockstep")),
+                    "lockstep": lockstep,
                     "skipped": [r for r in rows if r not in order],
                     "sft": {}, "errors": {}, "overrides": {"steps": args.steps, "sft_steps": args.sft_steps}}
     warm: dict[str, Path] = {}
     done: dict[str, dict] = {}
     py = [sys.executable, "-m"]
-    if args.lockstep or prof[art].get("lockstep"):        # one job per policy: its rows together (no-draft first), then the replicas
+    if lockstep:                     # one job per policy: its rows together (no-draft first), then the replicas
         groups = [[j for j in jobs if not j[1] and rows[j[0]].get("policy", "dense") == p] for p in policies]
         jobs = [g for g in groups if g] + [[j] for j in jobs if j[1]]
     else:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import sys
 from pathlib import Path
 
@@ -82,10 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                     if step >= first:
                         logged[row].append(trainer.run_step(step, logs[row]))
         finally:
-            if any(t.cfg.manual_gc_interval for _, _, t, _ in runs):
-                gc.enable()
-        for row, prof, trainer, first in runs:
-            trainer.close()
+            for _, _, trainer, _ in runs:
+                trainer.close()
+        for row, prof, trainer, _ in runs:
             run_probes(prof, trainer, logs[row])
     for row, _, trainer, first in runs:
         write_run_record(trainer, first, logged[row], lockstep_rows=rows)

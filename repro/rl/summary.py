@@ -239,15 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         skip = int(prof[args.artifact].get("skip_steps", 0))
         basis = args.basis or ("cpu" if prof["hardware"]["device"] == "cpu" else "wall")
         result = summarize(args.artifact, rows, args.runs, skip, basis)
+        measured_on = runs_hardware(args.runs, rows)
     except (ConfigError, ProfileError, FileNotFoundError, ValueError) as exc:
         print(f"summary: error: {exc}", file=sys.stderr)
         return 2
     out = args.out or args.runs / "summary"
-    try:
-        measured_on = runs_hardware(args.runs, rows)
-    except ValueError as exc:
-        print(f"summary: error: {exc}", file=sys.stderr)
-        return 2
     with MetricsLogger(out, artifact=args.artifact, profile=args.profile, measured_on=measured_on,
                        config={"rows": rows, "skip_steps": skip, "runs": str(args.runs), "basis": basis}) as log:
         for row, metrics in result.items():

@@ -216,7 +216,7 @@ class CoTrainer:
         return m, batch, stats
 
     def _manual_gc(self, step: int) -> float:
-        """With ``manual_gc_interval`` N: Python's automatic collector off while training (``run`` turns it back
+        """With ``manual_gc_interval`` N: Python's automatic collector off while training (``close`` turns it back
         on), one full collection after every N-th step, timed inside the step; returns its seconds."""
         n = self.cfg.manual_gc_interval
         if not n:
@@ -256,15 +256,9 @@ class CoTrainer:
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self, logger, *, on_step: Callable[[int, dict], None] | None = None) -> list[dict[str, float]]:
         try:
-            return self._run(logger, on_step)
+            return [self.run_step(step, logger, on_step) for step in range(self.start_step, self.cfg.steps)]
         finally:
-            if self.cfg.manual_gc_interval:
-                gc.enable()
-
-    def _run(self, logger, on_step) -> list[dict[str, float]]:
-        rows = [self.run_step(step, logger, on_step) for step in range(self.start_step, self.cfg.steps)]
-        self.close()
-        return rows
+            self.close()
 
     def run_step(self, step: int, logger, on_step: Callable[[int, dict], None] | None = None) -> dict[str, float]:
         """One logged step: train, validate when due, log, checkpoint when due (repro.rl.lockstep calls this)."""
@@ -287,7 +281,10 @@ class CoTrainer:
         return m
 
     def close(self) -> None:
-        """Stop the tool-call thread pool (the workplace workload's; a later rollout makes a new one)."""
+        """End of training: stop the workplace tools' thread pool (a later rollout makes a new one) and give garbage
+        collection back to Python (``manual_gc_interval`` turned it off)."""
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+        if self.cfg.manual_gc_interval:
+            gc.enable()
