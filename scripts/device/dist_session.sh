@@ -3,12 +3,14 @@
 # NCCL, a few steps per layout (PP=2 x CP=1 with the taps over CUDA IPC, then PP=1 x CP=2), random-init h200
 # models, microbatches of $MICROBATCH (default 8: 1F1B needs >= pp of them), packed into $OUT/dist.tgz. Not yet run on the device (written in session 6; CPU/gloo runs of the same
 # entry are tests/rl/test_dist_run.py). Runs in the repository root.
-#   REPRO_GIT_SHA=<sha> bash scripts/device/dist_session.sh [STEPS] [ROWS...]
+#   REPRO_GIT_SHA=<sha> [RUN_TIMEOUT=240] bash scripts/device/dist_session.sh [STEPS] [ROWS...]
 #   PROFILE=cpu-tiny OUT=/tmp/d bash scripts/device/dist_session.sh 1 "Qwen3-8B/DFlash"     # CPU (gloo) check
 set -uo pipefail
 STEPS=${1:-4}; shift || true
 ROWS=("$@"); [ ${#ROWS[@]} -gt 0 ] || ROWS=("Qwen3-8B/EAGLE-3" "Qwen3-8B/DFlash")
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled OMP_NUM_THREADS=1
+# the device host shares its GPUs: NVLink multicast stays off (the device README), also for torchrun's children
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 W=$OUT/work; mkdir -p "$W"
 nvidia-smi topo -m > "$W/topology.txt" 2>&1
 for row in "${ROWS[@]}"; do
@@ -16,7 +18,7 @@ for row in "${ROWS[@]}"; do
   for layout in "2 1" "1 2"; do
     set -- $layout
     echo "[$(date +%T)] $row pp=$1 cp=$2"
-    timeout 240 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m repro.rl.dist_run \
+    timeout "${RUN_TIMEOUT:-240}" python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m repro.rl.dist_run \
       --artifact table1 --row "$row" --profile "${PROFILE:-h200}" --pp "$1" --cp "$2" --steps "$STEPS" \
       --microbatch "${MICROBATCH:-8}" --out "$W/${name}_pp$1cp$2" > "$W/${name}_pp$1cp$2.log" 2>&1
     rc=$?; echo "[$(date +%T)] rc=$rc"; tail -3 "$W/${name}_pp$1cp$2.log"
