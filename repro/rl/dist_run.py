@@ -118,6 +118,13 @@ def build_config(args: argparse.Namespace, world: int) -> tuple[RunConfig, MeshS
         cfg.steps = args.steps
     if args.microbatch:
         cfg.grpo.microbatch = args.microbatch
+    if cfg.draft is not None and (cfg.draft.microbatch or cfg.draft.cuda_graph):
+        # both shape repro.rl.joint's deferred draft pass (single process); the mesh update has none: the draft
+        # trains inside the last stage's microbatches, so the profile's values do not apply here
+        print(f"dist_run: draft.microbatch={cfg.draft.microbatch} and draft.cuda_graph={cfg.draft.cuda_graph} "
+              "configure the single-process update's deferred draft pass; under PP x CP the draft trains in the "
+              "last stage's microbatches: using draft.microbatch=0, draft.cuda_graph=false", file=sys.stderr)
+        cfg.draft.microbatch, cfg.draft.cuda_graph = 0, False
     cfg.validate()
     shape = MeshShape(args.pp, args.cp)
     if cfg.policy.checkpoint:

@@ -67,3 +67,23 @@ def test_bad_layouts_are_refused_before_any_process_group(tmp_path, monkeypatch,
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
     assert exc.value.code == 0 and "torchrun" in capsys.readouterr().out
+
+
+def test_single_process_draft_settings_are_reset_under_pp_cp(tmp_path, capsys):
+    """h200's block drafts train in one deferred, CUDA-graphed pass of 64 rows (repro.rl.joint); the mesh update
+    has no such pass, so dist_run runs them in the last stage's microbatches and says so (was: exit 2)."""
+    import yaml
+
+    from repro.report.profiles import load_profile
+    from repro.rl.dist_run import build_config, parse_args
+
+    prof = load_profile("h200")
+    prof["hardware"]["device"], prof["dtype"] = "cpu", "float32"       # only the config is built here, no model
+    path = tmp_path / "h200_on_cpu.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    args = parse_args(["--artifact", "table1", "--row", "Qwen3-8B/DFlash", "--profile", str(path),
+                       "--out", str(tmp_path / "r"), "--pp", "2", "--cp", "1", "--microbatch", "8"])
+    assert prof["rl"]["drafts"]["dflash"]["microbatch"] == 64 and prof["rl"]["drafts"]["dflash"]["cuda_graph"]
+    cfg, shape, n_mb = build_config(args, world=2)
+    assert (cfg.draft.microbatch, cfg.draft.cuda_graph, n_mb) == (0, False, 8)
+    assert "using draft.microbatch=0, draft.cuda_graph=false" in capsys.readouterr().err
