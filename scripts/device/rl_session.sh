@@ -14,9 +14,9 @@ if [ "$CHECK" = 1 ]; then
   log "graph_check rc=$?"
 fi
 log "gpu_rl $ART (budget ${BUDGET}s) $*"
-# .cache/sft (ignored by git) survives while the machine stays warm: a next call within the idle window reuses the SFT
+# .cache/sft (or $SFT_CACHE; ignored by git) survives while the machine stays warm: a next call within the idle window reuses the SFT
 timeout $((BUDGET + 140)) python3 -m repro.bench.gpu_rl --out "$W/rl" --artifact "$ART" --budget-s "$BUDGET" \
-  --sft-cache .cache/sft "$@" \
+  --sft-cache "${SFT_CACHE:-.cache/sft}" "$@" \
   > "$W/gpu_rl.log" 2>&1
 log "gpu_rl rc=$?"
 # pack what exists even when gpu_rl was cut short (its own tarball is written only at its end)

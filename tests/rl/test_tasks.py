@@ -38,6 +38,31 @@ def test_heldout_split_is_fixed_and_never_drawn_for_training():
         ts.problems("test", 1)
 
 
+def test_every_seed_validates_on_the_same_heldout_split_and_never_trains_on_it():
+    """A baseline's seed replicas are judged against seed-0 rows on validation accuracy: the held-out split must
+    not move with the seed (it did until session 7, so replicas were validated on other problems, some of which
+    the seed-0 SFT warm start had trained on). Seed 0's problems are pinned: the committed seed-0 runs stay valid."""
+    import hashlib
+
+    def digest(xs):
+        return hashlib.sha256(repr(xs).encode()).hexdigest()[:16]
+
+    held0 = [p.key for p in MathTaskSet(seed=0).problems("heldout", HELDOUT_SIZE)]
+    assert digest(held0) == "467f5ec18e1b9834"
+    assert digest([p.key for p in MathTaskSet(seed=0).problems("train", 8, draw=3)]) == "395c8f0ce10d8f36"
+    for seed in (1, 2, 7):
+        ts = MathTaskSet(seed=seed)
+        assert [p.key for p in ts.problems("heldout", HELDOUT_SIZE)] == held0
+        train = [p.key for draw in range(20) for p in ts.problems("train", 64, draw=draw)]
+        assert not set(held0) & set(train)
+        assert train[:64] != [p.key for p in MathTaskSet(seed=0).problems("train", 64)], "seeds draw other streams"
+    wp0 = [t.prompt_text for t in WorkplaceTaskSet(seed=0).tasks("heldout", 30)]
+    assert digest(wp0) == "944b7ed3271ccf88"
+    assert [t.prompt_text for t in WorkplaceTaskSet(seed=3).tasks("heldout", 30)] == wp0
+    assert ([t.prompt_text for t in WorkplaceTaskSet(seed=3).tasks("train", 8)]
+            != [t.prompt_text for t in WorkplaceTaskSet(seed=0).tasks("train", 8)])
+
+
 @pytest.mark.parametrize("text,gt,want", [
     ("3 + 4 = 7\nAnswer: 7", 7, 1.0), ("Answer: 8", 7, 0.0), ("Answer: 7\nAnswer: 9", 9, 1.0),
     ("the answer is 7", 7, 0.0), ("Answer:-2", -2, 1.0), ("x" * 400 + "Answer: 5", 5, 1.0),

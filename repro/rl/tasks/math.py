@@ -9,7 +9,9 @@ schema (``data_source``, ``prompt`` as a chat list with DAPO's instruction, ``ab
 ``Answer:`` line within the last 300 characters, compared as an integer; 1.0 or 0.0.
 
 Splits: ``train`` (DAPO-Math-17K's role) and ``heldout`` (AIME 2024's role): 30 fixed problems of
-three operations, never drawn for training.
+three operations, never drawn for training. The seed picks the training stream only: the held-out
+split is the same for every seed (one fixed evaluation set, as AIME 2024 is), so runs of different
+seeds are validated on the same problems and none of them, nor the SFT warm start, trains on them.
 
     python -m repro.rl.tasks.math --n 3          # print three DAPO-format records and their solutions
 """
@@ -25,6 +27,7 @@ DAPO_INSTRUCTION = ("Solve the following math problem step by step. The last lin
                     "be of the form Answer: $Answer where $Answer is the answer to the problem.\n\n{problem}"
                     "\n\nRemember to put your answer on its own line after \"Answer:\".")
 SPLITS = ("train", "heldout")
+HELDOUT_SEED = 0          # the one held-out split of every seed (seed 0 drew it before seeds stopped changing it)
 HELDOUT_SIZE = 30
 MAX_VALUE = 99
 _ANSWER_RE = re.compile(r"Answer\s*:\s*(-?\d+)")
@@ -105,7 +108,8 @@ def dapo_reward(response: str, ground_truth: str | int) -> float:
 
 
 class MathTaskSet:
-    """Seeded problem source; ``problems(split, n, draw)`` is a pure function of (seed, split, n, draw)."""
+    """Seeded problem source; ``problems(split, n, draw)`` is a pure function of (seed, split, n, draw), and
+    the held-out split does not depend on the seed."""
 
     def __init__(self, seed: int = 0, train_ops: tuple[int, int] = (2, 3), heldout_ops: int = 3):
         if not 1 <= train_ops[0] <= train_ops[1]:
@@ -113,7 +117,7 @@ class MathTaskSet:
         if heldout_ops < 1:
             raise ValueError(f"heldout_ops must be >= 1, got {heldout_ops}")
         self.seed, self.train_ops, self.heldout_ops = seed, train_ops, heldout_ops
-        rng = random.Random(f"heldout/{seed}")
+        rng = random.Random(f"heldout/{HELDOUT_SEED}")
         held: dict[tuple, MathProblem] = {}
         while len(held) < HELDOUT_SIZE:
             p = _random_problem(rng, heldout_ops, len(held))
