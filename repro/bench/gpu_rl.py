@@ -10,8 +10,8 @@ rows' memory, allocator state and garbage-collector load: their update times gre
        ``MetricsLogger`` with W&B disabled) in profile order, no-draft rows first, or, when the artifact section
        says ``lockstep: true`` (or with ``--lockstep``), one ``python -m repro.rl.lockstep`` per policy training
        its rows together from the start, steps interleaved (the host's speed drifts between processes); then
-       the baseline's seed replicas of a figure (``baseline_seeds``, folders ``<row>_seed<k>`` as the workflow
-       names them), while the time budget lasts (rows left out are listed as skipped, never invented);
+       the baseline's replicas of a figure (``baseline_seeds``: sampling seeds, folders ``<row>_sampling<k>`` as
+       the workflow names them), while the time budget lasts (rows left out are listed as skipped, never invented);
     3. ``repro.rl.summary`` over the finished rows.
 
 Everything lands in ``<out>/<artifact>/<row>/`` (env.json, metrics.jsonl, run.json) and ``<out>/sft/*/sft.json``,
@@ -49,7 +49,7 @@ import yaml
 from repro.report.metrics import MetricsLogger
 from repro.report.profiles import load_profile
 from repro.report.provenance import provenance, write_json_atomic
-from repro.report.seed_spread import seed_run_name
+from repro.report.seed_spread import replica_run_name
 from repro.rl.config import ARTIFACTS, artifact_rows
 from repro.rl.summary import run_dir_name, summarize
 
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     prof_file = out / f"profile_{prof['name']}.yaml"        # the profile with this call's overrides, for the jobs
     prof_file.write_text(yaml.safe_dump(prof, sort_keys=False))
-    # a figure's baseline seed replicas (the main runs use seed 0, as the workflow's default seed)
+    # a figure's baseline replicas: sampling seeds k of the main runs' seed 0 (the workflow's default seed)
     seeds = [int(k) for k in dict.fromkeys(prof[art].get("baseline_seeds") or []) if int(k) != 0]
     if args.seeds:
         try:
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed_replicas_only:
         bases = sorted({rows[r]["baseline"] if rows[r].get("baseline") else r for r in order})
     jobs = [] if args.seed_replicas_only else [(r, 0, run_dir_name(r)) for r in order]
-    jobs += [(b, k, seed_run_name(run_dir_name(b), k)) for k in seeds for b in bases]
+    jobs += [(b, k, replica_run_name(run_dir_name(b), k)) for k in seeds for b in bases]
     if not jobs:
         raise SystemExit(f"nothing to run: {art} has no baseline_seeds in profile {args.profile!r}"
                          if args.seed_replicas_only else f"nothing to run: no rows of {art} chosen")
@@ -237,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                      out / art / f"lockstep_{pol}.log")
             else:
                 _job(py + ["repro.rl.run", "--artifact", art, "--row", row, "--profile", str(prof_file),
-                           "--out", str(out / art / run_name), "--warm-start", str(warm[pol]), "--seed", str(seed)],
+                           "--out", str(out / art / run_name), "--warm-start", str(warm[pol]), "--seed", "0"]
+                     + (["--sampling-seed", str(seed)] if seed else []),
                      out / art / f"{run_name}.log")
             for r, k, name in group:
                 last = json.loads((out / art / name / "run.json").read_text()).get("last")

@@ -110,12 +110,17 @@ def tidy_rows(history: Iterable[dict[str, Any]], meta: dict[str, Any], mapper: M
             for (row, step, metric), value in latest.items()]
 
 
-def collect_run(run_dir: Path, root: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def read_env(run_dir: Path) -> dict[str, Any]:
     env_path = run_dir / "env.json"
     try:
-        env = json.loads(env_path.read_text())
+        return json.loads(env_path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{env_path}: not valid JSON ({exc.msg}); half-written run folder?") from exc
+
+
+def collect_run(run_dir: Path, root: Path, env: dict[str, Any] | None = None
+                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    env = read_env(run_dir) if env is None else env
     engine = env.get("engine") or env.get("config", {}).get("engine") or "suite"
     hw = env.get("hardware", {})
     meta = {"artifact": env.get("artifact", ""), "profile": env.get("profile", ""),
@@ -134,9 +139,12 @@ def collect(root: Path, artifact: str | None = None, profile: str | None = None
     """Every run folder under ``root`` (optionally one artifact and/or profile) as tidy tables."""
     rows, runs = [], []
     for run_dir in find_run_dirs(root):
-        r, info = collect_run(run_dir, root)
-        if (artifact and info["artifact"] != artifact) or (profile and info["profile"] != profile):
+        env = read_env(run_dir)
+        # filter before reading any log: another artifact's run may be writing its log right now (the workflow
+        # collects one artifact while the next one's jobs run)
+        if (artifact and env.get("artifact", "") != artifact) or (profile and env.get("profile", "") != profile):
             continue
+        r, info = collect_run(run_dir, root, env)
         rows.extend(r)
         runs.append(info)
     tidy = pd.DataFrame(rows, columns=TIDY_COLUMNS)

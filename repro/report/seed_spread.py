@@ -1,10 +1,16 @@
 """The baseline's seed-to-seed spread in Figures 3-4, and whether each co-trained curve stays inside it.
 
 A profile's ``fig3:``/``fig4:`` section may ask for ``baseline_seeds: [1, 2]``: the workflow
-(workflow/rules/rl.smk) then runs the baseline (no-draft) row again with each of those seeds, into
-run folders named ``<row folder>_seed<k>`` (``seed_run_name``). Their metrics are logged under the
-baseline's row label, so in the collected tidy table a seed replica is recognised by its run folder
-name (``seed_of_run``); the run without the suffix is the row's main run (the workflow's ``seed``).
+(workflow/rules/rl.smk) then runs the baseline (no-draft) row again with each of those *sampling* seeds,
+into run folders named ``<row folder>_sampling<k>`` (``replica_run_name``). A replica keeps the main
+run's prompts, held-out split and SFT warm start; only the random numbers of its rollouts (and of the
+update's draft anchors) come from seed k. That is exactly how a co-trained row differs from its
+baseline: speculative sampling is lossless, but it draws its own random numbers. So the band is the
+spread the null hypothesis ("co-training does not change the policy's learning") predicts.
+Replicas of the whole seed (``<row folder>_seed<k>``: other prompts too, the only kind before session 7)
+are still read; they are banded only where no sampling replicas exist, and the table says which kind it
+used. Replicas log under the baseline's row label, so in the collected tidy table they are recognised
+by their run folder name (``replica_of_run``); the run without a suffix is the row's main run.
 
 Definitions used by the figure and the table (``repro.report.artifacts.fig3.build_curves``):
 
@@ -31,7 +37,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-SEED_SUFFIX = re.compile(r"_seed(\d+)$")
+REPLICA_SUFFIX = re.compile(r"_(seed|sampling)(\d+)$")
+SAMPLING, FULL = "sampling", "seed"       # replica kinds, as their folder suffixes spell them
 SMOOTH = {"train/reward": 4, "val/accuracy": 1}
 BAND_METRICS = (("train/reward", "reward"), ("val/accuracy", "val accuracy"))
 K_SD = 2.0
@@ -39,34 +46,51 @@ MIN_FRACTION = 0.5
 TOL = 1e-12
 WITHIN, OUTSIDE = "within the seed-to-seed spread", "outside"
 ACCEPTANCE = "train/acceptance_length"
-TABLE_COLUMNS = ["row", "baseline", "baseline runs", "reward in band", "val accuracy in band", "verdict",
+TABLE_COLUMNS = ["row", "baseline", "baseline runs", "replicas", "reward in band", "val accuracy in band", "verdict",
                  "acceptance slope/step", "acceptance rises", "measured on"]
 
 
-def seed_run_name(run_dir: str, seed: int) -> str:
-    """Run folder of a seed replica: ``seed_run_name("no_draft", 1) -> "no_draft_seed1"``."""
+def replica_run_name(run_dir: str, seed: int) -> str:
+    """Run folder of a sampling-seed replica: ``replica_run_name("no_draft", 1) -> "no_draft_sampling1"``."""
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"baseline seed {seed!r}: expected an integer >= 0")
-    return f"{run_dir}_seed{seed}"
+    return f"{run_dir}_{SAMPLING}{seed}"
+
+
+def replica_of_run(run: str) -> tuple[str, int] | None:
+    """(kind, seed) of a replica run (folder ending in ``_sampling<k>`` or ``_seed<k>``); None for a main run."""
+    m = REPLICA_SUFFIX.search(str(run).rstrip("/"))
+    return (m.group(1), int(m.group(2))) if m else None
 
 
 def seed_of_run(run: str) -> int | None:
-    """The seed of a replica run (its folder name ends in ``_seed<k>``); None for a row's main run."""
-    m = SEED_SUFFIX.search(str(run).rstrip("/"))
-    return int(m.group(1)) if m else None
+    """The seed of a replica run; None for a row's main run."""
+    rep = replica_of_run(run)
+    return rep[1] if rep else None
 
 
 def main_runs(steps: pd.DataFrame) -> pd.DataFrame:
-    """The per-step rows of every row's main run (seed replicas left out)."""
+    """The per-step rows of every row's main run (replicas left out)."""
     return steps[[seed_of_run(r) is None for r in steps["run"]]]
 
 
 def baseline_row(steps: pd.DataFrame) -> str | None:
-    """The row that has seed replicas (None when there are none); more than one is an error."""
+    """The row that has replicas (None when there are none); more than one is an error."""
     rows = sorted({r for r, run in zip(steps["row"], steps["run"]) if seed_of_run(run) is not None})
     if len(rows) > 1:
         raise ValueError(f"seed replicas of several rows {rows}; expected those of the one baseline row")
     return rows[0] if rows else None
+
+
+def banded_runs(steps: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """``steps`` without the replicas that are not banded (whole-seed ones where sampling ones exist), and a
+    description of the replicas kept, e.g. "sampling seeds 1, 2"."""
+    reps = {run: replica_of_run(run) for run in set(steps["run"]) if replica_of_run(run)}
+    kind = SAMPLING if any(k == SAMPLING for k, _ in reps.values()) else FULL
+    drop = {run for run, (k, _) in reps.items() if k != kind}
+    seeds = ", ".join(str(s) for s in sorted(s for k, s in reps.values() if k == kind))
+    what = f"sampling seeds {seeds}" if kind == SAMPLING else f"whole seeds {seeds} (other prompts too)"
+    return steps[~steps["run"].isin(drop)], what
 
 
 def smooth(curve: pd.Series, window: int) -> pd.Series:
@@ -112,10 +136,11 @@ def acceptance_slope(steps: pd.DataFrame, run: str) -> float:
     return float(np.polyfit(s.index.to_numpy(float), s.to_numpy(float), 1)[0])
 
 
-def judge(h: pd.DataFrame, run: str, bands: dict[str, pd.DataFrame], row: str, baseline: str, nruns: int) -> dict:
+def judge(h: pd.DataFrame, run: str, bands: dict[str, pd.DataFrame], row: str, baseline: str, nruns: int,
+          replicas: str) -> dict:
     """One verdict line: ``run``'s smoothed curves against ``bands``, and its acceptance trend."""
     hw, label = h["hardware"].iloc[0], h["hardware_label"].iloc[0]
-    line = {"row": row, "baseline": baseline, "baseline runs": nruns}
+    line = {"row": row, "baseline": baseline, "baseline runs": nruns, "replicas": replicas}
     ok = True
     for metric, name in BAND_METRICS:
         n_in, n = fraction_inside(curve(h, run, metric), bands[metric])
@@ -137,6 +162,7 @@ def spread_table(steps: pd.DataFrame) -> pd.DataFrame:
         base = baseline_row(h)
         if base is None:
             continue
+        h, replicas = banded_runs(h)
         bands = {m: band(h, base, m) for m, _ in BAND_METRICS}
         nruns = int(bands[BAND_METRICS[0][0]]["runs"].iloc[0])
         mains = main_runs(h)
@@ -144,7 +170,7 @@ def spread_table(steps: pd.DataFrame) -> pd.DataFrame:
             runs = sorted(set(mains.loc[mains["row"] == row, "run"]))
             if len(runs) != 1:
                 raise ValueError(f"row {row!r} on {hw}: {len(runs)} main runs {runs}; expected one")
-            lines.append(judge(h, runs[0], bands, row, base, nruns))
+            lines.append(judge(h, runs[0], bands, row, base, nruns, replicas))
     return pd.DataFrame(lines, columns=TABLE_COLUMNS)
 
 
@@ -156,20 +182,24 @@ def self_check_table(steps: pd.DataFrame) -> pd.DataFrame:
         base = baseline_row(h)
         if base is None:
             continue
+        h, replicas = banded_runs(h)
         runs = sorted(set(h.loc[h["row"] == base, "run"]))
         if len(runs) < 3:
             continue
         for run in runs:
             others = h[~((h["row"] == base) & (h["run"] == run))]
             bands = {m: band(others, base, m) for m, _ in BAND_METRICS}
-            k = seed_of_run(run)
-            lines.append(judge(h, run, bands, f"{base} ({'main run' if k is None else f'seed {k}'})",
-                               f"the other {base} runs", len(runs) - 1))
+            rep = replica_of_run(run)
+            name = "main run" if rep is None else f"{'sampling seed' if rep[0] == SAMPLING else 'seed'} {rep[1]}"
+            lines.append(judge(h, run, bands, f"{base} ({name})", f"the other {base} runs", len(runs) - 1, replicas))
     return pd.DataFrame(lines, columns=TABLE_COLUMNS)
 
 
 NOTES = [f"Seed band: per step, mean +- {K_SD:g} sd (ddof=1) over the baseline row's runs (main run + "
-         "baseline_seeds replicas, same SFT warm start; the seed also draws the problems and the held-out set) "
+         "baseline_seeds replicas; column 'replicas': sampling seeds keep the main run's prompts, held-out split "
+         "and SFT warm start and change only the random numbers of sampling, as co-training does; whole seeds, "
+         "the replicas run before session 7, also draw other prompts, so a row sharing the main run's prompts "
+         "sits where those prompts put it) "
          f"of the curve smoothed by a trailing mean over {SMOOTH['train/reward']} logged steps for reward and "
          f"{SMOOTH['val/accuracy']} for validation accuracy (the figure's reward panel shows the same smoothing). "
          f"Verdict: '{WITHIN}' when at least {MIN_FRACTION:.0%} of a co-trained row's band steps lie inside for "

@@ -221,6 +221,9 @@ class RunConfig:
     out: str
     steps: int = 10
     seed: int = 0
+    # None: the seed. Else the seed of sampling only (rollouts, the update's draft anchors), with the prompts,
+    # held-out split and random init still from ``seed``: a baseline's replica (repro.report.seed_spread)
+    sampling_seed: int | None = None
     device: str = "cpu"
     dtype: str = "float32"             # rollout (inference) dtype; the trainer keeps fp32 master weights
     policy: PolicySpec = field(default_factory=PolicySpec)
@@ -243,6 +246,8 @@ class RunConfig:
         _check(bool(self.out), "out", self.out, "an output folder")
         _check(isinstance(self.steps, int) and self.steps >= 1, "steps", self.steps, "a positive integer")
         _check(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        _check(self.sampling_seed is None or (isinstance(self.sampling_seed, int) and self.sampling_seed >= 0),
+               "sampling_seed", self.sampling_seed, "an integer >= 0, or none (the seed)")
         _check(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
         _check(self.device == "cpu" or self.device.startswith("cuda"), "device", self.device, "cpu or cuda[:i]")
         _check(isinstance(self.vocab_size, int) and self.vocab_size >= 265, "vocab_size", self.vocab_size,
@@ -299,6 +304,11 @@ class RunConfig:
     def has_draft(self) -> bool:
         return self.draft is not None
 
+    @property
+    def rollout_seed(self) -> int:
+        """The seed of the run's random sampling: ``sampling_seed`` when set, else ``seed``."""
+        return self.seed if self.sampling_seed is None else self.sampling_seed
+
     def to_dict(self) -> dict:
         d = asdict(self)
         if d["rollout_backend"] == "suite":     # the default is left out: configs (and checkpoints) written
@@ -307,6 +317,8 @@ class RunConfig:
             del d["cuda_graphs"]
         if not d["manual_gc_interval"]:
             del d["manual_gc_interval"]
+        if d["sampling_seed"] is None:
+            del d["sampling_seed"]
         for k in ("checkpoint", "path", "tokens"):   # likewise the checkpoint keys of random-init policies
             if not d["policy"][k]:
                 del d["policy"][k]
@@ -393,8 +405,8 @@ def policy_mesh(profile: Mapping[str, Any], artifact: str, row: str) -> dict | N
 
 
 def run_config_from_profile(profile: Mapping[str, Any], artifact: str, row: str, *, out: str,
-                            seed: int = 0, warm_start: str = "", checkpoint_root: str | Path | None = None
-                            ) -> RunConfig:
+                            seed: int = 0, warm_start: str = "", checkpoint_root: str | Path | None = None,
+                            sampling_seed: int | None = None) -> RunConfig:
     """The config of one ``row`` of ``artifact`` on ``profile`` (rows name a policy and a draft or none).
 
     A policy with ``checkpoint: <key>`` is resolved against ``checkpoint_root``; its vocabulary size is
@@ -439,7 +451,8 @@ def run_config_from_profile(profile: Mapping[str, Any], artifact: str, row: str,
     if unknown:
         raise ConfigError(f"config rl.rollout has unknown keys {unknown}: expected only 'cuda_graphs'")
     cfg = RunConfig(artifact=artifact, row=row, profile=profile["name"], out=out,
-                    steps=int(spec.get("steps", section.get("steps", 10))), seed=seed, device=device,
+                    steps=int(spec.get("steps", section.get("steps", 10))), seed=seed,
+                    sampling_seed=sampling_seed, device=device,
                     dtype=dtype, policy=PolicySpec(**policy), draft=draft,
                     grpo=GRPOSpec(**grpo), workload=WorkloadSpec(**workload), sft=SFTSpec(**rl.get("sft", {})),
                     vocab_size=vocab_size, warm_start=warm_start,

@@ -89,6 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=0, help="training steps (0: the profile's)")
     ap.add_argument("--warm-start", default="", help="SFT warm-start folder (repro.rl.sft); empty: random init")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sampling-seed", type=int, default=None,
+                    help="seed of sampling only (a baseline replica, as repro.rl.run's); default: --seed")
     ap.add_argument("--tap-transport", default="auto", choices=TRANSPORTS,
                     help="TapChannel transport (auto: shm on CPU, cuda_ipc on GPUs of one node)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads per rank (0: torch's default)")
@@ -104,7 +106,8 @@ def build_config(args: argparse.Namespace, world: int) -> tuple[RunConfig, MeshS
     prof = load_run_profile(args.profile)
     check_engine(prof, args.engine, args.artifact, "torchrun ... -m repro.rl.dist_run")
     cfg = run_config_from_profile(prof, args.artifact, args.row, out=args.out, seed=args.seed,
-                                  warm_start=args.warm_start, checkpoint_root=args.checkpoint_root or None)
+                                  warm_start=args.warm_start, checkpoint_root=args.checkpoint_root or None,
+                                  sampling_seed=args.sampling_seed)
     if not args.pp or not args.cp:
         mesh = policy_mesh(prof, args.artifact, args.row) or {}
         if not mesh:
@@ -209,7 +212,7 @@ def follower_step(upd: MeshUpdate, cfg: RunConfig, step: int, batch_adv=None):
                 "old": batch.rollout_logp.cpu(), "adv": adv.cpu()}]
     dist.broadcast_object_list(box, src=0)
     b = box[0]
-    return upd.step(b["ids"], b["att"], b["mask"], b["old"], b["adv"], anchor_seed=cfg.seed * 7919 + step)
+    return upd.step(b["ids"], b["att"], b["mask"], b["old"], b["adv"], anchor_seed=cfg.rollout_seed * 7919 + step)
 
 
 def _param_checksum(model: torch.nn.Module, device) -> torch.Tensor:

@@ -60,13 +60,14 @@ def log_ab_probe(trainer: CoTrainer, log, row: str, rounds: int, first_step: int
 
 
 def build_row(profile: str, artifact: str, row: str, *, out: str, seed: int = 0, warm_start: str = "",
-              engine: str | None = None, checkpoint_root: str = "") -> tuple[dict, CoTrainer, int]:
+              engine: str | None = None, checkpoint_root: str = "", sampling_seed: int | None = None
+              ) -> tuple[dict, CoTrainer, int]:
     """Validate a row's config, build its trainer and resume it from its run folder's last checkpoint.
     Returns (profile dict, trainer, first step still to run); raises ConfigError/ProfileError/FileNotFoundError."""
     prof = load_run_profile(profile)
     check_engine(prof, engine, artifact, "python -m repro.rl.run")
     cfg = run_config_from_profile(prof, artifact, row, out=out, seed=seed, warm_start=warm_start,
-                                  checkpoint_root=checkpoint_root or None)
+                                  checkpoint_root=checkpoint_root or None, sampling_seed=sampling_seed)
     tok = tokenizer_for_run(cfg, out=out, seed=seed, warm_start=warm_start)
     trainer = CoTrainer(cfg, tok)
     first = trainer.try_resume()
@@ -123,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="folder holding the profile's checkpoints: (policies with a checkpoint key)")
     ap.add_argument("--out", required=True, help="run folder")
     ap.add_argument("--warm-start", default="", help="SFT warm-start folder (repro.rl.sft); empty: random init")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the run's seed: its prompts, held-out split, init, sampling")
+    ap.add_argument("--sampling-seed", type=int, default=None,
+                    help="seed of sampling only (rollouts, draft anchors); prompts and the rest stay --seed's: a "
+                         "baseline replica (profile key baseline_seeds)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = ap.parse_args(argv)
     if args.threads:
@@ -131,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prof, trainer, first = build_row(args.profile, args.artifact, args.row, out=args.out, seed=args.seed,
                                          warm_start=args.warm_start, engine=args.engine,
-                                         checkpoint_root=args.checkpoint_root)
+                                         checkpoint_root=args.checkpoint_root, sampling_seed=args.sampling_seed)
     except (ConfigError, ProfileError, FileNotFoundError) as exc:
         print(f"run: error: {exc}", file=sys.stderr)
         return 2

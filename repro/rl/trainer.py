@@ -142,7 +142,8 @@ class CoTrainer:
             from repro.rollout.vllm_backend import VllmRolloutEngine
             self.engine = VllmRolloutEngine.from_models(
                 self.rollout_policy, self.rollout_draft, workdir=Path(cfg.out) / "vllm", max_model_len=max_len,
-                num_speculative_tokens=cfg.draft.num_proposals if cfg.draft is not None else 3, seed=cfg.seed)
+                num_speculative_tokens=cfg.draft.num_proposals if cfg.draft is not None else 3,
+                seed=cfg.rollout_seed)
         else:
             self.engine = RolloutEngine(self.rollout_policy, proposer, max_model_len=max_len,
                                         cuda_graphs=cfg.cuda_graphs)
@@ -168,7 +169,7 @@ class CoTrainer:
 
     def rollout(self, step: int, *, split: str = "train", greedy: bool = False) -> RolloutBatch:
         g, c = self.cfg.grpo, self.cfg
-        seed = c.seed * 100003 + step * 7 + (1 if split != "train" else 0)
+        seed = c.rollout_seed * 100003 + step * 7 + (1 if split != "train" else 0)
         if self.math is not None:
             if split == "train":
                 items, group = self.math.problems("train", g.prompts_per_step, draw=step), g.generations_per_prompt
@@ -196,7 +197,7 @@ class CoTrainer:
         c1 = time.process_time()
         adv = group_advantages(batch.rewards, self.cfg.grpo.generations_per_prompt, self.cfg.grpo.normalize_std)
         allocs0 = _device_alloc_calls()
-        stats = self.update.step(batch, adv, anchor_seed=self.cfg.seed * 7919 + step,
+        stats = self.update.step(batch, adv, anchor_seed=self.cfg.rollout_seed * 7919 + step,
                                  temperature=self.cfg.grpo.temperature)
         c2 = time.process_time()
         push_s, _ = self.push()

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # One device call on 2 GPUs of one host (kind nvidia-h200-x2): the distributed co-training row under torchrun with
-# NCCL, a few steps per layout (PP=2 x CP=1 with the taps over CUDA IPC, then PP=1 x CP=2), random-init h200
-# models, microbatches of $MICROBATCH (default 8: 1F1B needs >= pp of them), packed into $OUT/dist.tgz. Not yet run on the device (written in session 6; CPU/gloo runs of the same
-# entry are tests/rl/test_dist_run.py). Runs in the repository root.
-#   REPRO_GIT_SHA=<sha> [RUN_TIMEOUT=240] bash scripts/device/dist_session.sh [STEPS] [ROWS...]
+# NCCL, a few steps per layout (PP=2 x CP=1 with the taps over CUDA IPC, then PP=1 x CP=2), h200 models, microbatches
+# of $MICROBATCH (default 8: 1F1B needs >= pp of them), packed into $OUT/dist.tgz. Ran in session 7 (commit 5a45e08,
+# results/2xh200/h200/dist/) from random init, where every reward is 0 and so the policy's gradient too; with
+# WARM_START=1 the dense policy and the rows' drafts are first supervised (repro.rl.sft, ~140 s) and the rows start
+# from that warm start, so rewards and the policy's update are real. CPU/gloo runs of the same entry:
+# tests/rl/test_dist_run.py. Runs in the repository root.
+#   REPRO_GIT_SHA=<sha> [RUN_TIMEOUT=240] [WARM_START=1] bash scripts/device/dist_session.sh [STEPS] [ROWS...]
 #   PROFILE=cpu-tiny OUT=/tmp/d bash scripts/device/dist_session.sh 1 "Qwen3-8B/DFlash"     # CPU (gloo) check
 set -uo pipefail
 STEPS=${1:-4}; shift || true
@@ -13,6 +16,15 @@ export PYTHONUNBUFFERED=1 WANDB_MODE=disabled OMP_NUM_THREADS=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 W=$OUT/work; mkdir -p "$W"
 nvidia-smi topo -m > "$W/topology.txt" 2>&1
+WARM=()
+if [ "${WARM_START:-0}" = 1 ]; then
+  drafts=$(for row in "${ROWS[@]}"; do case "$row" in *EAGLE-3) echo eagle3;; *DFlash) echo dflash;; *DSpark) echo dspark;; esac; done \
+           | sort -u | paste -sd, -)
+  echo "[$(date +%T)] SFT warm start (dense policy, drafts $drafts)"
+  timeout 400 python3 -m repro.rl.sft --profile "${PROFILE:-h200}" --policy dense --workload math --drafts "$drafts" \
+    --out "$W/sft" > "$W/sft.log" 2>&1 || { echo "SFT failed"; tail -5 "$W/sft.log"; }
+  WARM=(--warm-start "$W/sft")
+fi
 for row in "${ROWS[@]}"; do
   name=$(echo "$row" | tr 'A-Z/ ' 'a-z__' | tr -cd 'a-z0-9_.-')
   for layout in "2 1" "1 2"; do
@@ -20,7 +32,7 @@ for row in "${ROWS[@]}"; do
     echo "[$(date +%T)] $row pp=$1 cp=$2"
     timeout "${RUN_TIMEOUT:-240}" python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m repro.rl.dist_run \
       --artifact table1 --row "$row" --profile "${PROFILE:-h200}" --pp "$1" --cp "$2" --steps "$STEPS" \
-      --microbatch "${MICROBATCH:-8}" --out "$W/${name}_pp$1cp$2" > "$W/${name}_pp$1cp$2.log" 2>&1
+      --microbatch "${MICROBATCH:-8}" "${WARM[@]}" --out "$W/${name}_pp$1cp$2" > "$W/${name}_pp$1cp$2.log" 2>&1
     rc=$?; echo "[$(date +%T)] rc=$rc"; tail -3 "$W/${name}_pp$1cp$2.log"
   done
 done

@@ -63,6 +63,21 @@ def test_run_without_wandb_log_is_named(tmp_path, capsys):
     assert "no wandb/*/run-*.wandb log" in capsys.readouterr().err
 
 
+def test_collecting_one_artifact_skips_other_artifacts_runs_unread(tmp_path, monkeypatch):
+    """The workflow collects fig3 while fig4's jobs still write their logs: a run of another artifact (here with
+    an empty, still-open W&B log) must be filtered out by its env.json before any log is read."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    _log(tmp_path / "results" / "a" / "cpu-tiny" / "fig5", [("cp=2", 0, {"speedup_vs_best_usp": 3.0})], "fig5")
+    busy = tmp_path / "results" / "a" / "cpu-tiny" / "fig4" / "summary"
+    (busy / "wandb" / "offline-run-1").mkdir(parents=True)
+    (busy / "wandb" / "offline-run-1" / "run-1.wandb").write_bytes(b"")
+    (busy / "env.json").write_text('{"artifact": "fig4", "profile": "cpu-tiny", "wandb_mode": "offline"}')
+    tidy, _ = collect(tmp_path / "results", artifact="fig5")
+    assert list(tidy["metric"]) == ["speedup_vs_best_usp"]
+    with pytest.raises(Exception, match="too short for a W&B log header"):    # read unfiltered, it does fail
+        collect(tmp_path / "results")
+
+
 def test_online_collection_uses_scan_history():
     class FakeRun:
         id, group, tags = "abc", "fig5", ["profile:h200", "hw:1xh200"]

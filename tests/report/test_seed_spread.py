@@ -22,7 +22,7 @@ def _rows(run, row, metric, values, steps=STEPS, hw="cpu-2c"):
 def _frame(draft_reward, draft_val, draft_al=None, base_seeds=True):
     """Baseline rewards 0.4/0.5/0.6 (flat per seed) and val accuracy 0.2/0.3/0.4 every 4 steps."""
     rows = []
-    runs = [("no_draft", 0.5, 0.3)] + ([("no_draft_seed1", 0.4, 0.2), ("no_draft_seed2", 0.6, 0.4)]
+    runs = [("no_draft", 0.5, 0.3)] + ([("no_draft_sampling1", 0.4, 0.2), ("no_draft_sampling2", 0.6, 0.4)]
                                        if base_seeds else [])
     for run, r, v in runs:
         rows += _rows(run, "no draft", "train/reward", [r] * len(STEPS))
@@ -34,12 +34,31 @@ def _frame(draft_reward, draft_val, draft_al=None, base_seeds=True):
     return pd.DataFrame(rows)
 
 
-def test_seed_run_names_round_trip_and_reject_bad_seeds():
-    assert ss.seed_run_name("no_draft", 2) == "no_draft_seed2"
+def test_replica_run_names_round_trip_and_reject_bad_seeds():
+    assert ss.replica_run_name("no_draft", 2) == "no_draft_sampling2"
+    assert ss.replica_of_run("cpu-2c/cpu-tiny/fig3/no_draft_sampling2") == ("sampling", 2)
+    assert ss.replica_of_run("cpu-2c/cpu-tiny/fig3/no_draft_seed3") == ("seed", 3)       # before session 7
     assert ss.seed_of_run("cpu-2c/cpu-tiny/fig3/no_draft_seed2") == 2
     assert ss.seed_of_run("cpu-2c/cpu-tiny/fig3/no_draft") is None
     with pytest.raises(ValueError, match=r"baseline seed -1: expected an integer >= 0"):
-        ss.seed_run_name("no_draft", -1)
+        ss.replica_run_name("no_draft", -1)
+
+
+def test_sampling_replicas_are_banded_instead_of_whole_seed_ones():
+    """Whole-seed replicas (other prompts) and sampling replicas of one baseline: only the sampling ones enter the
+    band, and the table says which kind it used; without sampling replicas the whole-seed ones are banded."""
+    f = _frame([0.5] * 12, [0.3] * 3)
+    far = f[f["run"].str.endswith("no_draft_sampling1")].copy()       # a whole-seed replica far from the rest
+    far["run"] = far["run"].str.replace("no_draft_sampling1", "no_draft_seed1")
+    far["value"] = 5.0
+    t = ss.spread_table(pd.concat([f, far])).set_index("row")
+    assert t.at["DSpark", "replicas"] == "sampling seeds 1, 2" and t.at["DSpark", "baseline runs"] == 3
+    assert t.at["DSpark", "verdict"] == ss.WITHIN                      # the 5.0 run would have widened the band
+    whole = f.copy()
+    whole["run"] = whole["run"].str.replace("_sampling", "_seed")
+    t = ss.spread_table(whole).set_index("row")
+    assert t.at["DSpark", "replicas"] == "whole seeds 1, 2 (other prompts too)"
+    assert list(ss.self_check_table(whole)["row"]) == ["no draft (main run)", "no draft (seed 1)", "no draft (seed 2)"]
 
 
 def test_band_is_mean_plus_minus_two_sd_over_the_baseline_runs():
@@ -106,7 +125,8 @@ def test_fig3_builder_draws_the_band_and_writes_the_verdicts(tmp_path):
     paper = pd.DataFrame(columns=["row", "metric", "stat", "value", "paper_hardware"])
     paths = build(tidy, paper, tmp_path)
     spread = pd.read_csv(tmp_path / "fig3_spread.csv")
-    assert list(spread["row"]) == ["DSpark", "no draft (main run)", "no draft (seed 1)", "no draft (seed 2)"]
+    assert list(spread["row"]) == ["DSpark", "no draft (main run)", "no draft (sampling seed 1)",
+                                   "no draft (sampling seed 2)"]
     assert spread["verdict"].iloc[0] == ss.OUTSIDE
     md = (tmp_path / "fig3.md").read_text()
     assert "seed-to-seed spread" in md and "| DSpark | no draft | 3 |" in md
@@ -118,13 +138,14 @@ def test_self_check_judges_each_baseline_run_against_the_others():
     # 0.217..0.783: inside. Leaving out 0.4: 0.5/0.6 give 0.55 +- 2 * 0.0707 = 0.409..0.691: 0.4 is outside (and
     # 0.6 likewise against 0.4/0.5): with three runs the test calls the baseline's own extremes outside
     t = ss.self_check_table(_frame([0.5] * 12, [0.3] * 3)).set_index("row")
-    assert list(t.index) == ["no draft (main run)", "no draft (seed 1)", "no draft (seed 2)"]
+    assert list(t.index) == ["no draft (main run)", "no draft (sampling seed 1)", "no draft (sampling seed 2)"]
     assert set(t["baseline runs"]) == {2} and set(t["acceptance rises"]) == {"-"}
     assert t.at["no draft (main run)", "verdict"] == ss.WITHIN
     assert t.at["no draft (main run)", "reward in band"] == "12/12 (1.00)"
-    assert t.at["no draft (seed 1)", "verdict"] == t.at["no draft (seed 2)", "verdict"] == ss.OUTSIDE
-    assert t.at["no draft (seed 1)", "reward in band"] == "0/12 (0.00)"
+    assert (t.at["no draft (sampling seed 1)", "verdict"] == t.at["no draft (sampling seed 2)", "verdict"]
+            == ss.OUTSIDE)
+    assert t.at["no draft (sampling seed 1)", "reward in band"] == "0/12 (0.00)"
     # fewer than 3 baseline runs: a leave-one-out band would rest on one run, so no self-check
     two = _frame([0.5] * 12, [0.3] * 3)
-    two = two[~two["run"].str.endswith("no_draft_seed2")]
+    two = two[~two["run"].str.endswith("no_draft_sampling2")]
     assert ss.self_check_table(two).empty

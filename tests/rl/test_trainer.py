@@ -39,6 +39,23 @@ def test_synced_run_has_train_inference_kl_below_1e6(tmp_path, tok):
     assert stale > 1e-4, stale
 
 
+def test_a_sampling_seed_replica_keeps_the_prompts_and_changes_only_the_samples(tmp_path, tok):
+    """A baseline replica (repro.report.seed_spread) differs from its main run the way a co-trained row does:
+    the same prompts, held-out split and init, other random numbers for sampling."""
+    main = CoTrainer(tiny_config(tmp_path / "main"), tok)
+    same = CoTrainer(tiny_config(tmp_path / "same", sampling_seed=0), tok)      # sampling seed = seed: no change
+    rep = CoTrainer(tiny_config(tmp_path / "rep", sampling_seed=5), tok)
+    a, b, c = (t.rollout(0) for t in (main, same, rep))
+    def prompts(x):                                 # the tokens the policy did not write
+        return x.input_ids * (x.loss_mask == 0) * x.attention_mask
+    assert torch.equal(a.input_ids, b.input_ids)
+    assert torch.equal(prompts(a), prompts(c)), "a replica rolls out the same prompts"
+    assert not torch.equal(a.input_ids, c.input_ids), "... and samples other responses"
+    assert "sampling_seed" not in main.cfg.to_dict() and rep.cfg.to_dict()["sampling_seed"] == 5
+    with pytest.raises(ConfigError, match="sampling_seed=-1 is invalid"):
+        tiny_config(tmp_path / "bad", sampling_seed=-1).validate()
+
+
 class Crash(RuntimeError):
     pass
 

@@ -73,15 +73,18 @@ def test_unservable_profile_fails_before_any_job(tmp_path):
 
 @pytest.mark.parametrize("artifact", ["fig3", "fig4"])
 def test_baseline_seed_replicas_are_planned_with_their_seeds(artifact):
-    # cpu-tiny asks for baseline_seeds [1, 2]: the no-draft row runs again into no_draft_seed<k> with --seed k
+    # cpu-tiny asks for baseline_seeds [1, 2]: the no-draft row runs again into no_draft_sampling<k>, with the main
+    # run's seed (its prompts) and sampling seed k
     out = snakemake("-n", "-p", "--forceall", artifact, "--config", "profile=cpu-tiny")
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
     for k in (1, 2):
-        assert f"{artifact}/no_draft_seed{k}/run.json" in text
-        assert re.search(rf"--row 'no draft' .*--out \S+/{artifact}/no_draft_seed{k} --seed {k} ", text), text
+        assert f"{artifact}/no_draft_sampling{k}/run.json" in text
+        assert re.search(rf"--row 'no draft' .*--out \S+/{artifact}/no_draft_sampling{k} --seed 0 --sampling-seed {k} ",
+                         text), text
     assert re.search(rf"--row 'no draft' .*--out \S+/{artifact}/no_draft --seed 0 ", text), text
-    assert not re.search(rf"--row 'DSpark' .*--seed [12] ", text)
+    assert not re.search(rf"--row 'DSpark' .*--seed [12] ", text) and "DSpark' .*--sampling-seed" not in text
+    assert not re.search(rf"--out \S+/{artifact}/no_draft --seed 0 --sampling-seed", text)
 
 
 def test_profile_schema_refuses_bad_baseline_seeds():

@@ -77,6 +77,13 @@ def existing_runs():
     return [f for outs in ARTIFACT_RUNS.values() for f in outs if Path(f).exists()]
 
 
+def report_input(artifact):
+    """A report rule's inputs: the artifact's tidy table and its runs. The runs too, so that a report older than
+    its runs is redone even when the tidy file in between is missing (snakemake does not remake a missing
+    intermediate file for an output it otherwise finds up to date, e.g. after a failed collect)."""
+    return {"tidy": f"{TIDY}/{LABEL}/{artifact}.csv", "runs": ARTIFACT_RUNS[artifact]}
+
+
 def report_cmd(artifact):
     """Shell command building an artifact's tables/figures from its collected data."""
     return (f"{PY} -m repro.report.build --artifact {artifact} --profile {PROFILE_NAME} "

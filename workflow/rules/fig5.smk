@@ -18,7 +18,7 @@ rule fig5_run:
 
 rule fig5_report:
     input:
-        f"{TIDY}/{LABEL}/fig5.csv",
+        unpack(lambda wc: report_input("fig5")),
     output:
         f"{FIGS}/fig5.md",
         f"{FIGS}/fig5.csv",

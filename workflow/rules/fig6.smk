@@ -18,7 +18,7 @@ rule fig6_run:
 
 rule fig6_report:
     input:
-        f"{TIDY}/{LABEL}/fig6.csv",
+        unpack(lambda wc: report_input("fig6")),
     output:
         f"{FIGS}/fig6.md",
         f"{FIGS}/fig6.csv",

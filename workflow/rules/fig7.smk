@@ -18,7 +18,7 @@ rule fig7_run:
 
 rule fig7_report:
     input:
-        f"{TIDY}/{LABEL}/fig7.csv",
+        unpack(lambda wc: report_input("fig7")),
     output:
         f"{FIGS}/fig7.md",
         f"{FIGS}/fig7.csv",

@@ -1,8 +1,9 @@
 # Shared by table1, table2, fig3 and fig4 (included once by whichever of them comes first):
 # the cached SFT warm start per (policy, workload), one co-training run per artifact row, and the
 # artifact's summary rows. Rows, models and step counts come from the profile (rl: and <artifact>:).
-# fig3/fig4 sections may add baseline_seeds: [k, ...]: the baseline row run again with seed k into
-# <row folder>_seed<k> (repro.report.seed_spread draws and judges the band of those runs).
+# fig3/fig4 sections may add baseline_seeds: [k, ...]: the baseline row run again with sampling seed k (same
+# prompts, held-out split and warm start) into <row folder>_sampling<k> (repro.report.seed_spread draws and judges
+# the band of those runs).
 # ENGINE (common.smk: --config engine=, default the profile's own) picks who runs a row: NeMo-RL
 # (repro.nemo_rl.run) or the suite (repro.rl). On the suite, a row whose policy loads a checkpoint (the
 # paper profiles' rl: section) has no SFT warm start and runs under torchrun on its policy's mesh
@@ -11,7 +12,7 @@
 # (repro.rl.lockstep; the profile's GPU sections do, since host speed drifts between processes).
 from pathlib import Path as _Path
 
-from repro.report.seed_spread import seed_run_name
+from repro.report.seed_spread import replica_run_name
 from repro.rl.summary import run_dir_name
 
 RL_RULES_INCLUDED = True
@@ -40,7 +41,7 @@ def rl_baseline_row(artifact):
 
 
 def rl_seed_runs(artifact):
-    """{run folder: (baseline row, seed)} of the baseline's seed replicas (the workflow seed is the main run)."""
+    """{run folder: (baseline row, sampling seed)} of the baseline's replicas (the workflow seed is the main run)."""
     seeds = (PROFILE.get(artifact) or {}).get("baseline_seeds") or []
     if not seeds:
         return {}
@@ -48,15 +49,16 @@ def rl_seed_runs(artifact):
         raise WorkflowError(f"profile {PROFILE_NAME}: {artifact}.baseline_seeds is for the suite engine; the "
                             "NeMo-RL driver takes no seed from this workflow (remove baseline_seeds)")
     row = rl_baseline_row(artifact)
-    return {seed_run_name(run_dir_name(row), int(k)): (row, int(k))
+    return {replica_run_name(run_dir_name(row), int(k)): (row, int(k))
             for k in dict.fromkeys(seeds) if int(k) != int(config["seed"])}
 
 
 def rl_row_seed(artifact, run):
-    """(row, seed) run in folder ``run``: a row's main run (workflow seed) or a baseline seed replica."""
+    """(row, sampling seed) run in folder ``run``: a row's main run (None: the workflow seed samples too) or a
+    baseline replica."""
     for row in rl_rows(artifact):
         if run_dir_name(row) == run:
-            return row, config["seed"]
+            return row, None
     if run in rl_seed_runs(artifact):
         return rl_seed_runs(artifact)[run]
     raise WorkflowError(f"no {artifact} row (or baseline seed replica) of profile {PROFILE_NAME} has run "
@@ -119,7 +121,8 @@ def rl_run_markers(artifact):
 
 
 def rl_run_cmd(wildcards):
-    row, seed = rl_row_seed(wildcards.artifact, wildcards.run)
+    row, sampling = rl_row_seed(wildcards.artifact, wildcards.run)
+    seed = f"--seed {config['seed']}" + ("" if sampling is None else f" --sampling-seed {sampling}")
     out = f"{RUNS}/{wildcards.artifact}/{wildcards.run}"
     if ENGINE == "nemo-rl":
         if not NEMO_RL_RUN.is_file():
@@ -141,9 +144,9 @@ def rl_run_cmd(wildcards):
         return (f"{PY} -m torch.distributed.run --standalone --nproc-per-node {mesh['pp'] * mesh['cp']} "
                 f"-m repro.rl.dist_run --artifact {wildcards.artifact} --row '{row}' --profile {PROFILE_NAME}"
                 f"{engine} --checkpoint-root {config['checkpoint_root']} --pp {mesh['pp']} --cp {mesh['cp']} "
-                f"--out {out} --seed {seed} --log-artifact artifact")
+                f"--out {out} {seed} --log-artifact artifact")
     return (f"{PY} -m repro.rl.run --artifact {wildcards.artifact} --row '{row}' --profile {PROFILE_NAME}{engine} "
-            f"--warm-start {rl_warm_dir(wildcards)} --out {out} --seed {seed} --threads 1")
+            f"--warm-start {rl_warm_dir(wildcards)} --out {out} {seed} --threads 1")
 
 
 rule rl_sft:
@@ -216,7 +219,7 @@ rule rl_summary:
 
 rule rl_report:
     input:
-        f"{TIDY}/{LABEL}/{{artifact}}.csv",
+        unpack(lambda wc: report_input(wc.artifact)),
     output:
         f"{FIGS}/{{artifact}}.md",
     wildcard_constraints:
