@@ -50,7 +50,7 @@ from repro.report.metrics import MetricsLogger
 from repro.report.profiles import load_profile
 from repro.report.provenance import provenance, write_json_atomic
 from repro.report.seed_spread import replica_run_name
-from repro.rl.config import ARTIFACTS, artifact_rows
+from repro.rl.config import ARTIFACTS, artifact_rows, sft_spec
 from repro.rl.summary import run_dir_name, summarize
 
 
@@ -75,7 +75,7 @@ def sft_cache_key(prof: dict, pol: str, workload: str) -> str:
     """What an SFT warm start depends on: the policy spec, vocabulary, SFT settings, workload, dtype and device of
     the profile, and the source of the packages SFT runs (any change to them gives a new key)."""
     rl = prof["rl"]
-    h = hashlib.sha256(json.dumps({"policy": rl["policies"][pol], "vocab": rl.get("vocab_size"), "sft": rl.get("sft"),
+    h = hashlib.sha256(json.dumps({"policy": rl["policies"][pol], "vocab": rl.get("vocab_size"), "sft": vars(sft_spec(rl, workload)),
                                    "workload": workload, "dtype": prof.get("dtype"),
                                    "device": prof.get("hardware", {}).get("device")},
                                   sort_keys=True, default=str).encode())
@@ -155,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     rl, rows = prof["rl"], artifact_rows(prof, art)
     workload = ((prof[art].get("workload") or {}).get("name") or (rl.get("workload") or {}).get("name", "math"))
     if args.sft_steps:
-        rl["sft"] = {**rl["sft"], "steps": args.sft_steps, "draft_steps": args.sft_steps}
+        short = {"steps": args.sft_steps, "draft_steps": args.sft_steps}      # every workload's, overrides too
+        rl["sft"] = {**rl["sft"], **short, **({"workloads": {w: {**o, **short} for w, o in rl["sft"]["workloads"].items()}}
+                                             if rl["sft"].get("workloads") else {})}
     # no-draft rows first within each policy, policies in order of appearance
     policies = list(dict.fromkeys((spec or {}).get("policy", "dense") for spec in rows.values()))
     if args.policies:

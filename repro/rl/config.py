@@ -213,6 +213,23 @@ class SFTSpec:
         _check(self.lr > 0, f"{key}.lr", self.lr, "a positive learning rate")
 
 
+def sft_spec(rl: Mapping[str, Any], workload: str) -> SFTSpec:
+    """The SFT settings of ``workload``: ``rl.sft``, with ``rl.sft.workloads.<workload>`` over them (a workload
+    that a GPU-sized policy learns completely in the common number of steps gets fewer, so RL has room)."""
+    base = dict(rl.get("sft") or {})
+    per = base.pop("workloads", None) or {}
+    if not isinstance(per, Mapping) or not all(isinstance(v, Mapping) for v in per.values()):
+        raise ConfigError(f"config rl.sft.workloads={per!r} is invalid: expected a mapping of workload name to "
+                          "SFT settings, e.g. {workplace: {steps: 40}}")
+    unknown = sorted(set(per) - set(WORKLOADS))
+    if unknown:
+        raise ConfigError(f"config rl.sft.workloads has unknown workloads {unknown}: expected some of {WORKLOADS}")
+    try:
+        return SFTSpec(**{**base, **(per.get(workload) or {})})
+    except TypeError as exc:
+        raise ConfigError(f"config rl.sft is invalid ({exc}): expected keys of {sorted(vars(SFTSpec()))}") from None
+
+
 @dataclass
 class RunConfig:
     artifact: str
@@ -221,8 +238,8 @@ class RunConfig:
     out: str
     steps: int = 10
     seed: int = 0
-    # None: the seed. Else the seed of sampling only (rollouts, the update's draft anchors), with the prompts,
-    # held-out split and random init still from ``seed``: a baseline's replica (repro.report.seed_spread)
+    # None: the seed. Else the seed of sampling only (rollouts, the update's draft anchors), with the prompts and
+    # random init still from ``seed``: a baseline's replica (repro.report.seed_spread)
     sampling_seed: int | None = None
     device: str = "cpu"
     dtype: str = "float32"             # rollout (inference) dtype; the trainer keeps fp32 master weights
@@ -454,7 +471,8 @@ def run_config_from_profile(profile: Mapping[str, Any], artifact: str, row: str,
                     steps=int(spec.get("steps", section.get("steps", 10))), seed=seed,
                     sampling_seed=sampling_seed, device=device,
                     dtype=dtype, policy=PolicySpec(**policy), draft=draft,
-                    grpo=GRPOSpec(**grpo), workload=WorkloadSpec(**workload), sft=SFTSpec(**rl.get("sft", {})),
+                    grpo=GRPOSpec(**grpo), workload=WorkloadSpec(**workload),
+                    sft=sft_spec(rl, workload.get("name", WorkloadSpec.name)),
                     vocab_size=vocab_size, warm_start=warm_start,
                     ckpt_every=int(section.get("ckpt_every", rl.get("ckpt_every", 0))), rollout_backend=backend,
                     cuda_graphs=rollout.get("cuda_graphs", "off"),

@@ -10,7 +10,10 @@ checkpoints. Here both are built locally and cached as one workflow artifact fol
 3. each requested draft family trained on the SFT policy's features over fresh demonstrations
    (one policy forward per batch feeds every draft; ``drafts/<family>.pt``).
 
-``sft.json`` records the losses, the held-out accuracy, the drafts' final losses, timings and provenance.
+``sft.json`` records the losses, the held-out accuracy, the drafts' final losses, timings and provenance. The SFT
+settings are the profile's ``rl.sft`` with ``rl.sft.workloads.<workload>`` over them (``repro.rl.config.sft_spec``).
+``--heldout-every N`` also scores the held-out split every N steps (``heldout_curve`` in sft.json), to choose how
+many steps leave RL room to improve; the evaluations do not change what is trained.
 
     python -m repro.rl.sft --profile cpu-tiny --policy dense --workload math --drafts eagle3,dflash,dspark \
         --out results/cpu-2c/cpu-tiny/sft/dense-math
@@ -27,7 +30,7 @@ import torch
 
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.report.provenance import provenance, write_atomic, write_json_atomic
-from repro.rl.config import WORKLOADS, ConfigError, DraftSpec, PolicySpec, SFTSpec
+from repro.rl.config import WORKLOADS, ConfigError, DraftSpec, PolicySpec, SFTSpec, sft_spec
 from repro.rl.drafts import build_draft, trainable_parameters
 from repro.rl.episodes import chat_prompt, math_rollout, workplace_rollout
 from repro.rl.grpo import token_logprobs
@@ -86,7 +89,10 @@ def heldout_accuracy(policy, tok: WorkloadTokenizer, workload: str, seed: int, n
     return float(b.rewards.mean())
 
 
-def sft_policy(policy, tok, workload: str, spec: SFTSpec, seed: int, log_every: int = 50) -> list[float]:
+def sft_policy(policy, tok, workload: str, spec: SFTSpec, seed: int, log_every: int = 50, heldout_every: int = 0,
+               heldout_curve: list | None = None) -> list[float]:
+    """Supervise ``policy`` for ``spec.steps``; with ``heldout_every``, (step, held-out accuracy) pairs after every
+    that many steps are appended to ``heldout_curve``."""
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / spec.steps))
@@ -104,6 +110,10 @@ def sft_policy(policy, tok, workload: str, spec: SFTSpec, seed: int, log_every: 
         losses.append(float(loss.detach()))
         if log_every and step % log_every == 0:
             print(f"[sft] step {step}: loss {losses[-1]:.4f}", flush=True)
+        if heldout_every and (step + 1) % heldout_every == 0 and heldout_curve is not None:
+            with torch.no_grad():
+                heldout_curve.append((step + 1, heldout_accuracy(policy, tok, workload, seed)))
+            print(f"[sft] step {step + 1}: held-out accuracy {heldout_curve[-1][1]:.3f}", flush=True)
     return losses
 
 
@@ -147,7 +157,8 @@ def _save_atomic(obj, path: Path) -> None:
 
 
 def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sft: SFTSpec,
-                     drafts: list[DraftSpec], *, vocab_size: int, seed: int = 0, device: str = "cpu") -> dict:
+                     drafts: list[DraftSpec], *, vocab_size: int, seed: int = 0, device: str = "cpu",
+                     heldout_every: int = 0) -> dict:
     if workload not in WORKLOADS:
         raise ConfigError(f"config workload={workload!r} is invalid: expected one of {WORKLOADS}")
     policy_spec.validate()
@@ -159,7 +170,8 @@ def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sf
     tok = build_workload_tokenizer(out / "tokenizer", vocab_size, seed)
     torch.manual_seed(seed)
     policy = make_policy(policy_spec, tok.vocab_size, seed=seed, dtype=torch.float32, device=device)
-    losses = sft_policy(policy, tok, workload, sft, seed)
+    curve: list[tuple[int, float]] = []
+    losses = sft_policy(policy, tok, workload, sft, seed, heldout_every=heldout_every, heldout_curve=curve)
     t_sft = time.perf_counter() - t0
     acc = heldout_accuracy(policy, tok, workload, seed)
     print(f"[sft] held-out greedy accuracy {acc:.3f}", flush=True)
@@ -173,7 +185,7 @@ def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sf
                   "vocab_size": tok.vocab_size, "state_dict": policy.model.state_dict()}, out / "policy.pt")
     summary = {"workload": workload, "policy": vars(policy_spec), "sft": vars(sft), "seed": seed,
                "sft_loss_first": losses[0], "sft_loss_last": losses[-1], "sft_losses": losses,
-               "heldout_accuracy": acc, "drafts": {f: {"loss_first": l[0], "loss_last": l[-1]} for f, l in
+               "heldout_accuracy": acc, **({"heldout_curve": curve} if heldout_every else {}), "drafts": {f: {"loss_first": l[0], "loss_last": l[-1]} for f, l in
                                                     dlosses.items()},
                "sft_time_s": t_sft, "total_time_s": time.perf_counter() - t0, "provenance": provenance()}
     write_json_atomic(out / "sft.json", summary)
@@ -191,10 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--heldout-every", type=int, default=0,
+                    help="also score the held-out split every N SFT steps (sft.json's heldout_curve; 0: only at the end)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        if args.heldout_every < 0:
+            raise ConfigError(f"--heldout-every {args.heldout_every} is invalid: expected an integer >= 0")
         prof = load_run_profile(args.profile)
         rl = prof.get("rl") or {}
         if args.policy not in rl.get("policies", {}):
@@ -206,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         drafts = [DraftSpec(**rl["drafts"][d]) for d in names]
         device = "cuda" if prof["hardware"]["device"] == "cuda" else "cpu"
         build_warm_start(args.out, PolicySpec(**rl["policies"][args.policy]), args.workload,
-                         SFTSpec(**rl.get("sft", {})), drafts, vocab_size=int(rl.get("vocab_size", 512)),
-                         seed=args.seed, device=device)
+                         sft_spec(rl, args.workload), drafts, vocab_size=int(rl.get("vocab_size", 512)),
+                         seed=args.seed, device=device, heldout_every=args.heldout_every)
     except (ConfigError, ProfileError, FileNotFoundError) as exc:
         print(f"sft: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,54 @@
+"""The SFT warm start's settings and held-out curve: ``rl.sft.workloads.<w>`` overrides the common settings for one
+workload only, bad overrides fail naming the key, and ``--heldout-every`` records held-out accuracy along the way
+without changing what is trained.
+
+    .venv/bin/python -m pytest -q tests/rl/test_sft.py
+"""
+import copy
+import json
+
+import pytest
+import yaml
+
+from repro.bench import gpu_rl
+from repro.report.profiles import load_profile
+from repro.rl.config import ConfigError, run_config_from_profile, sft_spec
+from repro.rl.sft import main as sft_main
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_a_workload_override_changes_that_workload_only():
+    prof = load_profile("cpu-tiny")
+    rl = copy.deepcopy(prof["rl"])
+    base = sft_spec(rl, "workplace")
+    rl["sft"]["workloads"] = {"workplace": {"steps": 7}}
+    assert sft_spec(rl, "workplace").steps == 7 and sft_spec(rl, "math") == sft_spec(prof["rl"], "math")
+    assert sft_spec(rl, "workplace").batch == base.batch
+    over = copy.deepcopy(prof)
+    over["rl"] = rl
+    assert run_config_from_profile(over, "fig4", "no draft", out="x").sft.steps == 7
+    assert run_config_from_profile(over, "fig3", "no draft", out="x").sft.steps == base.steps
+    assert gpu_rl.sft_cache_key(over, "dense", "workplace") != gpu_rl.sft_cache_key(prof, "dense", "workplace")
+    assert gpu_rl.sft_cache_key(over, "dense", "math") == gpu_rl.sft_cache_key(prof, "dense", "math")
+    with pytest.raises(ConfigError, match=r"rl.sft.workloads has unknown workloads \['chess'\]"):
+        sft_spec({"sft": {"workloads": {"chess": {"steps": 1}}}}, "math")
+    with pytest.raises(ConfigError, match=r"config rl.sft is invalid .*stepz"):
+        sft_spec({"sft": {"workloads": {"math": {"stepz": 1}}}}, "math")
+
+
+def test_heldout_curve_is_recorded_and_does_not_change_training(tmp_path, capsys):
+    prof = load_profile("cpu-tiny")
+    prof["rl"]["sft"] = {**prof["rl"]["sft"], "steps": 4, "draft_steps": 0}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    base = ["--profile", str(path), "--policy", "dense", "--workload", "math", "--threads", "1"]
+    assert sft_main(base + ["--out", str(tmp_path / "plain")]) == 0
+    assert sft_main(base + ["--out", str(tmp_path / "curve"), "--heldout-every", "2"]) == 0
+    plain, curve = (json.loads((tmp_path / d / "sft.json").read_text()) for d in ("plain", "curve"))
+    assert "heldout_curve" not in plain
+    assert [s for s, _ in curve["heldout_curve"]] == [2, 4]
+    assert curve["sft_losses"] == plain["sft_losses"], "evaluating along the way changed the training"
+    assert curve["heldout_curve"][-1][1] == curve["heldout_accuracy"] == plain["heldout_accuracy"]
+    assert sft_main(base + ["--out", str(tmp_path / "bad"), "--heldout-every", "-1"]) == 2
+    assert "--heldout-every -1 is invalid" in capsys.readouterr().err
