@@ -84,6 +84,6 @@ def test_single_process_draft_settings_are_reset_under_pp_cp(tmp_path, capsys):
     args = parse_args(["--artifact", "table1", "--row", "Qwen3-8B/DFlash", "--profile", str(path),
                        "--out", str(tmp_path / "r"), "--pp", "2", "--cp", "1", "--microbatch", "8"])
     assert prof["rl"]["drafts"]["dflash"]["microbatch"] == 64 and prof["rl"]["drafts"]["dflash"]["cuda_graph"]
-    cfg, shape, n_mb = build_config(args, world=2)
+    cfg, _, n_mb = build_config(args, world=2)
     assert (cfg.draft.microbatch, cfg.draft.cuda_graph, n_mb) == (0, False, 8)
     assert "using draft.microbatch=0, draft.cuda_graph=false" in capsys.readouterr().err
