@@ -31,6 +31,7 @@ from repro.rl.config import artifact_rows, run_config_from_profile
 from repro.rl.summary import run_dir_name
 from repro.rl.tokenizer import build_workload_tokenizer
 from repro.rl.trainer import CoTrainer
+from repro.rl.update_profile import top_ops
 
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaEventSynchronize")
 
@@ -63,15 +64,6 @@ def _instrument(tr: CoTrainer) -> None:
     _label(tr, "push", "step/push")
 
 
-def _rows(prof, top: int, sort: str) -> list[dict]:
-    rows = []
-    for e in sorted(prof.key_averages(), key=lambda e: getattr(e, sort, 0), reverse=True)[:top]:
-        rows.append({"name": e.key, "count": e.count, "self_cpu_us": e.self_cpu_time_total,
-                     "cpu_total_us": e.cpu_time_total,
-                     "device_us": getattr(e, "self_device_time_total", 0.0)})
-    return rows
-
-
 def profile_row(prof_cfg: dict, row: str, out: Path, warmup: int, device: str) -> dict:
     cfg = run_config_from_profile(prof_cfg, "table1", row, out=str(out / "runs" / run_dir_name(row)))
     tok = build_workload_tokenizer(out / "tokenizer", cfg.vocab_size, 0)
@@ -95,8 +87,8 @@ def profile_row(prof_cfg: dict, row: str, out: Path, warmup: int, device: str) -
     steps = batch.counters.verify_steps if hasattr(batch.counters, "verify_steps") else None
     res = {"row": row, "wall_s": wall, "metrics": m, "phases": phases, "sync_calls": syncs,
            "verify_steps": steps, "n_kernels_or_ops": sum(e.count for e in ka),
-           "top_self_cpu": _rows(p, 25, "self_cpu_time_total"),
-           "top_device": _rows(p, 25, "self_device_time_total") if device == "cuda" else []}
+           "top_self_cpu": top_ops(p, 25, "self_cpu_time_total"),
+           "top_device": top_ops(p, 25, "self_device_time_total") if device == "cuda" else []}
     sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
     (out / f"{run_dir_name(row)}.txt").write_text(ka.table(sort_by=sort, row_limit=40))
     return res

@@ -51,6 +51,7 @@ from repro.rl.config import (
 from repro.rl.grpo import group_advantages
 from repro.rl.mesh_update import Mesh, MeshShape, MeshUpdate
 from repro.rl.trainer import CoTrainer, step_metrics
+from repro.rl.update_profile import profiled
 
 DIST_ARTIFACT = "dist"       # MetricsLogger's artifact label of these runs (results/<hw>/<profile>/dist/...)
 TRANSPORTS = ("auto", "shm", "host_staging", "gloo", "cuda_ipc")
@@ -94,6 +95,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tap-transport", default="auto", choices=TRANSPORTS,
                     help="TapChannel transport (auto: shm on CPU, cuda_ipc on GPUs of one node)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads per rank (0: torch's default)")
+    ap.add_argument("--profile-update", type=int, default=-1, metavar="STEP",
+                    help="run step STEP's update under torch.profiler on every rank: <out>/profile_update_rank<r>.txt "
+                         "and .json (repro.rl.update_profile); -1: none")
     ap.add_argument("--log-artifact", choices=("dist", "artifact"), default="dist",
                     help="artifact label of the logged run: 'dist' (default) keeps it out of the single-process "
                          "artifact's tables; 'artifact' logs it as --artifact's own run (the workflow's paper "
@@ -164,15 +168,15 @@ def tap_transport(name: str, device: str) -> str:
 class DistCoTrainer(CoTrainer):
     """Rank 0's loop: ``CoTrainer``'s rollout, validation, weight push and logging around the mesh update."""
 
-    def attach(self, mesh_update: MeshUpdate) -> None:
-        self.mesh_update = mesh_update
+    def attach(self, mesh_update: MeshUpdate, profile_step: int = -1) -> None:
+        self.mesh_update, self.profile_step = mesh_update, profile_step
 
     def train_step(self, step: int):
         t0, c0 = time.perf_counter(), time.process_time()
         batch = self.rollout(step)
         c1 = time.process_time()
         adv = group_advantages(batch.rewards, self.cfg.grpo.generations_per_prompt, self.cfg.grpo.normalize_std)
-        stats = follower_step(self.mesh_update, self.cfg, step, (batch, adv))
+        stats = follower_step(self.mesh_update, self.cfg, step, (batch, adv), profile_step=self.profile_step)
         tg, cg = time.perf_counter(), time.process_time()
         policy, draft = self.mesh_update.gather_to_root()
         load_weights(self.policy.model, policy)
@@ -203,8 +207,9 @@ def load_weights(module: torch.nn.Module, state: dict) -> None:
         params[k].copy_(v)
 
 
-def follower_step(upd: MeshUpdate, cfg: RunConfig, step: int, batch_adv=None):
-    """One update on every rank: rank 0 passes (batch, advantages), which the others receive."""
+def follower_step(upd: MeshUpdate, cfg: RunConfig, step: int, batch_adv=None, profile_step: int = -1):
+    """One update on every rank: rank 0 passes (batch, advantages), which the others receive. At ``profile_step``
+    the update runs under torch.profiler (``repro.rl.update_profile``), its tables written into the run folder."""
     box = [None]
     if dist.get_rank() == 0:
         batch, adv = batch_adv
@@ -212,7 +217,13 @@ def follower_step(upd: MeshUpdate, cfg: RunConfig, step: int, batch_adv=None):
                 "old": batch.rollout_logp.cpu(), "adv": adv.cpu()}]
     dist.broadcast_object_list(box, src=0)
     b = box[0]
-    return upd.step(b["ids"], b["att"], b["mask"], b["old"], b["adv"], anchor_seed=cfg.rollout_seed * 7919 + step)
+    if step != profile_step:
+        return upd.step(b["ids"], b["att"], b["mask"], b["old"], b["adv"], anchor_seed=cfg.rollout_seed * 7919 + step)
+    rank = dist.get_rank()
+    meta = {"step": step, "rank": rank, "world": dist.get_world_size(), "pp": upd.mesh.shape.pp,
+            "cp": upd.mesh.shape.cp, "row": cfg.row, "device": str(upd.device)}
+    with profiled(Path(cfg.out) / f"profile_update_rank{rank}", str(upd.device), meta):
+        return upd.step(b["ids"], b["att"], b["mask"], b["old"], b["adv"], anchor_seed=cfg.rollout_seed * 7919 + step)
 
 
 def _param_checksum(model: torch.nn.Module, device) -> torch.Tensor:
@@ -255,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                          transport=tap_transport(args.tap_transport, device), device=device)
         del policy
         if rank == 0:
-            trainer.attach(upd)
+            trainer.attach(upd, args.profile_update)
             print(f"[{args.artifact} {args.row}] dist_run: pp={shape.pp} cp={shape.cp} ({world} ranks, "
                   f"{n_mb} microbatches of {cfg.grpo.microbatch}), {cfg.steps} steps -> {args.out}", flush=True)
             parallel = {"pp": shape.pp, "cp": shape.cp, "world": world, "microbatches": n_mb,
@@ -275,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                 "parallel": parallel})
         else:
             for step in range(cfg.steps):
-                follower_step(upd, cfg, step)
+                follower_step(upd, cfg, step, profile_step=args.profile_update)
                 upd.gather_to_root()
         upd.close()
     finally:

@@ -4,9 +4,11 @@
 # of $MICROBATCH (default 8: 1F1B needs >= pp of them), packed into $OUT/dist.tgz. Ran in session 7 (commit 5a45e08,
 # results/2xh200/h200/dist/) from random init, where every reward is 0 and so the policy's gradient too; with
 # WARM_START=1 the dense policy and the rows' drafts are first supervised (repro.rl.sft, ~140 s) and the rows start
-# from that warm start, so rewards and the policy's update are real. CPU/gloo runs of the same entry:
+# from that warm start, so rewards and the policy's update are real. Step $PROFILE_UPDATE's update (default 2; -1:
+# none) runs under torch.profiler on every rank (<run>/profile_update_rank<r>.txt/.json: where the session-7 CP=2
+# update's 6-8 s went is not known yet). CPU/gloo runs of the same entry:
 # tests/rl/test_dist_run.py. Runs in the repository root.
-#   REPRO_GIT_SHA=<sha> [RUN_TIMEOUT=240] [WARM_START=1] bash scripts/device/dist_session.sh [STEPS] [ROWS...]
+#   REPRO_GIT_SHA=<sha> [RUN_TIMEOUT=240] [WARM_START=1] [PROFILE_UPDATE=2] bash scripts/device/dist_session.sh [STEPS] [ROWS...]
 #   PROFILE=cpu-tiny OUT=/tmp/d bash scripts/device/dist_session.sh 1 "Qwen3-8B/DFlash"     # CPU (gloo) check
 set -uo pipefail
 STEPS=${1:-4}; shift || true
@@ -32,7 +34,8 @@ for row in "${ROWS[@]}"; do
     echo "[$(date +%T)] $row pp=$1 cp=$2"
     timeout "${RUN_TIMEOUT:-240}" python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m repro.rl.dist_run \
       --artifact table1 --row "$row" --profile "${PROFILE:-h200}" --pp "$1" --cp "$2" --steps "$STEPS" \
-      --microbatch "${MICROBATCH:-8}" "${WARM[@]}" --out "$W/${name}_pp$1cp$2" > "$W/${name}_pp$1cp$2.log" 2>&1
+      --microbatch "${MICROBATCH:-8}" "${WARM[@]}" --profile-update "${PROFILE_UPDATE:-2}" \
+      --out "$W/${name}_pp$1cp$2" > "$W/${name}_pp$1cp$2.log" 2>&1
     rc=$?; echo "[$(date +%T)] rc=$rc"; tail -3 "$W/${name}_pp$1cp$2.log"
   done
 done
