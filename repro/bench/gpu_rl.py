@@ -155,9 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     rl, rows = prof["rl"], artifact_rows(prof, art)
     workload = ((prof[art].get("workload") or {}).get("name") or (rl.get("workload") or {}).get("name", "math"))
     if args.sft_steps:
-        short = {"steps": args.sft_steps, "draft_steps": args.sft_steps}      # every workload's, overrides too
-        rl["sft"] = {**rl["sft"], **short, **({"workloads": {w: {**o, **short} for w, o in rl["sft"]["workloads"].items()}}
-                                             if rl["sft"].get("workloads") else {})}
+        short = {"steps": args.sft_steps, "draft_steps": args.sft_steps}
+        rl["sft"] = {**rl["sft"], **short}
+        if rl["sft"].get("workloads"):                       # the per-workload overrides are shortened too
+            rl["sft"]["workloads"] = {w: {**o, **short} for w, o in rl["sft"]["workloads"].items()}
     # no-draft rows first within each policy, policies in order of appearance
     policies = list(dict.fromkeys((spec or {}).get("policy", "dense") for spec in rows.values()))
     if args.policies:

@@ -154,15 +154,21 @@ def judge(h: pd.DataFrame, run: str, bands: dict[str, pd.DataFrame], row: str, b
     return line
 
 
+def baseline_groups(steps: pd.DataFrame):
+    """(hardware, its steps less the replicas not banded, baseline row, replicas description) for every hardware
+    whose runs include replicas (``banded_runs``); the loop that the verdict and self-check tables share."""
+    for hw, h in steps.groupby("hardware", sort=True):
+        base = baseline_row(h)
+        if base is not None:
+            banded, replicas = banded_runs(h)
+            yield hw, banded, base, replicas
+
+
 def spread_table(steps: pd.DataFrame) -> pd.DataFrame:
     """One line per co-trained row (per hardware): fraction of its steps in the baseline's band, verdict,
     acceptance trend. Empty when no row has seed replicas."""
     lines = []
-    for hw, h in steps.groupby("hardware", sort=True):
-        base = baseline_row(h)
-        if base is None:
-            continue
-        h, replicas = banded_runs(h)
+    for hw, h, base, replicas in baseline_groups(steps):
         bands = {m: band(h, base, m) for m, _ in BAND_METRICS}
         nruns = int(bands[BAND_METRICS[0][0]]["runs"].iloc[0])
         mains = main_runs(h)
@@ -178,11 +184,7 @@ def self_check_table(steps: pd.DataFrame) -> pd.DataFrame:
     """Each baseline run judged like a co-trained row against the band of the *other* baseline runs (with >= 3
     baseline runs): how often the test calls a run of the baseline itself outside. Empty otherwise."""
     lines = []
-    for _, h in steps.groupby("hardware", sort=True):
-        base = baseline_row(h)
-        if base is None:
-            continue
-        h, replicas = banded_runs(h)
+    for _, h, base, replicas in baseline_groups(steps):
         runs = sorted(set(h.loc[h["row"] == base, "run"]))
         if len(runs) < 3:
             continue

@@ -25,6 +25,7 @@ policy's ``mesh:`` suggestion.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -217,12 +218,13 @@ def follower_step(upd: MeshUpdate, cfg: RunConfig, step: int, batch_adv=None, pr
                 "old": batch.rollout_logp.cpu(), "adv": adv.cpu()}]
     dist.broadcast_object_list(box, src=0)
     b = box[0]
-    if step != profile_step:
-        return upd.step(b["ids"], b["att"], b["mask"], b["old"], b["adv"], anchor_seed=cfg.rollout_seed * 7919 + step)
-    rank = dist.get_rank()
-    meta = {"step": step, "rank": rank, "world": dist.get_world_size(), "pp": upd.mesh.shape.pp,
-            "cp": upd.mesh.shape.cp, "row": cfg.row, "device": str(upd.device)}
-    with profiled(Path(cfg.out) / f"profile_update_rank{rank}", str(upd.device), meta):
+    ctx = contextlib.nullcontext()
+    if step == profile_step:
+        rank = dist.get_rank()
+        meta = {"step": step, "rank": rank, "world": dist.get_world_size(), "pp": upd.mesh.shape.pp,
+                "cp": upd.mesh.shape.cp, "row": cfg.row, "device": str(upd.device)}
+        ctx = profiled(Path(cfg.out) / f"profile_update_rank{rank}", str(upd.device), meta)
+    with ctx:
         return upd.step(b["ids"], b["att"], b["mask"], b["old"], b["adv"], anchor_seed=cfg.rollout_seed * 7919 + step)
 
 
