@@ -18,6 +18,9 @@ export PYTHONUNBUFFERED=1 WANDB_MODE=disabled OMP_NUM_THREADS=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 W=$OUT/work; mkdir -p "$W"
 nvidia-smi topo -m > "$W/topology.txt" 2>&1
+# packed after every run, so a call cut short by its time limit still returns the runs that finished
+pack() { (cd "$W" && find . -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' -o -name '*.txt' \) -print0 \
+   | tar czf "$OUT/dist.tgz.tmp" --null -T -) && mv "$OUT/dist.tgz.tmp" "$OUT/dist.tgz"; }
 WARM=()
 if [ "${WARM_START:-0}" = 1 ]; then
   drafts=$(for row in "${ROWS[@]}"; do case "$row" in *EAGLE-3) echo eagle3;; *DFlash) echo dflash;; *DSpark) echo dspark;; esac; done \
@@ -25,7 +28,7 @@ if [ "${WARM_START:-0}" = 1 ]; then
   echo "[$(date +%T)] SFT warm start (dense policy, drafts $drafts)"
   timeout 400 python3 -m repro.rl.sft --profile "${PROFILE:-h200}" --policy dense --workload math --drafts "$drafts" \
     --out "$W/sft" > "$W/sft.log" 2>&1 || { echo "SFT failed"; tail -5 "$W/sft.log"; }
-  WARM=(--warm-start "$W/sft")
+  WARM=(--warm-start "$W/sft"); pack
 fi
 for row in "${ROWS[@]}"; do
   name=$(echo "$row" | tr 'A-Z/ ' 'a-z__' | tr -cd 'a-z0-9_.-')
@@ -36,8 +39,7 @@ for row in "${ROWS[@]}"; do
       --artifact table1 --row "$row" --profile "${PROFILE:-h200}" --pp "$1" --cp "$2" --steps "$STEPS" \
       --microbatch "${MICROBATCH:-8}" "${WARM[@]}" --profile-update "${PROFILE_UPDATE:-2}" \
       --out "$W/${name}_pp$1cp$2" > "$W/${name}_pp$1cp$2.log" 2>&1
-    rc=$?; echo "[$(date +%T)] rc=$rc"; tail -3 "$W/${name}_pp$1cp$2.log"
+    rc=$?; echo "[$(date +%T)] rc=$rc"; tail -3 "$W/${name}_pp$1cp$2.log"; pack
   done
 done
-(cd "$W" && find . -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' -o -name '*.txt' \) -print0 \
-   | tar czf "$OUT/dist.tgz" --null -T -)
+
