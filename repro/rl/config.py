@@ -113,6 +113,10 @@ class DraftSpec:
     # The block drafts' deferred training step (loss + backward) replayed as a CUDA graph per batch shape
     # (repro.rl.draft_graph); needs microbatch > grpo.microbatch. Eager on CPU.
     cuda_graph: bool = False
+    # The draft group's learning rate rises linearly over its first this many updates (0: constant). Adam's first
+    # step moves every parameter by about lr whatever the gradient's size, which undoes much of a warm-started
+    # draft (repro.rl.joint.set_draft_lr).
+    lr_warmup_steps: int = 0
 
     def validate(self, key: str = "draft") -> None:
         _check(self.family in DRAFT_FAMILIES, f"{key}.family", self.family, f"one of {DRAFT_FAMILIES}")
@@ -124,6 +128,9 @@ class DraftSpec:
         _check(isinstance(self.microbatch, int) and not isinstance(self.microbatch, bool) and self.microbatch >= 0,
                f"{key}.microbatch", self.microbatch, "an integer >= 0 (0: the policy's microbatch)")
         _check(isinstance(self.cuda_graph, bool), f"{key}.cuda_graph", self.cuda_graph, "true or false")
+        _check(isinstance(self.lr_warmup_steps, int) and not isinstance(self.lr_warmup_steps, bool)
+               and self.lr_warmup_steps >= 0, f"{key}.lr_warmup_steps", self.lr_warmup_steps,
+               "an integer >= 0 (0: no warm-up)")
         _check(not self.cuda_graph or self.family in ("dflash", "dspark"), f"{key}.cuda_graph", self.cuda_graph,
                f"false for family {self.family!r} (only the block drafts dflash and dspark graph their training step)")
         if self.checkpoint:

@@ -66,6 +66,22 @@ def joint_optimizer(params, dparams, grpo: GRPOSpec, draft: DraftSpec | None) ->
     return torch.optim.AdamW(groups, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 
 
+def set_draft_lr(optimizer: torch.optim.Optimizer, draft: DraftSpec | None) -> None:
+    """Before ``optimizer.step()``: the draft group's learning rate of this update, ``draft.lr`` ramped linearly
+    over ``draft.lr_warmup_steps`` updates. The count is the optimizer's own (AdamW's per-parameter ``step``), so a
+    run resumed from its checkpointed optimizer continues the ramp where it stopped.
+
+    Why: Adam's bias-corrected first step is about lr * sign(g) for every parameter, however small g is; on a
+    warm-started draft at the co-training lr that shock undid half of its acceptance on the H200 (DFlash AL 3.93
+    -> 1.84 after the first update, results/2xh200/h200/dist/warm_start)."""
+    if draft is None or not draft.lr_warmup_steps:
+        return
+    for group in optimizer.param_groups:
+        if group.get("name") == "draft" and group["params"]:
+            done = float(optimizer.state.get(group["params"][0], {}).get("step", 0.0))
+            group["lr"] = draft.lr * min(1.0, (done + 1.0) / draft.lr_warmup_steps)
+
+
 class JointUpdate:
     """One optimizer (policy group + draft group), per-group clipping, GRPO + lambda * draft loss."""
 
@@ -134,6 +150,7 @@ class JointUpdate:
         d_norm = 0.0
         if self.draft_params:
             d_norm = float(torch.nn.utils.clip_grad_norm_(self.draft_params, self.draft_spec.max_grad_norm))
+        set_draft_lr(self.optimizer, self.draft_spec)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if dev.type == "cuda":

@@ -55,7 +55,7 @@ from repro.rl.dist_parts import (
     tap_sources,
 )
 from repro.rl.drafts import StopGradParts, build_draft, trainable_parameters
-from repro.rl.joint import UpdateStats, draft_loss_mask, joint_optimizer
+from repro.rl.joint import UpdateStats, draft_loss_mask, joint_optimizer, set_draft_lr
 
 
 @dataclass(frozen=True)
@@ -283,6 +283,7 @@ class MeshUpdate:
                                           if p.grad is not None},
                                "draft": {n: p.grad.detach().clone() for n, p in self.draft.named_parameters()
                                          if p.grad is not None} if self.dparams else {}}
+        set_draft_lr(self.optimizer, cfg.draft)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._sync_embedding()

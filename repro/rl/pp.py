@@ -39,7 +39,7 @@ from repro.rl.dist_parts import (
 from repro.rl.drafts import build_draft, trainable_parameters
 from repro.rl.episodes import RolloutBatch
 from repro.rl.grpo import clipped_policy_loss, token_logprobs
-from repro.rl.joint import draft_loss_mask, joint_optimizer
+from repro.rl.joint import draft_loss_mask, joint_optimizer, set_draft_lr
 from repro.rl.warmstart import make_policy
 
 
@@ -135,6 +135,7 @@ def pp_update_worker(rank: int, world: int, payload: dict) -> dict:
     grads = {stage_to_hf(n): p.grad.detach().clone() for n, p in stage.named_parameters() if p.grad is not None}
     dgrads = {n: p.grad.detach().clone() for n, p in draft.named_parameters() if p.grad is not None} \
         if dparams else {}
+    set_draft_lr(opt, cfg.draft)
     opt.step()
     update_s = time.perf_counter() - t0
     if channel is not None:

@@ -131,3 +131,42 @@ def test_draft_microbatch_is_checked(tmp_path):
     cfg.draft = dataclasses.replace(cfg.draft, microbatch=-1)
     with pytest.raises(Exception, match="draft.microbatch"):
         cfg.validate()
+
+
+def _draft_lrs(tmp_path, tok, warmup, steps, resume_after=None):
+    """The draft group's learning rate at each of ``steps`` updates (after a resume from the optimizer's state
+    at ``resume_after``, in a fresh trainer), and the policy group's."""
+    cfg = tiny_config(tmp_path / f"w{warmup}-{resume_after}", draft="dflash")
+    cfg.draft = dataclasses.replace(cfg.draft, lr=1e-3, lr_warmup_steps=warmup)
+    tr = CoTrainer(cfg, tok)
+    lrs, policy_lrs = [], []
+    for step in range(steps):
+        if step == resume_after:
+            fresh = CoTrainer(cfg, tok)
+            fresh.update.optimizer.load_state_dict(tr.update.optimizer.state_dict())
+            tr = fresh
+        batch = tr.rollout(step)
+        batch.rewards = REWARDS.clone()
+        _update(tr, batch, step)
+        groups = {g["name"]: g["lr"] for g in tr.update.optimizer.param_groups}
+        lrs.append(groups["draft"])
+        policy_lrs.append(groups["policy"])
+    return lrs, policy_lrs
+
+
+def test_draft_lr_warms_up_linearly_and_resumes_the_ramp(tmp_path, tok):
+    lrs, policy_lrs = _draft_lrs(tmp_path, tok, warmup=4, steps=6)
+    assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert set(policy_lrs) == {tiny_config(tmp_path).grpo.lr}, "the warm-up touched the policy's group"
+    resumed, _ = _draft_lrs(tmp_path, tok, warmup=4, steps=6, resume_after=2)
+    assert resumed == pytest.approx(lrs), "a resumed run restarted the draft's warm-up"
+    constant, _ = _draft_lrs(tmp_path, tok, warmup=0, steps=2)
+    assert constant == [1e-3, 1e-3]
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True])
+def test_draft_lr_warmup_is_checked(tmp_path, bad):
+    cfg = tiny_config(tmp_path, draft="dflash")
+    cfg.draft = dataclasses.replace(cfg.draft, lr_warmup_steps=bad)
+    with pytest.raises(Exception, match="lr_warmup_steps"):
+        cfg.validate()

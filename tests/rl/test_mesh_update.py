@@ -1,8 +1,8 @@
 """The joint update on a PP=2 x CP=2 mesh (4 gloo processes: 1F1B pipelines, zigzag ring attention in each
 stage's CP group, taps over one TapChannel per CP index, the draft's CP attention on the last stage)
 equals the single-process ``JointUpdate``: same clipped gradients, same updated policy and draft
-parameters, same losses, for EAGLE-3 and DSpark (two draft layers, so one tap crosses stages); and with
-lambda = 0 the policy update is bit for bit the no-draft one.
+parameters, same losses, for EAGLE-3 and DSpark (two draft layers, so one tap crosses stages; also two steps under
+the draft's learning-rate warm-up); and with lambda = 0 the policy update is bit for bit the no-draft one.
 
     .venv/bin/python -m pytest -q tests/rl/test_mesh_update.py
 """
@@ -60,8 +60,9 @@ def runs(tmp_path_factory, tok):
     adv = group_advantages(batch.rewards, 2)
     payloads = [make_payload(tr.cfg, tr.policy, tr.draft, batch, adv, n_microbatches=2, mask_token_id=tok.mask_id,
                              anchor_seed=3) for tr in trainers.values()]
-    # two steps of a block draft: the second sees the policy's updated embedding (synced to the last stage)
-    two = _trainer(tmp, tok, "s2", spec=DSPARK2)
+    # two steps of a block draft: the second sees the policy's updated embedding (synced to the last stage);
+    # with a draft lr warm-up, so each rank's ramp must follow its own optimizer's count as JointUpdate's does
+    two = _trainer(tmp, tok, "s2", spec=dataclasses.replace(DSPARK2, lr_warmup_steps=3))
     batch2 = trainers["none"].rollout(1)
     batch2.rewards = torch.tensor([0.0, 1.0, 1.0, 0.0])
     adv2 = group_advantages(batch2.rewards, 2)
