@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from repro.report.provenance import write_atomic
+from repro.rl.config import ConfigError
 
 CKPT = Path("ckpt") / "latest.pt"
 _IGNORED_KEYS = ("steps", "out", "ckpt_every")   # a resumed run may extend or relocate itself
@@ -53,7 +54,11 @@ def save_checkpoint(out: str | os.PathLike, step: int, state: dict[str, Any], co
     return write_atomic(Path(out) / CKPT, buf.getvalue())
 
 
-def load_checkpoint(out: str | os.PathLike, config: dict, warm_digest: str = "") -> dict[str, Any] | None:
+def load_checkpoint(out: str | os.PathLike, config: dict, warm_digest: str = "",
+                    restart_on_config_change: bool = False) -> dict[str, Any] | None:
+    """The run folder's checkpoint to continue, or None. One from another warm start is dropped; one from another
+    config is refused, or dropped with ``restart_on_config_change`` (the workflow's reruns after a profile change,
+    which regenerate the run's outputs anyway)."""
     path = Path(out) / CKPT
     if not path.is_file():
         return None
@@ -67,7 +72,13 @@ def load_checkpoint(out: str | os.PathLike, config: dict, warm_digest: str = "")
     old, new = _comparable(state.get("config", {})), _comparable(config)
     if old != new:
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        raise ValueError(f"checkpoint {path} was written by a different config (first differing key "
-                         f"{diff[0]!r}: {old.get(diff[0])!r} vs {new.get(diff[0])!r}); use a fresh --out")
+        if restart_on_config_change:
+            print(f"checkpoint {path} continues a run of another config (key {diff[0]!r} changed); dropping it "
+                  "and starting the run over", file=sys.stderr, flush=True)
+            path.unlink()
+            return None
+        raise ConfigError(f"checkpoint {path} was written by a different config (first differing key "
+                          f"{diff[0]!r}: {old.get(diff[0])!r} vs {new.get(diff[0])!r}); use a fresh --out, or "
+                          "--restart-on-config-change to start this run over")
     torch.set_rng_state(state["rng"])
     return state

@@ -27,7 +27,7 @@ import torch
 from repro.report.profiles import ProfileError
 from repro.report.provenance import write_json_atomic
 from repro.rl.config import ARTIFACTS, ENGINES, ConfigError
-from repro.rl.run import build_row, row_logger, run_probes, write_run_record
+from repro.rl.run import RESTART_HELP, build_row, row_logger, run_probes, write_run_record
 from repro.rl.summary import run_dir_name
 
 
@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-start", default="", help="SFT warm-start folder (repro.rl.sft); empty: random init")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--restart-on-config-change", action="store_true", help=RESTART_HELP)
     ap.add_argument("--record", default="", help="JSON file written last (atomically): the rows and their run "
                     "folders (the workflow's marker that the lockstep job finished)")
     args = ap.parse_args(argv)
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             out = str(Path(args.out_root) / run_dir_name(row))
             runs.append((row, *build_row(args.profile, args.artifact, row, out=out, seed=args.seed,
                                          warm_start=args.warm_start, engine=args.engine,
-                                         checkpoint_root=args.checkpoint_root)))
+                                         checkpoint_root=args.checkpoint_root,
+                                         restart_on_config_change=args.restart_on_config_change)))
     except (ConfigError, ProfileError, FileNotFoundError) as exc:
         print(f"lockstep: error: {exc}", file=sys.stderr)
         return 2

@@ -59,9 +59,13 @@ def log_ab_probe(trainer: CoTrainer, log, row: str, rounds: int, first_step: int
     return res
 
 
+RESTART_HELP = ("a checkpoint in the run folder from another config is dropped and the run starts over, instead "
+                "of refused (the workflow passes it: its reruns after a profile change regenerate the run anyway)")
+
+
 def build_row(profile: str, artifact: str, row: str, *, out: str, seed: int = 0, warm_start: str = "",
-              engine: str | None = None, checkpoint_root: str = "", sampling_seed: int | None = None
-              ) -> tuple[dict, CoTrainer, int]:
+              engine: str | None = None, checkpoint_root: str = "", sampling_seed: int | None = None,
+              restart_on_config_change: bool = False) -> tuple[dict, CoTrainer, int]:
     """Validate a row's config, build its trainer and resume it from its run folder's last checkpoint.
     Returns (profile dict, trainer, first step still to run); raises ConfigError/ProfileError/FileNotFoundError."""
     prof = load_run_profile(profile)
@@ -70,7 +74,7 @@ def build_row(profile: str, artifact: str, row: str, *, out: str, seed: int = 0,
                                   checkpoint_root=checkpoint_root or None, sampling_seed=sampling_seed)
     tok = tokenizer_for_run(cfg, out=out, seed=seed, warm_start=warm_start)
     trainer = CoTrainer(cfg, tok)
-    first = trainer.try_resume()
+    first = trainer.try_resume(restart_on_config_change)
     if first:
         print(f"[{artifact} {row}] resuming at step {first}", flush=True)
     return prof, trainer, first
@@ -129,13 +133,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="seed of sampling only (rollouts, draft anchors); prompts and the rest stay --seed's: a "
                          "baseline replica (profile key baseline_seeds)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--restart-on-config-change", action="store_true", help=RESTART_HELP)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         prof, trainer, first = build_row(args.profile, args.artifact, args.row, out=args.out, seed=args.seed,
                                          warm_start=args.warm_start, engine=args.engine,
-                                         checkpoint_root=args.checkpoint_root, sampling_seed=args.sampling_seed)
+                                         checkpoint_root=args.checkpoint_root, sampling_seed=args.sampling_seed,
+                                         restart_on_config_change=args.restart_on_config_change)
     except (ConfigError, ProfileError, FileNotFoundError) as exc:
         print(f"run: error: {exc}", file=sys.stderr)
         return 2

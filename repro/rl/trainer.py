@@ -241,9 +241,9 @@ class CoTrainer:
             state["draft"] = self.draft.state_dict()
         save_checkpoint(self.cfg.out, step, state, self.cfg.to_dict(), self.warm_digest)
 
-    def try_resume(self) -> int:
+    def try_resume(self, restart_on_config_change: bool = False) -> int:
         """Load the run folder's last checkpoint; returns the first step still to run (0 if none)."""
-        state = load_checkpoint(self.cfg.out, self.cfg.to_dict(), self.warm_digest)
+        state = load_checkpoint(self.cfg.out, self.cfg.to_dict(), self.warm_digest, restart_on_config_change)
         if state is None:
             return 0
         self.policy.model.load_state_dict(state["policy"])

@@ -116,8 +116,21 @@ def test_checkpoint_of_a_rebuilt_warm_start_is_dropped_not_resumed(tmp_path, tok
 def test_resume_refuses_a_checkpoint_of_another_config(tmp_path, tok):
     _train(tiny_config(tmp_path, draft="eagle3", steps=1), tok)
     other = tiny_config(tmp_path, draft="dflash", steps=1)
-    with pytest.raises(ValueError, match="different config"):
+    with pytest.raises(ConfigError, match="different config.*--restart-on-config-change"):
         CoTrainer(other, tok).try_resume()
+
+
+def test_restart_on_config_change_drops_the_checkpoint_and_starts_over(tmp_path, tok, capsys):
+    """The workflow's rerun after a profile change (here the draft's lr warm-up): the old checkpoint is dropped,
+    the run starts at step 0; an unchanged config still resumes."""
+    cfg = tiny_config(tmp_path, draft="dflash", steps=1)
+    _train(cfg, tok)
+    assert CoTrainer(cfg, tok).try_resume(restart_on_config_change=True) == 1
+    changed = tiny_config(tmp_path, draft="dflash", steps=1)
+    changed.draft = dataclasses.replace(changed.draft, lr_warmup_steps=3)
+    assert CoTrainer(changed, tok).try_resume(restart_on_config_change=True) == 0
+    assert "another config (key 'draft' changed)" in capsys.readouterr().err
+    assert not (tmp_path / "ckpt" / "latest.pt").exists()
 
 
 @pytest.mark.parametrize("change,match", [

@@ -146,7 +146,7 @@ def rl_run_cmd(wildcards):
                 f"{engine} --checkpoint-root {config['checkpoint_root']} --pp {mesh['pp']} --cp {mesh['cp']} "
                 f"--out {out} {seed} --log-artifact artifact")
     return (f"{PY} -m repro.rl.run --artifact {wildcards.artifact} --row '{row}' --profile {PROFILE_NAME}{engine} "
-            f"--warm-start {rl_warm_dir(wildcards)} --out {out} {seed} --threads 1")
+            f"--warm-start {rl_warm_dir(wildcards)} --out {out} {seed} --threads 1 --restart-on-config-change")
 
 
 rule rl_sft:
@@ -164,7 +164,8 @@ rule rl_sft:
 
 
 rule rl_run:
-    # run.json is written last: a failed run leaves its checkpoint and logged steps, and the rerun resumes.
+    # run.json is written last: a failed run leaves its checkpoint and logged steps, and the rerun resumes (unless
+    # the profile changed in between: then the run starts over).
     input:
         rl_warm_input,
     output:
@@ -200,7 +201,7 @@ rule rl_lockstep:
     shell:
         "{PY} -m repro.rl.lockstep --artifact {wildcards.artifact} --rows '{params.rows}' --profile {PROFILE_NAME} "
         "--warm-start {params.warm} --out-root {RUNS}/{wildcards.artifact} --seed {config[seed]} --threads 1 "
-        "--record {output} > {log} 2>&1"
+        "--record {output} --restart-on-config-change > {log} 2>&1"
 
 
 rule rl_summary:
