@@ -47,7 +47,7 @@ TOL = 1e-12
 WITHIN, OUTSIDE = "within the seed-to-seed spread", "outside"
 ACCEPTANCE = "train/acceptance_length"
 TABLE_COLUMNS = ["row", "baseline", "baseline runs", "replicas", "reward in band", "val accuracy in band", "verdict",
-                 "acceptance slope/step", "acceptance rises", "measured on"]
+                 "out of band: above/below", "acceptance slope/step", "acceptance rises", "measured on"]
 
 
 def replica_run_name(run_dir: str, seed: int) -> str:
@@ -120,12 +120,19 @@ def band(steps: pd.DataFrame, row: str, metric: str) -> pd.DataFrame:
                          "hi": (mean + K_SD * sd).values, "runs": len(curves)})
 
 
-def fraction_inside(values: pd.Series, b: pd.DataFrame) -> tuple[int, int]:
-    """(steps of ``values`` inside the band, band steps ``values`` logged)."""
+def band_position(values: pd.Series, b: pd.DataFrame) -> tuple[int, int, int]:
+    """(steps of ``values`` inside the band, above it, below it), over the band steps ``values`` logged."""
     bb = b.set_index("step")
     common = [s for s in values.index if s in bb.index]
-    inside = sum(bool(bb.at[s, "lo"] - TOL <= values[s] <= bb.at[s, "hi"] + TOL) for s in common)
-    return inside, len(common)
+    above = sum(bool(values[s] > bb.at[s, "hi"] + TOL) for s in common)
+    below = sum(bool(values[s] < bb.at[s, "lo"] - TOL) for s in common)
+    return len(common) - above - below, above, below
+
+
+def fraction_inside(values: pd.Series, b: pd.DataFrame) -> tuple[int, int]:
+    """(steps of ``values`` inside the band, band steps ``values`` logged)."""
+    inside, above, below = band_position(values, b)
+    return inside, inside + above + below
 
 
 def acceptance_slope(steps: pd.DataFrame, run: str) -> float:
@@ -141,14 +148,17 @@ def judge(h: pd.DataFrame, run: str, bands: dict[str, pd.DataFrame], row: str, b
     """One verdict line: ``run``'s smoothed curves against ``bands``, and its acceptance trend."""
     hw, label = h["hardware"].iloc[0], h["hardware_label"].iloc[0]
     line = {"row": row, "baseline": baseline, "baseline runs": nruns, "replicas": replicas}
-    ok = True
+    ok, sides = True, []
     for metric, name in BAND_METRICS:
-        n_in, n = fraction_inside(curve(h, run, metric), bands[metric])
+        n_in, above, below = band_position(curve(h, run, metric), bands[metric])
+        n = n_in + above + below
         frac = n_in / n if n else float("nan")
         ok = ok and n > 0 and frac >= MIN_FRACTION
         line[f"{name} in band"] = f"{n_in}/{n} ({frac:.2f})" if n else "-"
+        sides.append(f"{name.split()[0]} {above}/{below}")
     slope = acceptance_slope(h, run)
-    line.update({"verdict": WITHIN if ok else OUTSIDE, "acceptance slope/step": slope,
+    line.update({"verdict": WITHIN if ok else OUTSIDE, "out of band: above/below": ", ".join(sides),
+                 "acceptance slope/step": slope,
                  "acceptance rises": "-" if np.isnan(slope) else ("yes" if slope > 0 else "no"),
                  "measured on": f"{hw} ({label})" if label else hw})
     return line
@@ -205,8 +215,9 @@ NOTES = [f"Seed band: per step, mean +- {K_SD:g} sd (ddof=1) over the baseline r
          f"of the curve smoothed by a trailing mean over {SMOOTH['train/reward']} logged steps for reward and "
          f"{SMOOTH['val/accuracy']} for validation accuracy (the figure's reward panel shows the same smoothing). "
          f"Verdict: '{WITHIN}' when at least {MIN_FRACTION:.0%} of a co-trained row's band steps lie inside for "
-         "both reward and validation accuracy, else 'outside'. Acceptance slope: least-squares slope of "
-         "acceptance length against step over every logged step; 'rises' when > 0.",
+         "both reward and validation accuracy, else 'outside'. Out of band: the steps above and below the band, "
+         "per metric (above: a higher reward or accuracy than the baseline's spread). Acceptance slope: "
+         "least-squares slope of acceptance length against step over every logged step; 'rises' when > 0.",
          "Lines '<baseline> (main run)' and '<baseline> (seed k)' (with >= 3 baseline runs): that baseline run judged "
          "the same way against the band of the other baseline runs, i.e. how often this test calls the baseline "
          "itself outside; an 'outside' of a co-trained row weighs only as much as the baseline's own lines allow."]

@@ -93,6 +93,9 @@ def test_verdict_within_for_a_baseline_like_row_and_outside_for_a_shifted_one():
     # validation accuracy below the band at 2 of 3 points: outside (1/3 < MIN_FRACTION)
     low_val = ss.spread_table(_frame([0.5] * 12, [0.3, 0.0, 0.0]))
     assert low_val["verdict"].iloc[0] == ss.OUTSIDE and low_val["val accuracy in band"].iloc[0] == "1/3 (0.33)"
+    # which side: every reward step above for the high row, two validation points below for the low one
+    assert high["out of band: above/below"].iloc[0] == "reward 12/0, val 0/0"
+    assert low_val["out of band: above/below"].iloc[0] == "reward 0/0, val 0/2"
 
 
 def test_single_noisy_steps_are_smoothed_before_judging():
