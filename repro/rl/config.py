@@ -210,6 +210,10 @@ class SFTSpec:
     batch: int = 32
     lr: float = 3e-3
     draft_steps: int = 200             # warm start of each draft family on the SFT policy's features
+    # The workload whose demonstrations the drafts are trained on offline ("": the run's own). The paper's drafts
+    # are trained offline on other data than the RL task and adapt to it online; the same workload makes them
+    # in-domain from the first step.
+    draft_workload: str = ""
 
     def validate(self, key: str = "sft") -> None:
         for name in ("steps", "batch"):
@@ -218,6 +222,8 @@ class SFTSpec:
         _check(isinstance(self.draft_steps, int) and self.draft_steps >= 0, f"{key}.draft_steps",
                self.draft_steps, "an integer >= 0")
         _check(self.lr > 0, f"{key}.lr", self.lr, "a positive learning rate")
+        _check(self.draft_workload in ("", *WORKLOADS), f"{key}.draft_workload", self.draft_workload,
+               f"'' (the run's workload) or one of {WORKLOADS}")
 
 
 def sft_spec(rl: Mapping[str, Any], workload: str) -> SFTSpec:

@@ -176,7 +176,8 @@ def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sf
     acc = heldout_accuracy(policy, tok, workload, seed)
     print(f"[sft] held-out greedy accuracy {acc:.3f}", flush=True)
     policy.requires_grad_(False)
-    models, dlosses = warm_start_drafts(policy, tok, workload, drafts, sft, seed) if drafts else ({}, {})
+    models, dlosses = (warm_start_drafts(policy, tok, sft.draft_workload or workload, drafts, sft, seed) if drafts
+                       else ({}, {}))
     for ds in drafts:
         _save_atomic({"family": ds.family, "options": dict(ds.options),
                       "state_dict": models[ds.family].state_dict()}, draft_file(out, ds.family))

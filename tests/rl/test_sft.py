@@ -1,6 +1,6 @@
 """The SFT warm start's settings and held-out curve: ``rl.sft.workloads.<w>`` overrides the common settings for one
-workload only, bad overrides fail naming the key, and ``--heldout-every`` records held-out accuracy along the way
-without changing what is trained.
+workload only, bad overrides fail naming the key, ``--heldout-every`` records held-out accuracy along the way
+without changing what is trained, and ``draft_workload`` warm-starts the drafts on another workload's data.
 
     .venv/bin/python -m pytest -q tests/rl/test_sft.py
 """
@@ -52,3 +52,27 @@ def test_heldout_curve_is_recorded_and_does_not_change_training(tmp_path, capsys
     assert curve["heldout_curve"][-1][1] == curve["heldout_accuracy"] == plain["heldout_accuracy"]
     assert sft_main(base + ["--out", str(tmp_path / "bad"), "--heldout-every", "-1"]) == 2
     assert "--heldout-every -1 is invalid" in capsys.readouterr().err
+
+
+def test_drafts_can_be_warm_started_on_another_workload(tmp_path, monkeypatch):
+    """``rl.sft.draft_workload``: the policy learns its own workload's demonstrations, the drafts another's (the
+    paper's drafts are trained offline on other data than the RL task)."""
+    import repro.rl.sft as sft
+    seen = []
+    real = sft._items
+
+    def spy(workload, seed, n, draw):
+        seen.append((workload, "draft" if draw >= 20_000 else "policy"))
+        return real(workload, seed, n, draw)
+    monkeypatch.setattr(sft, "_items", spy)
+    prof = load_profile("cpu-tiny")
+    prof["rl"]["sft"] = {**prof["rl"]["sft"], "steps": 2, "draft_steps": 2, "workloads": {
+        "workplace": {"draft_workload": "math"}}}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    assert sft_main(["--profile", str(path), "--policy", "dense", "--workload", "workplace", "--drafts", "dflash",
+                     "--threads", "1", "--out", str(tmp_path / "w")]) == 0
+    assert set(seen) == {("workplace", "policy"), ("math", "draft")}
+    assert json.loads((tmp_path / "w" / "sft.json").read_text())["sft"]["draft_workload"] == "math"
+    with pytest.raises(ConfigError, match="sft.draft_workload='chess'"):
+        sft_spec({"sft": {"draft_workload": "chess"}}, "math").validate()
