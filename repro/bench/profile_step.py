@@ -87,8 +87,8 @@ def profile_row(prof_cfg: dict, row: str, out: Path, warmup: int, device: str) -
     steps = batch.counters.verify_steps if hasattr(batch.counters, "verify_steps") else None
     res = {"row": row, "wall_s": wall, "metrics": m, "phases": phases, "sync_calls": syncs,
            "verify_steps": steps, "n_kernels_or_ops": sum(e.count for e in ka),
-           "top_self_cpu": top_ops(p, 25, "self_cpu_time_total"),
-           "top_device": top_ops(p, 25, "self_device_time_total") if device == "cuda" else []}
+           "top_self_cpu": top_ops(ka, 25, "self_cpu_time_total"),
+           "top_device": top_ops(ka, 25, "self_device_time_total") if device == "cuda" else []}
     sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
     (out / f"{run_dir_name(row)}.txt").write_text(ka.table(sort_by=sort, row_limit=40))
     return res
