@@ -5,9 +5,10 @@
 # results/2xh200/h200/dist/) from random init, where every reward is 0 and so the policy's gradient too; with
 # WARM_START=1 the dense policy and the rows' drafts are first supervised (repro.rl.sft, ~140 s) and the rows start
 # from that warm start, so rewards and the policy's update are real. Step $PROFILE_UPDATE's update (default 2; -1:
-# none) runs under torch.profiler on every rank (<run>/profile_update_rank<r>.txt/.json: where the session-7 CP=2
-# update's 6-8 s went is not known yet). CPU/gloo runs of the same entry:
-# tests/rl/test_dist_run.py. Runs in the repository root.
+# none) runs under torch.profiler on every rank (<run>/profile_update_rank<r>.txt/.json: where the CP=2 update's
+# 6-8 s go is not known yet). A profiled update took over 100 s on the H200 in session 8 (the profiler's
+# post-processing), so give RUN_TIMEOUT room and profile few rows. The tarball is packed after every run.
+# CPU/gloo runs of the same entry: tests/rl/test_dist_run.py. Runs in the repository root.
 #   REPRO_GIT_SHA=<sha> [RUN_TIMEOUT=240] [WARM_START=1] [PROFILE_UPDATE=2] bash scripts/device/dist_session.sh [STEPS] [ROWS...]
 #   PROFILE=cpu-tiny OUT=/tmp/d bash scripts/device/dist_session.sh 1 "Qwen3-8B/DFlash"     # CPU (gloo) check
 set -uo pipefail
