@@ -54,6 +54,13 @@ def save_checkpoint(out: str | os.PathLike, step: int, state: dict[str, Any], co
     return write_atomic(Path(out) / CKPT, buf.getvalue())
 
 
+def _start_over(path: Path, why: str) -> None:
+    """Drop a checkpoint that must not be continued, saying why; the run starts at step 0."""
+    print(f"checkpoint {path} continues a run {why}; dropping it and starting the run over", file=sys.stderr,
+          flush=True)
+    path.unlink()
+
+
 def load_checkpoint(out: str | os.PathLike, config: dict, warm_digest: str = "",
                     restart_on_config_change: bool = False) -> dict[str, Any] | None:
     """The run folder's checkpoint to continue, or None. One from another warm start is dropped; one from another
@@ -65,18 +72,12 @@ def load_checkpoint(out: str | os.PathLike, config: dict, warm_digest: str = "",
     state = torch.load(path, map_location="cpu", weights_only=False)
     old_digest = state.get("warm_start_digest", warm_digest)     # checkpoints from before digests: trusted
     if old_digest != warm_digest:
-        print(f"checkpoint {path} continues a run from another warm start (its files changed since); "
-              "dropping it and starting the run over", file=sys.stderr, flush=True)
-        path.unlink()
-        return None
+        return _start_over(path, "from another warm start (its files changed since)")
     old, new = _comparable(state.get("config", {})), _comparable(config)
     if old != new:
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         if restart_on_config_change:
-            print(f"checkpoint {path} continues a run of another config (key {diff[0]!r} changed); dropping it "
-                  "and starting the run over", file=sys.stderr, flush=True)
-            path.unlink()
-            return None
+            return _start_over(path, f"of another config (key {diff[0]!r} changed)")
         raise ConfigError(f"checkpoint {path} was written by a different config (first differing key "
                           f"{diff[0]!r}: {old.get(diff[0])!r} vs {new.get(diff[0])!r}); use a fresh --out, or "
                           "--restart-on-config-change to start this run over")
