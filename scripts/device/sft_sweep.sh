@@ -15,14 +15,8 @@ W=$OUT/work; mkdir -p "$W"
 last=${!#}
 for n in "$@"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "step count '$n' is invalid: expected a positive integer" >&2; exit 2; }
-  python3 - "${PROFILE:-h200}" "$WORKLOAD" "$n" "$W/profile_sft$n.yaml" <<'EOF' || exit 2
-import sys, yaml
-from repro.rl.config import load_run_profile
-prof, workload, n, out = load_run_profile(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-sft = prof.setdefault("rl", {}).setdefault("sft", {})
-sft.setdefault("workloads", {}).setdefault(workload, {})["steps"] = n
-yaml.safe_dump(prof, open(out, "w"), sort_keys=False)
-EOF
+  python3 -m repro.rl.derive_profile --profile "${PROFILE:-h200}" --out "$W/profile_sft$n.yaml" \
+    "rl.sft.workloads.$WORKLOAD.steps=$n" || exit 2
   every=0; [ "$n" = "$last" ] && every=10
   echo "[$(date +%T)] SFT $WORKLOAD, $n steps (held-out every $every)"
   timeout 500 python3 -m repro.rl.sft --profile "$W/profile_sft$n.yaml" --policy "${POLICY:-dense}" \

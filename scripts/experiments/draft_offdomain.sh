@@ -10,14 +10,8 @@ set -euo pipefail
 : "${OUT:?set OUT to the results folder}"
 PY=${PY:-.venv/bin/python}
 mkdir -p "$OUT"
-"$PY" - "${PROFILE:-cpu-tiny}" "$OUT/profile.yaml" <<'PYEOF'
-import sys, yaml
-from repro.rl.config import load_run_profile
-prof = load_run_profile(sys.argv[1])
-sft = prof["rl"].setdefault("sft", {})
-sft.setdefault("workloads", {}).setdefault("workplace", {})["draft_workload"] = "math"
-yaml.safe_dump(prof, open(sys.argv[2], "w"), sort_keys=False)
-PYEOF
+"$PY" -m repro.rl.derive_profile --profile "${PROFILE:-cpu-tiny}" --out "$OUT/profile.yaml" \
+  rl.sft.workloads.workplace.draft_workload=math
 echo "[$(date +%T)] SFT: workplace policy, drafts on math"
 OMP_NUM_THREADS=1 "$PY" -m repro.rl.sft --profile "$OUT/profile.yaml" --policy dense --workload workplace \
   --drafts eagle3,dflash,dspark --threads 1 --out "$OUT/sft" > "$OUT/sft.log" 2>&1
