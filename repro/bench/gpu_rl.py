@@ -75,9 +75,9 @@ def sft_cache_key(prof: dict, pol: str, workload: str) -> str:
     """What an SFT warm start depends on: the policy spec, vocabulary, SFT settings, workload, dtype and device of
     the profile, and the source of the packages SFT runs (any change to them gives a new key)."""
     rl = prof["rl"]
-    h = hashlib.sha256(json.dumps({"policy": rl["policies"][pol], "vocab": rl.get("vocab_size"), "sft": vars(sft_spec(rl, workload)),
-                                   "workload": workload, "dtype": prof.get("dtype"),
-                                   "device": prof.get("hardware", {}).get("device")},
+    h = hashlib.sha256(json.dumps({"policy": rl["policies"][pol], "vocab": rl.get("vocab_size"),
+                                   "sft": vars(sft_spec(rl, workload)), "workload": workload,
+                                   "dtype": prof.get("dtype"), "device": prof.get("hardware", {}).get("device")},
                                   sort_keys=True, default=str).encode())
     root = Path(__file__).resolve().parents[2]
     for sub in SFT_CODE:

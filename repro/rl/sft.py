@@ -186,9 +186,11 @@ def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sf
                   "vocab_size": tok.vocab_size, "state_dict": policy.model.state_dict()}, out / "policy.pt")
     summary = {"workload": workload, "policy": vars(policy_spec), "sft": vars(sft), "seed": seed,
                "sft_loss_first": losses[0], "sft_loss_last": losses[-1], "sft_losses": losses,
-               "heldout_accuracy": acc, **({"heldout_curve": curve} if heldout_every else {}), "drafts": {f: {"loss_first": l[0], "loss_last": l[-1]} for f, l in
-                                                    dlosses.items()},
+               "heldout_accuracy": acc,
+               "drafts": {f: {"loss_first": l[0], "loss_last": l[-1]} for f, l in dlosses.items()},
                "sft_time_s": t_sft, "total_time_s": time.perf_counter() - t0, "provenance": provenance()}
+    if heldout_every:
+        summary["heldout_curve"] = curve
     write_json_atomic(out / "sft.json", summary)
     return summary
 
