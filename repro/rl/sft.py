@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--heldout-every", type=int, default=0,
-                    help="also score the held-out split every N SFT steps (sft.json's heldout_curve; 0: only at the end)")
+                    help="also score the held-out split every N SFT steps (sft.json's heldout_curve; "
+                         "0: only at the end)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
