@@ -129,12 +129,6 @@ def band_position(values: pd.Series, b: pd.DataFrame) -> tuple[int, int, int]:
     return len(common) - above - below, above, below
 
 
-def fraction_inside(values: pd.Series, b: pd.DataFrame) -> tuple[int, int]:
-    """(steps of ``values`` inside the band, band steps ``values`` logged)."""
-    inside, above, below = band_position(values, b)
-    return inside, inside + above + below
-
-
 def acceptance_slope(steps: pd.DataFrame, run: str) -> float:
     """Least-squares slope of acceptance length against step (per step); NaN with fewer than 2 steps."""
     s = steps[(steps["run"] == run) & (steps["metric"] == ACCEPTANCE)].groupby("step")["value"].last()

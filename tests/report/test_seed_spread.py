@@ -104,7 +104,7 @@ def test_single_noisy_steps_are_smoothed_before_judging():
     reward = [0.5, 0.5, 0.5, 1.0] * 3
     f = _frame(reward, [0.3] * 3)
     raw = pd.Series(reward, index=STEPS)
-    assert ss.fraction_inside(raw, ss.band(f, "no draft", "train/reward")) == (9, 12)
+    assert ss.band_position(raw, ss.band(f, "no draft", "train/reward")) == (9, 3, 0)    # 9 in, 3 above, 0 below
     t = ss.spread_table(f)
     assert t["reward in band"].iloc[0] == "12/12 (1.00)" and t["verdict"].iloc[0] == ss.WITHIN
 
