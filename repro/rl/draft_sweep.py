@@ -3,9 +3,10 @@
 For each row and each value of ``--key`` (a ``DraftSpec`` field of every draft in the profile: ``lr_warmup_steps``,
 ``loss_weight`` (0: the draft is frozen, the control for co-training itself), ``lr``, ...), one run of the artifact
 (``repro.rl.run``) from the same SFT warm start and seed, in a scratch folder. ``sweep.json`` gets each run's
-acceptance length, draft loss and reward per step, the mean acceptance length and the first update's change (AL at
-step 1 over step 0), with provenance. The run folders stay out of ``results/`` (their env.json would join the
-artifact's own report).
+acceptance length, draft loss, reward, rollout time and validation accuracy per step, the mean acceptance length and
+the first update's change (AL at step 1 over step 0), with provenance. It is rewritten as each run ends (``complete``
+says whether all did), so a sweep cut short keeps what it finished. The run folders stay out of ``results/`` (their
+env.json would join the artifact's own report).
 
     python -m repro.rl.draft_sweep --profile cpu-tiny --artifact fig3 --rows EAGLE-3,DFlash,DSpark \
         --key lr_warmup_steps --values 0,5,10,20 --warm-start results/cpu-2c/cpu-tiny/sft/dense-math --steps 16 \
@@ -19,7 +20,7 @@ import json
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from statistics import mean
 
@@ -67,12 +68,20 @@ def run_one(args, profile: dict, scratch: Path, row: str, value) -> dict:
     if rc:
         raise RuntimeError(f"{row} with draft.{args.key}={value} failed (exit {rc}): see {work / 'run.log'}")
     hist = [json.loads(line) for line in open(work / "run" / "metrics.jsonl")]
+    record = run_record(row, args.key, value, hist)
+    print(f"[draft_sweep] {row} draft.{args.key}={value}: mean AL {record['mean_acceptance_length']:.3f}", flush=True)
+    return record
+
+
+def run_record(row: str, key: str, value, hist: list[dict]) -> dict:
+    """One run's per-step curves from its metrics.jsonl records, and the summaries the sweep compares."""
     drafted = [h for h in hist if "train/acceptance_length" in h]
     al = [h["train/acceptance_length"] for h in drafted]
-    print(f"[draft_sweep] {row} draft.{args.key}={value}: mean AL {mean(al):.3f}", flush=True)
-    return {"row": row, args.key: value, "acceptance_length": al,
+    return {"row": row, key: value, "acceptance_length": al,
             "draft_loss": [h.get("train/draft_loss") for h in drafted],
             "reward": [h["train/reward"] for h in hist if "train/reward" in h],
+            "rollout_time_s": [h["train/rollout_time_s"] for h in hist if "train/rollout_time_s" in h],
+            "val_accuracy": [[h["step"], h["val/accuracy"]] for h in hist if "val/accuracy" in h],
             "mean_acceptance_length": mean(al),
             "first_update_al_ratio": al[1] / al[0] if len(al) > 1 and al[0] else None}
 
@@ -105,13 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ProfileError) as exc:
         print(f"draft_sweep: error: {exc}", file=sys.stderr)
         return 2
+    config = {k: v for k, v in vars(args).items() if k != "out"}
+    plan = [(r, v) for r in rows for v in values]
+    done: dict[int, dict] = {}
     with tempfile.TemporaryDirectory(prefix="draft_sweep_") as scratch:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            runs = list(pool.map(lambda rv: run_one(args, profile, Path(scratch), *rv),
-                                 [(r, v) for r in rows for v in values]))
-    config = {k: v for k, v in vars(args).items() if k != "out"}
-    path = write_json_atomic(Path(args.out) / "sweep.json", {"key": args.key, "runs": runs,
-                                                              "provenance": provenance(config)})
+            futures = {pool.submit(run_one, args, profile, Path(scratch), *rv): i for i, rv in enumerate(plan)}
+            for fut in as_completed(futures):
+                done[futures[fut]] = fut.result()
+                path = write_json_atomic(Path(args.out) / "sweep.json", {
+                    "key": args.key, "complete": len(done) == len(plan),
+                    "runs": [done[i] for i in sorted(done)], "provenance": provenance(config)})
+    runs = [done[i] for i in sorted(done)]
     print(f"[draft_sweep] {len(runs)} runs -> {path}")
     return 0
 

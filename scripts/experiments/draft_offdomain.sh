@@ -5,7 +5,8 @@
 # math, in a derived profile), then fig4's drafted rows co-trained (loss_weight 1) and frozen (loss_weight 0) from
 # that warm start (repro.rl.draft_sweep). Writes $OUT/profile.yaml, $OUT/sft/ (sft.json; weights are ignored by git)
 # and $OUT/sweep.json. Runs in the repository root.
-#   OUT=results/cpu-2c/cpu-tiny/draft_offdomain [PROFILE=cpu-tiny] [JOBS=2] bash scripts/experiments/draft_offdomain.sh
+#   OUT=results/cpu-2c/cpu-tiny/draft_offdomain [PROFILE=cpu-tiny] [JOBS=2] [STEPS=0: the artifact's] \
+#     bash scripts/experiments/draft_offdomain.sh
 set -euo pipefail
 : "${OUT:?set OUT to the results folder}"
 PY=${PY:-.venv/bin/python}
@@ -17,4 +18,5 @@ OMP_NUM_THREADS=1 "$PY" -m repro.rl.sft --profile "$OUT/profile.yaml" --policy d
   --drafts eagle3,dflash,dspark --threads 1 --out "$OUT/sft" > "$OUT/sft.log" 2>&1
 echo "[$(date +%T)] fig4 rows, drafts co-trained and frozen"
 OMP_NUM_THREADS=1 "$PY" -m repro.rl.draft_sweep --profile "$OUT/profile.yaml" --artifact fig4 \
-  --rows EAGLE-3,DFlash,DSpark --key loss_weight --values 0,1 --warm-start "$OUT/sft" --jobs "${JOBS:-2}" --out "$OUT"
+  --rows EAGLE-3,DFlash,DSpark --key loss_weight --values 0,1 --warm-start "$OUT/sft" --jobs "${JOBS:-2}" \
+  --steps "${STEPS:-0}" --out "$OUT"

@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from repro.rl.config import load_run_profile
-from repro.rl.draft_sweep import derived_profile, main
+from repro.rl.draft_sweep import derived_profile, main, run_record
 
 
 def _without(prof, key):
@@ -46,3 +46,14 @@ def test_only_numeric_draft_settings_are_sweepable(capsys):
     with pytest.raises(SystemExit):
         main(["--rows", "DFlash", "--key", "family", "--out", "/tmp/unused"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_run_record_keeps_each_curve_and_the_first_update_ratio():
+    hist = [{"step": 0, "train/reward": 0.1, "train/rollout_time_s": 2.0, "train/acceptance_length": 2.0,
+             "train/draft_loss": 1.5, "val/accuracy": 0.5},
+            {"step": 1, "train/reward": 0.3, "train/rollout_time_s": 1.0, "train/acceptance_length": 3.0,
+             "train/draft_loss": 1.0}]
+    rec = run_record("DFlash", "loss_weight", 0, hist)
+    assert rec["loss_weight"] == 0 and rec["reward"] == [0.1, 0.3] and rec["rollout_time_s"] == [2.0, 1.0]
+    assert rec["val_accuracy"] == [[0, 0.5]] and rec["draft_loss"] == [1.5, 1.0]
+    assert rec["mean_acceptance_length"] == 2.5 and rec["first_update_al_ratio"] == 1.5
