@@ -7,9 +7,10 @@
 # from that warm start, so rewards and the policy's update are real. Step $PROFILE_UPDATE's update (default 2; -1:
 # none) runs under torch.profiler on every rank (<run>/profile_update_rank<r>.txt/.json: where the CP=2 update's
 # 6-8 s go is not known yet). A profiled update took over 100 s on the H200 in session 8 (the profiler's
-# post-processing), so give RUN_TIMEOUT room and profile few rows. The tarball is packed after every run.
+# post-processing), so give RUN_TIMEOUT room and profile few rows (LAYOUTS="1 2" runs only CP=2; "PP CP;..."). The
+# tarball is packed after every run.
 # CPU/gloo runs of the same entry: tests/rl/test_dist_run.py. Runs in the repository root.
-#   REPRO_GIT_SHA=<sha> [RUN_TIMEOUT=240] [WARM_START=1] [PROFILE_UPDATE=2] bash scripts/device/dist_session.sh [STEPS] [ROWS...]
+#   REPRO_GIT_SHA=<sha> [RUN_TIMEOUT=240] [WARM_START=1] [PROFILE_UPDATE=2] [LAYOUTS="2 1;1 2"] bash scripts/device/dist_session.sh [STEPS] [ROWS...]
 #   PROFILE=cpu-tiny OUT=/tmp/d bash scripts/device/dist_session.sh 1 "Qwen3-8B/DFlash"     # CPU (gloo) check
 set -uo pipefail
 STEPS=${1:-4}; shift || true
@@ -33,7 +34,8 @@ if [ "${WARM_START:-0}" = 1 ]; then
 fi
 for row in "${ROWS[@]}"; do
   name=$(echo "$row" | tr 'A-Z/ ' 'a-z__' | tr -cd 'a-z0-9_.-')
-  for layout in "2 1" "1 2"; do
+  IFS=';' read -ra layouts <<< "${LAYOUTS:-2 1;1 2}"
+  for layout in "${layouts[@]}"; do
     set -- $layout
     echo "[$(date +%T)] $row pp=$1 cp=$2"
     timeout "${RUN_TIMEOUT:-240}" python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m repro.rl.dist_run \
