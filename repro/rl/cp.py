@@ -19,6 +19,8 @@ if any, runs its own CP attention on the same shard: ``repro.models`` drafts tak
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -36,7 +38,10 @@ def _cp_attention(module, query, key, value, attention_mask=None, scaling=None, 
                          "cp_layout=<kernels.attention Layout> and cp_group=<group or None>")
     if query.shape[0] != 1:
         raise ValueError(f"CP attention runs one packed stream, got batch {query.shape[0]}")
-    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
+    dtype = query.dtype
+    if torch.is_autocast_enabled(query.device.type):     # as SDPA under autocast: one lower-precision dtype
+        dtype = torch.get_autocast_dtype(query.device.type)  # (Qwen3's q/k norms hand back fp32 q and k)
+    q, k, v = (t[0].transpose(0, 1).to(dtype).contiguous() for t in (query, key, value))
     out = causal_attention(q, k, v, cp_layout, cp_group, scale=scaling)
     return out.unsqueeze(0), None
 
@@ -60,13 +65,16 @@ def use_cp_attention(module: nn.Module) -> nn.Module:
 class CPPolicyStage(PolicyStage):
     """A pipeline stage whose layers run on ``self.shard`` (the running microbatch's ``PackedShard``):
     input ``[1, T_local]`` ids (first stage) or hidden ``[1, T_local, H]``; ring attention in the shard's
-    group, RoPE at the shard's positions. Parameter names are ``PolicyStage``'s."""
+    group, RoPE at the shard's positions. Parameter names are ``PolicyStage``'s. With ``autocast_dtype`` (bf16 on a
+    GPU, as the single-process update) the layers run under ``torch.autocast`` and the stage returns fp32 (hidden
+    states and logits), so the pipeline's buffers keep one dtype."""
 
     def __init__(self, policy, stage: int, layers: range, num_stages: int):
         super().__init__(policy, stage, layers, num_stages)
         use_cp_attention(self)
         self.shard = None
         self.mb = -1             # the microbatch being run (set with the shard)
+        self.autocast_dtype: torch.dtype | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         sh = self.shard
@@ -78,13 +86,16 @@ class CPPolicyStage(PolicyStage):
             raise ValueError(f"stage {self.stage} got input {tuple(x.shape)}, expected [1, {sh.num_local}] rows "
                              "of this rank's shard")
         pos = sh.position_ids.to(h.device)[None]
-        pe = self.rotary_emb(h, pos)
-        for i in self.layer_index:
-            h = self.layers[str(i)](h, attention_mask=None, position_ids=pos, position_embeddings=pe,
-                                    cp_layout=sh.layout, cp_group=sh.group)
-        if self.is_last:
-            h = self.lm_head(self.norm(h))
-        return h
+        amp = (torch.autocast(h.device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
+               else contextlib.nullcontext())
+        with amp:
+            pe = self.rotary_emb(h, pos)
+            for i in self.layer_index:
+                h = self.layers[str(i)](h, attention_mask=None, position_ids=pos, position_embeddings=pe,
+                                        cp_layout=sh.layout, cp_group=sh.group)
+            if self.is_last:
+                h = self.lm_head(self.norm(h))
+        return h.float() if self.autocast_dtype is not None else h
 
 
 def cp_update_worker(rank: int, world: int, payload: dict) -> dict:

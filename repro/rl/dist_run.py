@@ -9,7 +9,9 @@ generates the step's batch, which is broadcast; every rank takes part in the joi
 update; the updated policy and draft are gathered to rank 0 and pushed into the engine; rank 0 logs
 one metrics row per step through ``MetricsLogger`` with ``repro.rl.run``'s metric names plus
 ``train/tap_wait_s`` (the draft stage's wait for taps of earlier stages, max over its CP ranks) and
-``train/weight_gather_s``. Update times and CPU seconds are the slowest rank's. The run is labelled
+``train/weight_gather_s``. Update times and CPU seconds are the slowest rank's. On a GPU the update computes in
+the profile's dtype under autocast over fp32 weights, as the single-process update does (``--update-dtype float32``
+keeps it in fp32). The run is labelled
 artifact ``dist`` (its config keeps the row's artifact), so it never enters that artifact's summaries.
 
 Everything is validated before a process group or a model exists (``pp * cp`` = world size, layers
@@ -99,6 +101,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--profile-update", type=int, default=-1, metavar="STEP",
                     help="run step STEP's update under torch.profiler on every rank: <out>/profile_update_rank<r>.txt "
                          "and .json (repro.rl.update_profile); -1: none")
+    ap.add_argument("--update-dtype", choices=("auto", "float32"), default="auto",
+                    help="compute dtype of the update's forward passes: auto = the profile's dtype under autocast on "
+                         "a GPU (as repro.rl.run's update), fp32 on a CPU; float32 = fp32 everywhere (the ring then "
+                         "takes the fp32 fallback kernel)")
     ap.add_argument("--log-artifact", choices=("dist", "artifact"), default="dist",
                     help="artifact label of the logged run: 'dist' (default) keeps it out of the single-process "
                          "artifact's tables; 'artifact' logs it as --artifact's own run (the workflow's paper "
@@ -244,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     from kernels.launch import init_from_env
     from repro.rl.hf_tokenizer import tokenizer_for_run
-    from repro.rl.warmstart import make_policy
+    from repro.rl.warmstart import make_policy, update_autocast_dtype
     rank, _ = init_from_env("nccl" if cfg.device.startswith("cuda") else "gloo")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = f"cuda:{local}" if cfg.device.startswith("cuda") else "cpu"
@@ -264,15 +270,17 @@ def main(argv: list[str] | None = None) -> int:
         dist.all_gather(sums, _param_checksum(policy.model, device))
         if len({float(s) for s in sums}) != 1:
             raise RuntimeError(f"ranks built different initial policies (parameter checksums {[float(s) for s in sums]})")
+        amp = update_autocast_dtype(cfg.dtype, device) if args.update_dtype == "auto" else None
         upd = MeshUpdate(cfg, mesh, policy, box[0]["draft"], mask_token_id=box[0]["mask_id"],
-                         transport=tap_transport(args.tap_transport, device), device=device)
+                         transport=tap_transport(args.tap_transport, device), device=device, autocast_dtype=amp)
         del policy
         if rank == 0:
             trainer.attach(upd, args.profile_update)
             print(f"[{args.artifact} {args.row}] dist_run: pp={shape.pp} cp={shape.cp} ({world} ranks, "
                   f"{n_mb} microbatches of {cfg.grpo.microbatch}), {cfg.steps} steps -> {args.out}", flush=True)
             parallel = {"pp": shape.pp, "cp": shape.cp, "world": world, "microbatches": n_mb,
-                        "tap_transport": upd.transport, "backend": dist.get_backend()}
+                        "tap_transport": upd.transport, "backend": dist.get_backend(),
+                        "update_autocast": str(amp).removeprefix("torch.") if amp is not None else "off"}
             # artifact "dist": the run keeps its row label and config (cfg.artifact) but stays out of the
             # single-process artifact's summaries and tables (different microbatching, parallel layout)
             label = DIST_ARTIFACT if args.log_artifact == "dist" else args.artifact

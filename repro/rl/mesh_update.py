@@ -16,6 +16,9 @@ count) plus ``lambda * (sequences / B) * L_draft`` (this rank's share of the dra
 are summed over the CP group (the policy and the draft in separate buffers), the policy's global
 norm is reduced across PP stages and clipped, the draft is clipped on its own, then the same AdamW
 step as ``JointUpdate`` (tests/rl/test_mesh_update.py checks equality with it, PP=2 x CP=2).
+``autocast_dtype`` (bf16 on a GPU, as ``JointUpdate``'s) runs the stages' and the draft's forward passes under
+``torch.autocast`` over fp32 weights; the ring attention then takes the fused bf16 kernels instead of the fp32
+fallback's per-segment loops.
 
 Block drafts (DFlash, DSpark) read the policy's embedding and head with the gradient stopped: the
 head is the last stage's own, the embedding a copy kept in sync with stage 0 after every step.
@@ -28,6 +31,7 @@ head is the last stage's own, the embedding a copy kept in sync with stage 0 aft
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import asdict, dataclass
@@ -136,8 +140,12 @@ class MeshUpdate:
     """One rank's part of the joint update on a ``Mesh``; keeps its stage, draft and optimizer state."""
 
     def __init__(self, cfg: RunConfig, mesh: Mesh, policy, draft_state: dict | None, *, mask_token_id: int,
-                 transport: str = "shm", device: str | torch.device = "cpu", tap_timeout_s: float = 300.0):
+                 transport: str = "shm", device: str | torch.device = "cpu", tap_timeout_s: float = 300.0,
+                 autocast_dtype: torch.dtype | None = None):
+        if autocast_dtype not in (None, torch.bfloat16, torch.float16):
+            raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {autocast_dtype}")
         self.cfg, self.mesh = cfg.validate(), mesh
+        self.autocast_dtype = autocast_dtype
         P, C = mesh.shape.pp, mesh.shape.cp
         self.n_mb = mesh.shape.check(P * C, cfg, policy.num_layers)
         self.device = torch.device(device)
@@ -145,6 +153,7 @@ class MeshUpdate:
         self.H, self.V = policy.hidden_size, policy.vocab_size
         self.ranges = split_layers(policy.num_layers, P)
         self.stage = CPPolicyStage(policy.model, mesh.p, self.ranges[mesh.p], P).to(self.device)
+        self.stage.autocast_dtype = autocast_dtype
         self.draft = None
         self.taps: dict[int, int] = {}
         self.embed_copy = None
@@ -257,7 +266,9 @@ class MeshUpdate:
             sl = slices[i]
             dbatch = DraftBatch(input_ids=ids[sl], loss_mask=draft_loss_mask(mask[sl]), policy_logits=logits.detach(),
                                 extras={"anchor_generator": gen, "cp": shards[i]})
-            dl = self.draft.draft_loss(TargetFeatures(feats), dbatch)
+            with (torch.autocast(dev.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
+                  else contextlib.nullcontext()):
+                dl = self.draft.draft_loss(TargetFeatures(feats), dbatch)
             acc["draft_time"] += time.perf_counter() - td
             frac = (sl.stop - sl.start) / B
             acc["draft_loss"] += float(dl.detach()) * frac
@@ -384,7 +395,8 @@ def mesh_update_worker(rank: int, world: int, payloads: list[dict], pp: int, cp:
         policy = make_policy(cfg.policy, cfg.vocab_size, seed=cfg.seed, dtype=torch.float32, device="cpu")
         policy.model.load_state_dict(payload["policy"])
         upd = MeshUpdate(cfg, mesh, policy, payload["draft"], mask_token_id=payload["mask_token_id"],
-                         transport=payload.get("transport", "shm"))
+                         transport=payload.get("transport", "shm"),
+                         autocast_dtype=getattr(torch, payload["autocast"]) if payload.get("autocast") else None)
         for st in [payload, *payload.get("more", [])]:        # "more": later steps' batches, same keys
             stats = upd.step(st["ids"], st["att"], st["mask"], st["old"], st["adv"],
                              anchor_seed=st.get("anchor_seed", 0), keep_grads=True)

@@ -38,7 +38,7 @@ from repro.rl.joint import JointUpdate, UpdateStats
 from repro.rl.tasks.math import MathTaskSet
 from repro.rl.tasks.workplace import WorkplaceTaskSet
 from repro.rl.tokenizer import WorkloadTokenizer
-from repro.rl.warmstart import DTYPES, load_draft_weights, make_policy
+from repro.rl.warmstart import DTYPES, load_draft_weights, make_policy, update_autocast_dtype
 from repro.rollout.cuda_graph import GraphedCallable
 from repro.rollout.engine import RolloutEngine
 
@@ -133,7 +133,7 @@ class CoTrainer:
             self.rollout_draft.to(dtype=DTYPES[cfg.dtype])
             proposer = make_proposer(self.rollout_draft, cfg.draft.num_proposals)
         # on a GPU the profile's dtype is also the update's compute dtype (autocast over fp32 master weights)
-        amp = DTYPES[cfg.dtype] if dev.startswith("cuda") and DTYPES[cfg.dtype] != torch.float32 else None
+        amp = update_autocast_dtype(cfg.dtype, dev)
         self.update = JointUpdate(self.policy, self.draft, cfg.grpo, cfg.draft, self.reference, autocast_dtype=amp)
         max_prompt = 256
         max_len = (max_prompt + cfg.grpo.max_new_tokens + 64

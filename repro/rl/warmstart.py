@@ -20,6 +20,11 @@ from repro.rl.config import DraftSpec, PolicySpec
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def update_autocast_dtype(dtype: str, device: str) -> torch.dtype | None:
+    """The update's autocast dtype: on a GPU the profile's dtype (over fp32 master weights), else None (fp32)."""
+    return DTYPES[dtype] if str(device).startswith("cuda") and DTYPES[dtype] != torch.float32 else None
+
+
 def load_checkpoint_policy(spec: PolicySpec, *, dtype: torch.dtype, device: str) -> Policy:
     """The checkpoint of ``spec`` (validated first: a missing folder or config.json fails before loading)."""
     spec.validate()

@@ -40,7 +40,7 @@ def test_torchrun_two_steps_pp2_logs_metrics(tmp_path):
     env_json = json.loads((out / "env.json").read_text())
     assert env_json["artifact"] == "dist" and env_json["config"]["artifact"] == "table1"
     assert env_json["config"]["parallel"] == {"pp": 2, "cp": 1, "world": 2, "microbatches": 2,
-                                              "tap_transport": "shm", "backend": "gloo"}
+                                              "tap_transport": "shm", "backend": "gloo", "update_autocast": "off"}
     assert json.loads((out / "run.json").read_text())["parallel"]["pp"] == 2
     for rank in (0, 1):                 # step 1's update under torch.profiler, on each stage's rank
         prof = json.loads((out / f"profile_update_rank{rank}.json").read_text())

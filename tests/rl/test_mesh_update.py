@@ -2,7 +2,8 @@
 stage's CP group, taps over one TapChannel per CP index, the draft's CP attention on the last stage)
 equals the single-process ``JointUpdate``: same clipped gradients, same updated policy and draft
 parameters, same losses, for EAGLE-3 and DSpark (two draft layers, so one tap crosses stages; also two steps under
-the draft's learning-rate warm-up); and with lambda = 0 the policy update is bit for bit the no-draft one.
+the draft's learning-rate warm-up); under bf16 autocast (the GPU path) it agrees with JointUpdate's autocast update
+to bf16 rounding; and with lambda = 0 the policy update is bit for bit the no-draft one.
 
     .venv/bin/python -m pytest -q tests/rl/test_mesh_update.py
 """
@@ -54,12 +55,15 @@ def _reference(tr, batch, adv, anchor_seed=3):
 def runs(tmp_path_factory, tok):
     tmp = tmp_path_factory.mktemp("mesh")
     trainers = {"eagle3": _trainer(tmp, tok, "e", draft="eagle3"), "dspark": _trainer(tmp, tok, "s", spec=DSPARK2),
-                "dspark0": _trainer(tmp, tok, "s0", spec=DSPARK2, lam=0.0), "none": _trainer(tmp, tok, "n")}
+                "dspark0": _trainer(tmp, tok, "s0", spec=DSPARK2, lam=0.0), "none": _trainer(tmp, tok, "n"),
+                "dspark_bf16": _trainer(tmp, tok, "sb", spec=DSPARK2)}
+    trainers["dspark_bf16"].update.autocast_dtype = torch.bfloat16     # CPU autocast: the GPU update's path
     batch = trainers["none"].rollout(0)
     batch.rewards = REWARDS.clone()
     adv = group_advantages(batch.rewards, 2)
     payloads = [make_payload(tr.cfg, tr.policy, tr.draft, batch, adv, n_microbatches=2, mask_token_id=tok.mask_id,
                              anchor_seed=3) for tr in trainers.values()]
+    payloads[list(trainers).index("dspark_bf16")]["autocast"] = "bfloat16"
     # two steps of a block draft: the second sees the policy's updated embedding (synced to the last stage);
     # with a draft lr warm-up, so each rank's ramp must follow its own optimizer's count as JointUpdate's does
     two = _trainer(tmp, tok, "s2", spec=dataclasses.replace(DSPARK2, lr_warmup_steps=3))
@@ -70,7 +74,7 @@ def runs(tmp_path_factory, tok):
                                  mask_token_id=tok.mask_id, anchor_seed=3))
     payloads[-1]["more"] = [{"ids": batch2.input_ids, "att": batch2.attention_mask, "mask": batch2.loss_mask,
                              "old": batch2.rollout_logp, "adv": adv2, "anchor_seed": 4}]
-    refs = {k: _reference(tr, batch, adv) for k, tr in trainers.items() if k in ("eagle3", "dspark")}
+    refs = {k: _reference(tr, batch, adv) for k, tr in trainers.items() if k in ("eagle3", "dspark", "dspark_bf16")}
     two.update.step(batch, adv, anchor_seed=3)
     refs["dspark_2steps"] = _reference(two, batch2, adv2, anchor_seed=4)
     ranks = spawn(mesh_update_worker, 4, args=(payloads, 2, 2), timeout_s=280)
@@ -120,6 +124,27 @@ def test_pp2_cp2_update_equals_single_process(runs, draft):
     for k, p in dr.items():
         torch.testing.assert_close(p, ref["draft"][k], rtol=0, atol=1e-5, msg=f"gathered draft {k}")
     assert all(r["gathered"] is None for r in ranks[1:])
+
+
+def _rel_err(a: dict, b: dict) -> float:
+    """|a - b| / |b| over a's tensors (one stage's share of b's)."""
+    return float(torch.stack([(a[k] - b[k]).norm() for k in a]).norm() / torch.stack([b[k].norm() for k in a]).norm())
+
+
+def test_bf16_autocast_update_matches_single_process_within_bf16_rounding(runs):
+    """Under autocast (the GPU path) the mesh's forward passes and its ring attention run in bf16: the update
+    agrees with JointUpdate under the same autocast to bf16 rounding, and differs from the fp32 update (so the
+    autocast took effect on the mesh)."""
+    refs, got, _ = runs
+    ref, ranks, fp32 = refs["dspark_bf16"], got["dspark_bf16"], got["dspark"]
+    for r, r32 in zip(ranks, fp32):
+        assert _rel_err(r["grads"], ref["grads"]) < 2e-2, f"rank {r['rank']}: policy grads off"   # seen: 0.005
+        assert _rel_err(r["grads"], r32["grads"]) > 1e-4, f"rank {r['rank']}: grads equal fp32's: no autocast?"
+    for r in ranks[2:]:
+        assert _rel_err(r["draft_grads"], ref["draft_grads"]) < 2e-2, f"rank {r['rank']}: draft grads off"
+    st, rs = ranks[0]["stats"], ref["stats"]
+    assert st["draft_loss"] == pytest.approx(rs.draft_loss, rel=2e-2)
+    assert st["policy_grad_norm"] == pytest.approx(rs.policy_grad_norm, rel=3e-2)
 
 
 def test_lambda0_policy_update_is_bitwise_the_no_draft_one(runs):
