@@ -1,0 +1,70 @@
+"""The draft sweep report (repro.report.sweep_report) on two synthetic sweep.json files, one with the newer
+fields and one old-style; a missing or malformed input exits 2 naming the file and writes nothing.
+
+    .venv/bin/python -m pytest -q tests/report/test_sweep_report.py
+"""
+import json
+
+import pytest
+
+from repro.report.sweep_report import main
+
+pytestmark = pytest.mark.timeout(60)
+
+PROV = {"hardware": {"tag": "cpu-2c", "label": "cpu-emulated"}, "git": {"sha": "abc1234def5678", "dirty": False},
+        "date": "2026-01-01T00:00:00+00:00", "config": {"profile": "cpu-tiny", "artifact": "fig3"}}
+AL = {("EAGLE-3", 0): [2.0, 2.5, 2.0, 3.0, 3.0, 4.0],   # last 4: (2+3+3+4)/4 = 3.0
+      ("EAGLE-3", 1): [2.0, 2.0, 3.0, 3.0, 4.0, 4.0],   # last 4: 3.5
+      ("DFlash", 0): [1.0, 1.5, 1.5, 1.5, 1.5, 1.5],    # last 4: 1.5
+      ("DFlash", 1): [1.0, 1.0, 1.0, 1.0, 1.0, 2.0]}    # last 4: 1.25
+
+
+def _sweep(path, new_fields: bool):
+    runs = []
+    for (row, lw), al in AL.items():
+        run = {"row": row, "loss_weight": lw, "acceptance_length": al, "draft_loss": [2.0, None, 1.0, 1, 1, 0.5],
+               "reward": [0.0, 0.5] * 3, "mean_acceptance_length": sum(al) / len(al), "first_update_al_ratio": 1}
+        if new_fields:
+            run |= {"rollout_time_s": [9.0, 1.0, 2.0, 3.0, 4.0, 5.0], "val_accuracy": [[0, 0.25], [5, 0.75]]}
+        runs.append(run)
+    sweep = {"key": "loss_weight", "runs": runs, "provenance": PROV}
+    if new_fields:
+        sweep["complete"] = True
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(sweep))
+    return str(path)
+
+
+def test_report_of_two_sweeps(tmp_path):
+    new, old = _sweep(tmp_path / "fig3" / "sweep.json", True), _sweep(tmp_path / "fig4" / "sweep.json", False)
+    assert main([new, old, "--out-dir", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "fig3.md").read_text()                     # NAME: the first input's folder
+    lines = [line for line in md.splitlines() if line.startswith("| ")]
+    assert len(lines) == 2 * (1 + len(AL))                                # header + one line per (row, value)
+    assert md.count("## ") == 2 and new in md and old in md
+    assert "cpu-2c (cpu-emulated)" in md and "abc1234def56" in md and "2026-01-01" in md
+    eagle1 = next(line for line in lines if line.startswith("| EAGLE-3 | 1 |")).split(" | ")
+    assert eagle1[2:7] == ["2.000", "2.000", "3.000", "3.500", "4.000"]  # step 0, 1, mean, last 4, final
+    assert eagle1[7:11] == ["2.000 -> 0.500", "0.250", "0.750", "3.00 |"]  # rollout: mean of steps >= 1
+    assert lines[-1].endswith("| - | - |")                                # old-style: no val accuracy, rollout
+    assert md.count("- difference, EAGLE-3: AL last 4, loss_weight=1 minus loss_weight=0: +0.500") == 2
+    assert md.count("- difference, DFlash: AL last 4, loss_weight=1 minus loss_weight=0: -0.250") == 2
+    assert (tmp_path / "out" / "fig3.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((tmp_path / "out" / "fig3.json").read_text())
+    assert [len(i["table"]) for i in report["inputs"]] == [4, 4]
+    assert report["inputs"][0]["table"][1]["al_last4"] == 3.5
+    assert report["inputs"][1]["complete"] is None and report["inputs"][0]["provenance"] == PROV
+    assert "git" in report["provenance"] and report["provenance"]["config"]["name"] == "fig3"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fig3.json", "fig3.md", "fig3.png"]
+
+
+@pytest.mark.parametrize("content", [None, "{not json", json.dumps({"key": "lr"}), json.dumps({"runs": [{}]})])
+def test_bad_input_exits_2_naming_the_file(tmp_path, capsys, content):
+    good = _sweep(tmp_path / "ok" / "sweep.json", True)
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_text(content)
+    assert main([good, str(bad), "--out-dir", str(tmp_path / "out"), "--name", "r"]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "expected" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
