@@ -28,7 +28,7 @@ import yaml
 
 from repro.report.profiles import ProfileError
 from repro.report.provenance import provenance, write_json_atomic
-from repro.rl.config import ConfigError, DraftSpec, load_run_profile
+from repro.rl.config import ConfigError, DraftSpec, load_run_profile, run_config_from_profile
 from repro.rl.summary import run_dir_name
 
 SWEEPABLE = sorted(f.name for f in dataclasses.fields(DraftSpec)
@@ -65,8 +65,9 @@ def run_one(args, profile: dict, scratch: Path, row: str, value) -> dict:
            "--threads", str(args.threads)] + (["--warm-start", args.warm_start] if args.warm_start else [])
     with open(work / "run.log", "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
-    if rc:
-        raise RuntimeError(f"{row} with draft.{args.key}={value} failed (exit {rc}): see {work / 'run.log'}")
+    if rc:      # the scratch folder goes with the sweep: the log's end goes into the error
+        tail = "".join((work / "run.log").read_text().splitlines(keepends=True)[-15:])
+        raise RuntimeError(f"{row} with draft.{args.key}={value} failed (exit {rc}); end of its log:\n{tail}")
     hist = [json.loads(line) for line in open(work / "run" / "metrics.jsonl")]
     record = run_record(row, args.key, value, hist)
     print(f"[draft_sweep] {row} draft.{args.key}={value}: mean AL {record['mean_acceptance_length']:.3f}", flush=True)
@@ -111,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
                               f"{sorted(r for r, s in known.items() if s.get('draft'))}")
         if args.warm_start and not Path(args.warm_start).is_dir():
             raise ConfigError(f"--warm-start {args.warm_start} is not a folder")
+        for v in values:        # every run's config, checked before the first run starts (e.g. draft.lr=0)
+            derived = derived_profile(profile, args.artifact, args.key, v, args.steps)
+            for r in rows:
+                run_config_from_profile(derived, args.artifact, r, out="unused", seed=args.seed).validate()
     except (ConfigError, ProfileError) as exc:
         print(f"draft_sweep: error: {exc}", file=sys.stderr)
         return 2
