@@ -3,7 +3,9 @@
 # (--update-dtype auto: the ring takes the fused bf16 kernels, as the single-process update does) and in fp32 (the
 # ring's fp32 fallback, every update before commit of this script), same row and steps, random init; packed into
 # $OUT/cp_dtype.tgz after each run. Runs in the repository root.
-#   REPRO_GIT_SHA=<sha> [RUN_TIMEOUT=95] [STEPS=2] [ROW=Qwen3-8B/DFlash] bash scripts/device/cp_dtype.sh
+# MICROBATCH: sequences per microbatch, default 0 = the profile's (32, as the single-process update); session 9's
+# call ran with 8 (its default then).
+#   REPRO_GIT_SHA=<sha> [RUN_TIMEOUT=95] [STEPS=2] [ROW=Qwen3-8B/DFlash] [MICROBATCH=0] bash scripts/device/cp_dtype.sh
 #   PROFILE=cpu-tiny OUT=/tmp/c STEPS=1 bash scripts/device/cp_dtype.sh        # CPU (gloo) check: fp32 both times
 set -uo pipefail
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled OMP_NUM_THREADS=1
@@ -15,7 +17,7 @@ for dt in auto float32; do
   echo "[$(date +%T)] cp=2 --update-dtype $dt"
   timeout "${RUN_TIMEOUT:-95}" "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m repro.rl.dist_run \
     --artifact table1 --row "${ROW:-Qwen3-8B/DFlash}" --profile "${PROFILE:-h200}" --pp 1 --cp 2 \
-    --steps "${STEPS:-2}" --microbatch "${MICROBATCH:-8}" --update-dtype "$dt" --out "$W/cp2_$dt" \
+    --steps "${STEPS:-2}" --microbatch "${MICROBATCH:-0}" --update-dtype "$dt" --out "$W/cp2_$dt" \
     > "$W/cp2_$dt.log" 2>&1
   rc=$?; echo "[$(date +%T)] rc=$rc"; grep -h "step [0-9]*:" "$W/cp2_$dt.log" | tail -3; pack
 done
