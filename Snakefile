@@ -31,4 +31,6 @@ for _artifact in PAPER_ARTIFACTS:
         include: f"workflow/rules/{_artifact}.smk"
 
 
+# Draft controls (draft_frozen, draft_offdomain): what co-training itself adds; not part of `all`.
+include: "workflow/rules/controls.smk"
 include: "workflow/rules/all.smk"

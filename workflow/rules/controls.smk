@@ -1,0 +1,87 @@
+# Draft controls: not paper artifacts, the experiments that say what co-training itself adds (not part of `all`).
+#   draft_frozen     fig3's and fig4's drafted rows from the workflow's SFT warm starts, drafts co-trained
+#                    (draft.loss_weight 1) and frozen (0): repro.rl.draft_sweep, then repro.report.sweep_report.
+#   draft_offdomain  fig4's drafted rows with the drafts warm-started on the math workload (the paper's drafts come
+#                    from other data than the RL task), co-trained and frozen: scripts/experiments/draft_offdomain.sh.
+# Outputs in results/<hw>/<profile>/draft_{frozen,offdomain}/: sweep.json per sweep, report.{md,png,json}.
+# The suite trains these rows in single processes, so profiles whose rows run on NeMo-RL or load checkpoints
+# refuse them with a message.
+if "RL_RULES_INCLUDED" not in globals():
+
+    include: "rl.smk"
+
+
+CONTROL_ARTIFACTS = ("fig3", "fig4")
+
+
+def control_rows(artifact):
+    return [r for r, spec in rl_rows(artifact).items() if (spec or {}).get("draft")]
+
+
+def controls_refusal():
+    """Why this profile cannot run the controls, or '' when it can."""
+    if ENGINE != "suite":
+        return f"engine {ENGINE} (the controls run on the suite's own trainer)"
+    for a in CONTROL_ARTIFACTS:
+        if not control_rows(a):
+            return f"no drafted {a} rows"
+        if any(rl_policy_entry(a, r).get("checkpoint") for r in control_rows(a)):
+            return f"{a} rows load checkpoints (no SFT warm start to compare from)"
+    return ""
+
+
+CONTROL_JOBS = 2      # runs at once (each single-threaded)
+
+
+def sweep_cmd(artifact, out, warm):
+    return (f"{PY} -m repro.rl.draft_sweep --profile {PROFILE_NAME} --artifact {artifact} "
+            f"--rows '{','.join(control_rows(artifact))}' --key loss_weight --values 0,1 --warm-start {warm} "
+            f"--seed {config['seed']} --jobs {CONTROL_JOBS} --out {out}")
+
+
+def report_cmd_of(sweeps, out):
+    return f"{PY} -m repro.report.sweep_report {' '.join(sweeps)} --out-dir {out} --name report"
+
+
+if not controls_refusal():
+    FROZEN = f"{RUNS}/draft_frozen"
+    OFFDOMAIN = f"{RUNS}/draft_offdomain"
+
+    rule draft_frozen:
+        input:
+            [f"{SFT_DIR}/dense-{rl_workload(a)}/policy.pt" for a in CONTROL_ARTIFACTS],
+        output:
+            [f"{FROZEN}/{a}/sweep.json" for a in CONTROL_ARTIFACTS],
+            f"{FROZEN}/report.md",
+        log:
+            f"{FROZEN}/draft_frozen.log",
+        threads: CONTROL_JOBS
+        params:
+            cmd=" && ".join([sweep_cmd(a, f"{FROZEN}/{a}", f"{SFT_DIR}/dense-{rl_workload(a)}")
+                             for a in CONTROL_ARTIFACTS]
+                            + [report_cmd_of([f"{FROZEN}/{a}/sweep.json" for a in CONTROL_ARTIFACTS], FROZEN)]),
+        shell:
+            "({params.cmd}) > {log} 2>&1"
+
+    rule draft_offdomain:
+        output:
+            f"{OFFDOMAIN}/sweep.json",
+            f"{OFFDOMAIN}/report.md",
+        log:
+            f"{OFFDOMAIN}/draft_offdomain.log",
+        threads: CONTROL_JOBS
+        shell:
+            "(OUT={OFFDOMAIN} PROFILE={PROFILE_NAME} PY={PY} JOBS={CONTROL_JOBS} "
+            "bash scripts/experiments/draft_offdomain.sh && "
+            + report_cmd_of([f"{OFFDOMAIN}/sweep.json"], OFFDOMAIN)
+            + ") > {log} 2>&1"
+
+else:
+
+    rule draft_frozen:
+        shell:
+            f"echo 'profile {PROFILE_NAME} cannot run draft_frozen: {controls_refusal()}' >&2; exit 1"
+
+    rule draft_offdomain:
+        shell:
+            f"echo 'profile {PROFILE_NAME} cannot run draft_offdomain: {controls_refusal()}' >&2; exit 1"
