@@ -117,3 +117,18 @@ def test_profile_schema_refuses_a_non_boolean_lockstep():
     profile["table2"] = {**profile["table2"], "lockstep": "yes"}
     with pytest.raises(ProfileError, match=r"table2\.lockstep: 'yes' is not of type 'boolean'"):
         validate(profile, "profile.schema.yaml", "cpu-tiny")
+
+
+def test_draft_controls_plan_frozen_and_cotrained_sweeps_and_refuse_paper_profiles():
+    out = snakemake("-n", "-p", "--forceall", "draft_frozen", "draft_offdomain", "--config", "profile=cpu-tiny")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    for artifact, workload in (("fig3", "math"), ("fig4", "workplace")):
+        assert re.search(rf"repro\.rl\.draft_sweep --profile cpu-tiny --artifact {artifact} "
+                         rf"--rows 'EAGLE-3,DFlash,DSpark' --key loss_weight --values 0,1 "
+                         rf"--warm-start \S+/sft/dense-{workload} .*--out \S+/draft_frozen/{artifact}", text), text
+    assert re.search(r"OUT=\S+/draft_offdomain PROFILE=cpu-tiny .*scripts/experiments/draft_offdomain\.sh", text)
+    assert text.count("repro.report.sweep_report") == 2
+    # the paper profiles' rows run on NeMo-RL from checkpoints: the targets say why instead of planning sweeps
+    paper = snakemake("-n", "-p", "draft_frozen", "--config", "profile=paper-h100")
+    assert paper.returncode == 0 and "cannot run draft_frozen: engine nemo-rl" in paper.stdout, paper.stdout
