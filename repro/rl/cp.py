@@ -19,13 +19,12 @@ if any, runs its own CP attention on the same shard: ``repro.models`` drafts tak
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 
 from kernels.attention import causal_attention
 from repro.parallel.model import PolicyStage
+from repro.rl.warmstart import autocast_or_off
 
 ATTN_NAME = "repro_cp_ring"
 
@@ -86,9 +85,7 @@ class CPPolicyStage(PolicyStage):
             raise ValueError(f"stage {self.stage} got input {tuple(x.shape)}, expected [1, {sh.num_local}] rows "
                              "of this rank's shard")
         pos = sh.position_ids.to(h.device)[None]
-        amp = (torch.autocast(h.device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
-               else contextlib.nullcontext())
-        with amp:
+        with autocast_or_off(h.device.type, self.autocast_dtype):
             pe = self.rotary_emb(h, pos)
             for i in self.layer_index:
                 h = self.layers[str(i)](h, attention_mask=None, position_ids=pos, position_embeddings=pe,

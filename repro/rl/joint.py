@@ -21,7 +21,6 @@ profile) computes in the parameters' dtype.
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 
@@ -35,6 +34,7 @@ from repro.rl.draft_graph import DraftTrainStep
 from repro.rl.drafts import trainable_parameters
 from repro.rl.episodes import RolloutBatch
 from repro.rl.grpo import clipped_policy_loss, token_logprobs, train_inference_kl
+from repro.rl.warmstart import autocast_or_off
 
 
 @dataclass
@@ -125,8 +125,7 @@ class JointUpdate:
         p_loss = d_loss = clip = kl_ref = 0.0
         kl_num = 0.0
         draft_time = 0.0
-        amp = (torch.autocast(dev.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
-               else contextlib.nullcontext())
+        amp = autocast_or_off(dev.type, self.autocast_dtype)
         kept = [] if self._defers_draft(mb) else None    # the microbatches' detached taps and logits
         for s in range(0, B, mb):
             sl = slice(s, min(B, s + mb))

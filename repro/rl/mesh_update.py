@@ -31,7 +31,6 @@ head is the last stage's own, the embedding a copy kept in sync with stage 0 aft
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from dataclasses import asdict, dataclass
@@ -60,6 +59,7 @@ from repro.rl.dist_parts import (
 )
 from repro.rl.drafts import StopGradParts, build_draft, trainable_parameters
 from repro.rl.joint import UpdateStats, draft_loss_mask, joint_optimizer, set_draft_lr
+from repro.rl.warmstart import autocast_or_off
 
 
 @dataclass(frozen=True)
@@ -266,8 +266,7 @@ class MeshUpdate:
             sl = slices[i]
             dbatch = DraftBatch(input_ids=ids[sl], loss_mask=draft_loss_mask(mask[sl]), policy_logits=logits.detach(),
                                 extras={"anchor_generator": gen, "cp": shards[i]})
-            with (torch.autocast(dev.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
-                  else contextlib.nullcontext()):
+            with autocast_or_off(dev.type, self.autocast_dtype):
                 dl = self.draft.draft_loss(TargetFeatures(feats), dbatch)
             acc["draft_time"] += time.perf_counter() - td
             frac = (sl.stop - sl.start) / B

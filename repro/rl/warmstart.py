@@ -10,6 +10,7 @@ suite``) is loaded from its local HF folder instead (``local_files_only``: nothi
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -23,6 +24,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def update_autocast_dtype(dtype: str, device: str) -> torch.dtype | None:
     """The update's autocast dtype: on a GPU the profile's dtype (over fp32 master weights), else None (fp32)."""
     return DTYPES[dtype] if str(device).startswith("cuda") and DTYPES[dtype] != torch.float32 else None
+
+
+def autocast_or_off(device_type: str, dtype: torch.dtype | None):
+    """``torch.autocast(device_type, dtype)``, or a context that changes nothing when ``dtype`` is None."""
+    return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 def load_checkpoint_policy(spec: PolicySpec, *, dtype: torch.dtype, device: str) -> Policy:
