@@ -5,19 +5,23 @@
 #     (0): does co-training itself raise acceptance length when the policy moves?
 #   GPU 1, off-domain: the same rows with drafts warm-started on the math workload (scripts/experiments/
 #     draft_offdomain.sh): do co-trained drafts adapt to a workload they were not trained on?
-#   REPRO_GIT_SHA=<sha> [BUDGET_S=480] bash scripts/device/draft_controls.sh
+# KEY/VALUES vary another draft setting over both warm starts instead (ROWS: which fig4 rows), e.g. the lr sweep:
+#   REPRO_GIT_SHA=<sha> [BUDGET_S=480] [ROWS=...] [KEY=loss_weight VALUES=0,1] bash scripts/device/draft_controls.sh
+#   KEY=lr VALUES=5e-5,1.5e-4,5e-4 ROWS=DFlash,DSpark bash scripts/device/draft_controls.sh      (the folders stay
+#   named frozen/ and offdomain/: in-domain and off-domain warm start)
 # (a dry run on a CPU: OUT=/tmp/o PROFILE=cpu-tiny STEPS=2 PY=.venv/bin/python bash scripts/device/draft_controls.sh)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 BUDGET=${BUDGET_S:-480}
 export W=/tmp/draft_controls PY=${PY:-python3} PROFILE=${PROFILE:-h200} STEPS=${STEPS:-0}
+export ROWS=${ROWS:-EAGLE-3,DFlash,DSpark} KEY=${KEY:-loss_weight} VALUES=${VALUES:-0,1}
 rm -rf "$W"; mkdir -p "$W/frozen" "$W/offdomain"
 log() { echo "[$(date +%T)] $*"; }
 frozen() {
   "$PY" -m repro.rl.sft --profile "$PROFILE" --policy dense --workload workplace --drafts eagle3,dflash,dspark \
     --out "$W/frozen/sft" > "$W/frozen/sft.log" 2>&1 || return $?
-  "$PY" -m repro.rl.draft_sweep --profile "$PROFILE" --artifact fig4 --rows EAGLE-3,DFlash,DSpark \
-    --key loss_weight --values 0,1 --warm-start "$W/frozen/sft" --steps "$STEPS" --jobs 2 --out "$W/frozen"
+  "$PY" -m repro.rl.draft_sweep --profile "$PROFILE" --artifact fig4 --rows "$ROWS" \
+    --key "$KEY" --values "$VALUES" --warm-start "$W/frozen/sft" --steps "$STEPS" --jobs 2 --out "$W/frozen"
 }
 export -f frozen
 log "frozen control on GPU 0, off-domain on GPU 1 (budget ${BUDGET}s each)"

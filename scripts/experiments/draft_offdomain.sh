@@ -6,6 +6,7 @@
 # that warm start (repro.rl.draft_sweep). Writes $OUT/profile.yaml, $OUT/sft/ (sft.json; weights are ignored by git)
 # and $OUT/sweep.json. Runs in the repository root.
 #   OUT=results/cpu-2c/cpu-tiny/draft_offdomain [PROFILE=cpu-tiny] [JOBS=2] [STEPS=0: the artifact's] \
+#     [ROWS=EAGLE-3,DFlash,DSpark] [KEY=loss_weight VALUES=0,1: another draft setting, e.g. KEY=lr] \
 #     bash scripts/experiments/draft_offdomain.sh
 set -euo pipefail
 : "${OUT:?set OUT to the results folder}"
@@ -18,5 +19,5 @@ OMP_NUM_THREADS=1 "$PY" -m repro.rl.sft --profile "$OUT/profile.yaml" --policy d
   --drafts eagle3,dflash,dspark --threads 1 --out "$OUT/sft" > "$OUT/sft.log" 2>&1
 echo "[$(date +%T)] fig4 rows, drafts co-trained and frozen"
 OMP_NUM_THREADS=1 "$PY" -m repro.rl.draft_sweep --profile "$OUT/profile.yaml" --artifact fig4 \
-  --rows EAGLE-3,DFlash,DSpark --key loss_weight --values 0,1 --warm-start "$OUT/sft" --jobs "${JOBS:-2}" \
-  --steps "${STEPS:-0}" --out "$OUT"
+  --rows "${ROWS:-EAGLE-3,DFlash,DSpark}" --key "${KEY:-loss_weight}" --values "${VALUES:-0,1}" \
+  --warm-start "$OUT/sft" --jobs "${JOBS:-2}" --steps "${STEPS:-0}" --out "$OUT"
