@@ -34,7 +34,7 @@ from repro.rl.draft_graph import DraftTrainStep
 from repro.rl.drafts import trainable_parameters
 from repro.rl.episodes import RolloutBatch
 from repro.rl.grpo import clipped_policy_loss, token_logprobs, train_inference_kl
-from repro.rl.warmstart import autocast_or_off
+from repro.rl.warmstart import autocast_or_off, check_autocast_dtype
 
 
 @dataclass
@@ -87,8 +87,7 @@ class JointUpdate:
 
     def __init__(self, policy, draft: nn.Module | None, grpo: GRPOSpec, draft_spec: DraftSpec | None,
                  reference=None, autocast_dtype: torch.dtype | None = None):
-        if autocast_dtype not in (None, torch.bfloat16, torch.float16):
-            raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {autocast_dtype}")
+        check_autocast_dtype(autocast_dtype)
         if (draft is None) != (draft_spec is None):
             raise ValueError("give both the draft and its DraftSpec, or neither")
         if grpo.kl_coef and reference is None:

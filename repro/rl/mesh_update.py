@@ -59,7 +59,7 @@ from repro.rl.dist_parts import (
 )
 from repro.rl.drafts import StopGradParts, build_draft, trainable_parameters
 from repro.rl.joint import UpdateStats, draft_loss_mask, joint_optimizer, set_draft_lr
-from repro.rl.warmstart import autocast_or_off
+from repro.rl.warmstart import autocast_or_off, check_autocast_dtype
 
 
 @dataclass(frozen=True)
@@ -142,8 +142,7 @@ class MeshUpdate:
     def __init__(self, cfg: RunConfig, mesh: Mesh, policy, draft_state: dict | None, *, mask_token_id: int,
                  transport: str = "shm", device: str | torch.device = "cpu", tap_timeout_s: float = 300.0,
                  autocast_dtype: torch.dtype | None = None):
-        if autocast_dtype not in (None, torch.bfloat16, torch.float16):
-            raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {autocast_dtype}")
+        check_autocast_dtype(autocast_dtype)
         self.cfg, self.mesh = cfg.validate(), mesh
         self.autocast_dtype = autocast_dtype
         P, C = mesh.shape.pp, mesh.shape.cp

@@ -26,6 +26,12 @@ def update_autocast_dtype(dtype: str, device: str) -> torch.dtype | None:
     return DTYPES[dtype] if str(device).startswith("cuda") and DTYPES[dtype] != torch.float32 else None
 
 
+def check_autocast_dtype(dtype: torch.dtype | None) -> None:
+    """ValueError naming ``dtype`` unless an update can autocast to it (None: no autocast)."""
+    if dtype not in (None, torch.bfloat16, torch.float16):
+        raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {dtype}")
+
+
 def autocast_or_off(device_type: str, dtype: torch.dtype | None):
     """``torch.autocast(device_type, dtype)``, or a context that changes nothing when ``dtype`` is None."""
     return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
