@@ -55,11 +55,11 @@ def derived_profile(profile: dict, artifact: str, key: str, value, steps: int) -
     return prof
 
 
-def run_one(args, profile: dict, scratch: Path, row: str, value) -> dict:
+def run_one(args, derived: dict, scratch: Path, row: str, value) -> dict:
+    """One run of ``row`` on ``derived`` (the profile with draft.<key> = value) in its scratch folder."""
     work = scratch / f"{run_dir_name(row)}-{args.key}{value}"
     work.mkdir(parents=True, exist_ok=True)
-    (work / "profile.yaml").write_text(yaml.safe_dump(derived_profile(profile, args.artifact, args.key, value,
-                                                                      args.steps), sort_keys=False))
+    (work / "profile.yaml").write_text(yaml.safe_dump(derived, sort_keys=False))
     cmd = [sys.executable, "-m", "repro.rl.run", "--artifact", args.artifact, "--row", row,
            "--profile", str(work / "profile.yaml"), "--out", str(work / "run"), "--seed", str(args.seed),
            "--threads", str(args.threads)] + (["--warm-start", args.warm_start] if args.warm_start else [])
@@ -112,24 +112,25 @@ def main(argv: list[str] | None = None) -> int:
                               f"{sorted(r for r, s in known.items() if s.get('draft'))}")
         if args.warm_start and not Path(args.warm_start).is_dir():
             raise ConfigError(f"--warm-start {args.warm_start} is not a folder")
+        derived = {v: derived_profile(profile, args.artifact, args.key, v, args.steps) for v in values}
         for v in values:        # every run's config, checked before the first run starts (e.g. draft.lr=0)
-            derived = derived_profile(profile, args.artifact, args.key, v, args.steps)
             for r in rows:
-                run_config_from_profile(derived, args.artifact, r, out="unused", seed=args.seed).validate()
+                run_config_from_profile(derived[v], args.artifact, r, out="unused", seed=args.seed).validate()
     except (ConfigError, ProfileError) as exc:
         print(f"draft_sweep: error: {exc}", file=sys.stderr)
         return 2
-    config = {k: v for k, v in vars(args).items() if k != "out"}
+    prov = provenance({k: v for k, v in vars(args).items() if k != "out"})
     plan = [(r, v) for r in rows for v in values]
     done: dict[int, dict] = {}
     with tempfile.TemporaryDirectory(prefix="draft_sweep_") as scratch:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            futures = {pool.submit(run_one, args, profile, Path(scratch), *rv): i for i, rv in enumerate(plan)}
+            futures = {pool.submit(run_one, args, derived[v], Path(scratch), r, v): i
+                       for i, (r, v) in enumerate(plan)}
             for fut in as_completed(futures):
                 done[futures[fut]] = fut.result()
                 path = write_json_atomic(Path(args.out) / "sweep.json", {
                     "key": args.key, "complete": len(done) == len(plan),
-                    "runs": [done[i] for i in sorted(done)], "provenance": provenance(config)})
+                    "runs": [done[i] for i in sorted(done)], "provenance": prov})
     runs = [done[i] for i in sorted(done)]
     print(f"[draft_sweep] {len(runs)} runs -> {path}")
     return 0
