@@ -7,9 +7,16 @@ When the sweep compares exactly two values, a difference line per row: last-4-st
 minus that of the smaller. The figure draws AL against step, one subplot per row, one line per value; several
 sweep.json files (e.g. fig3 and fig4) share one report: a section each, a row of subplots each.
 
+With --merge, sweeps run from one warm start (same profile, artifact, warm-start folder, seed and steps in their
+provenance; e.g. scripts/device/shared_warmstart.sh's arms, a frozen arm and several lr arms) become one section whose
+lines are labelled KEY=VALUE in input order, and each setting gets a difference line per row against the first
+input's setting: its last-4 and all-steps mean AL minus the reference's.
+
     python -m repro.report.sweep_report results/cpu-2c/cpu-tiny/draft_frozen/fig3/sweep.json \\
         results/cpu-2c/cpu-tiny/draft_frozen/fig4/sweep.json --out-dir results/cpu-2c/cpu-tiny/draft_frozen \\
         --name report        # -> report.md, report.png, report.json (written atomically)
+    python -m repro.report.sweep_report --merge D/loss_weight_0/sweep.json D/lr_5e-5/sweep.json \\
+        D/lr_5e-4/sweep.json --out-dir D --name report      # frozen first: the reference
 
 NAME defaults to the folder of the first sweep.json. Exit status 2 when an input is missing or is not a sweep.json.
 """
@@ -25,6 +32,8 @@ from statistics import mean
 from repro.report.provenance import provenance, write_atomic, write_json_atomic
 
 LAST = 4  # steps averaged for "AL last 4"
+MERGED_KEY = "setting"  # the label column of merged sweeps: KEY=VALUE
+SAME_START = ("profile", "artifact", "warm_start", "seed", "steps")  # provenance config fields merged sweeps share
 EXPECTED = 'a JSON object with "key" (the swept DraftSpec field) and a non-empty "runs" list (repro.rl.draft_sweep)'
 COLUMNS = ["row", None, "AL step 0", "AL step 1", "AL mean", f"AL last {LAST}", "AL final",
            "draft loss first -> last", "mean reward", "final val acc", "rollout s (steps >= 1)"]
@@ -51,6 +60,37 @@ def load_sweep(path: str) -> dict:
                 or not run.get("acceptance_length"):
             raise SweepError(f'{path}: runs[{i}] lacks "row", "{sweep["key"]}" or a non-empty "acceptance_length"')
     return sweep
+
+
+def merge_sweeps(paths: list[str], sweeps: list[dict]) -> dict:
+    """One sweep of runs labelled KEY=VALUE (input order kept), from sweeps of one warm start; SweepError naming
+    the first input that differs from the first sweep in a SAME_START field of its provenance config."""
+    ref = (sweeps[0].get("provenance") or {}).get("config") or {}
+    missing = [f for f in SAME_START if f not in ref]
+    if missing:
+        raise SweepError(f"{paths[0]}: provenance config lacks {missing}; --merge needs {list(SAME_START)} to check "
+                         "that the sweeps share one warm start")
+    runs = []
+    for path, sweep in zip(paths, sweeps):
+        config = (sweep.get("provenance") or {}).get("config") or {}
+        for f in SAME_START:
+            if config.get(f) != ref[f]:
+                raise SweepError(f"{path}: {f} is {config.get(f)!r}, expected {ref[f]!r} as in {paths[0]}; "
+                                 "--merge compares sweeps from one warm start")
+        runs += [{**r, MERGED_KEY: f"{sweep['key']}={r[sweep['key']]}"} for r in sweep["runs"]]
+    complete = [s.get("complete") for s in sweeps]
+    return {"key": MERGED_KEY, "runs": runs, "provenance": sweeps[0].get("provenance"),
+            "complete": None if None in complete else all(complete)}
+
+
+def against_reference(table: list[dict]) -> list[dict]:
+    """Per row and setting after the first: its last-4 and all-steps mean AL minus the first setting's."""
+    ref = table[0][MERGED_KEY]
+    by = {(t["row"], t[MERGED_KEY]): t for t in table}
+    return [{"row": t["row"], "setting": t[MERGED_KEY], "reference": ref,
+             "al_last4_difference": t["al_last4"] - by[t["row"], ref]["al_last4"],
+             "al_mean_difference": t["al_mean"] - by[t["row"], ref]["al_mean"]}
+            for t in table if t[MERGED_KEY] != ref and (t["row"], ref) in by]
 
 
 def summarize(run: dict, key: str) -> dict:
@@ -92,11 +132,14 @@ def where(prov: dict) -> str:
 def section(path: str, sweep: dict, table: list[dict], diffs: list[dict]) -> str:
     key, prov = sweep["key"], sweep.get("provenance") or {}
     git, config = prov.get("git") or {}, prov.get("config") or {}
-    values = ", ".join(str(v) for v in sorted({t[key] for t in table}))
+    values = ", ".join(str(v) for v in (dict.fromkeys(t[key] for t in table) if key == MERGED_KEY
+                                        else sorted({t[key] for t in table})))
     state = {True: "dirty", False: "clean"}.get(git.get("dirty"), "dirty: unknown")
     done = {True: "complete", False: "INCOMPLETE"}.get(sweep.get("complete"), "completeness not recorded")
     what = ", ".join(f"{k} {config[k]}" for k in ("profile", "artifact") if config.get(k))
-    header = (f"draft.{key} varied over {values} ({what}; {done}), measured on {where(prov)}, "
+    varied = (f"draft settings {values}, from one warm start" if key == MERGED_KEY
+              else f"draft.{key} varied over {values}")
+    header = (f"{varied} ({what}; {done}), measured on {where(prov)}, "
               f"git {git.get('sha', 'unknown')[:12]} ({state}), {prov.get('date', 'date unknown')}")
     lines = [f"## {path}", "", header, "",
              "| " + " | ".join(c or key for c in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
@@ -109,8 +152,12 @@ def section(path: str, sweep: dict, table: list[dict], diffs: list[dict]) -> str
     if diffs:
         lines.append("")
     for d in diffs:
-        lines.append(f"- difference, {d['row']}: AL last {LAST}, {key}={d['larger']} minus {key}={d['smaller']}: "
-                     f"{d['al_last4_difference']:+.3f}")
+        if key == MERGED_KEY:
+            lines.append(f"- {d['row']}, {d['setting']} minus {d['reference']}: AL last {LAST} "
+                         f"{d['al_last4_difference']:+.3f}, AL mean {d['al_mean_difference']:+.3f}")
+        else:
+            lines.append(f"- difference, {d['row']}: AL last {LAST}, {key}={d['larger']} minus {key}={d['smaller']}: "
+                         f"{d['al_last4_difference']:+.3f}")
     return "\n".join(lines) + "\n"
 
 
@@ -133,10 +180,12 @@ def figure_png(inputs: list[tuple[str, dict, list[dict]]]) -> bytes:
             if j >= len(rows[i]):
                 ax.set_visible(False)
                 continue
-            runs = sorted((r for r in sweep["runs"] if r["row"] == rows[i][j]), key=lambda r: r[key])
+            runs = [r for r in sweep["runs"] if r["row"] == rows[i][j]]
+            if key != MERGED_KEY:
+                runs.sort(key=lambda r: r[key])
             for r in runs:
                 al = r["acceptance_length"]
-                ax.plot(range(len(al)), al, label=f"{key}={r[key]}")
+                ax.plot(range(len(al)), al, label=r[key] if key == MERGED_KEY else f"{key}={r[key]}")
             ax.set_title(f"{name}: {rows[i][j]}" if len(inputs) > 1 else rows[i][j])
             ax.set_xlabel("step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -144,7 +193,8 @@ def figure_png(inputs: list[tuple[str, dict, list[dict]]]) -> bytes:
                 ax.set_ylabel("acceptance length")
         axes[i][len(rows[i]) - 1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), handlelength=2.5)
     hardware = ", ".join(dict.fromkeys(where(s.get("provenance") or {}) for _, s, _ in inputs))
-    keys = ", ".join(dict.fromkeys(f"draft.{s['key']}" for _, s, _ in inputs))
+    keys = ", ".join(dict.fromkeys("draft settings" if s["key"] == MERGED_KEY else f"draft.{s['key']}"
+                                   for _, s, _ in inputs))
     fig.suptitle(f"Acceptance length per step, {keys} varied; measured on {hardware}")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
@@ -158,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("sweeps", nargs="+", metavar="SWEEP_JSON", help="sweep.json files of repro.rl.draft_sweep")
     ap.add_argument("--out-dir", required=True, help="folder for NAME.md, NAME.png and NAME.json")
     ap.add_argument("--name", default="", help="file stem of the report (default: folder of the first sweep.json)")
+    ap.add_argument("--merge", action="store_true",
+                    help="one section of all inputs' runs (one warm start), differences against the first input")
     args = ap.parse_args(argv)
     name = args.name or Path(args.sweeps[0]).resolve().parent.name
     out = Path(args.out_dir) / name
@@ -167,13 +219,16 @@ def main(argv: list[str] | None = None) -> int:
         clash = [p for p in args.sweeps if Path(p).resolve() in outputs]
         if clash:
             raise SweepError(f"{clash[0]}: is also an output of --out-dir/--name; expected another --name")
+        labels = args.sweeps
+        if args.merge:
+            sweeps, labels = [merge_sweeps(args.sweeps, sweeps)], [" + ".join(args.sweeps)]
     except SweepError as exc:
         print(f"sweep_report: error: {exc}", file=sys.stderr)
         return 2
     inputs, md, records = [], [f"# Draft sweep report: {name}", ""], []
-    for path, sweep in zip(args.sweeps, sweeps):
+    for path, sweep in zip(labels, sweeps):
         table = [summarize(r, sweep["key"]) for r in sweep["runs"]]
-        diffs = differences(table, sweep["key"])
+        diffs = against_reference(table) if args.merge else differences(table, sweep["key"])
         inputs.append((path, sweep, table))
         md.append(section(path, sweep, table, diffs))
         records.append({"path": path, "key": sweep["key"], "complete": sweep.get("complete"), "table": table,
@@ -184,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     write_atomic(out.with_suffix(".md"), "\n".join(md))
     write_atomic(out.with_suffix(".png"), png)
     write_json_atomic(out.with_suffix(".json"), {"name": name, "inputs": records,
-                                                 "provenance": provenance({"sweeps": args.sweeps,
+                                                 "provenance": provenance({"sweeps": args.sweeps, "merge": args.merge,
                                                                            "out_dir": args.out_dir, "name": name})})
     print(f"[sweep_report] {len(sweeps)} sweep(s) -> {out}.md, .png, .json")
     return 0

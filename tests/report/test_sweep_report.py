@@ -68,3 +68,38 @@ def test_bad_input_exits_2_naming_the_file(tmp_path, capsys, content):
     err = capsys.readouterr().err
     assert str(bad) in err and "expected" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def _arm(path, key, value, al_by_row, warm_start="/tmp/sft"):
+    """A one-value sweep.json of an arm of scripts/device/shared_warmstart.sh."""
+    config = {"profile": "h200", "artifact": "fig4", "warm_start": warm_start, "seed": 0, "steps": 0}
+    runs = [{"row": row, key: value, "acceptance_length": al, "draft_loss": [1.0, 0.5]}
+            for row, al in al_by_row.items()]
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"key": key, "complete": True, "runs": runs, "provenance": {**PROV, "config": config}}))
+    return str(path)
+
+
+def test_merge_compares_arms_of_one_warm_start_against_the_first(tmp_path):
+    frozen = _arm(tmp_path / "lw0" / "sweep.json", "loss_weight", 0.0, {"DFlash": [3, 3, 3, 3], "DSpark": [5, 5, 5, 5]})
+    low = _arm(tmp_path / "lr1" / "sweep.json", "lr", 5e-5, {"DFlash": [3, 4, 4, 5], "DSpark": [5, 5, 4, 4]})
+    assert main(["--merge", frozen, low, "--out-dir", str(tmp_path / "out"), "--name", "arms"]) == 0
+    md = (tmp_path / "out" / "arms.md").read_text()
+    assert md.count("## ") == 1 and "draft settings loss_weight=0.0, lr=5e-05, from one warm start" in md
+    lines = [line for line in md.splitlines() if line.startswith("| ")]
+    assert [line.split(" | ")[:2] for line in lines[1:]] == [["| DFlash", "loss_weight=0.0"],
+                                                             ["| DSpark", "loss_weight=0.0"],
+                                                             ["| DFlash", "lr=5e-05"], ["| DSpark", "lr=5e-05"]]
+    assert "- DFlash, lr=5e-05 minus loss_weight=0.0: AL last 4 +1.000, AL mean +1.000" in md
+    assert "- DSpark, lr=5e-05 minus loss_weight=0.0: AL last 4 -0.500, AL mean -0.500" in md
+    report = json.loads((tmp_path / "out" / "arms.json").read_text())
+    assert report["provenance"]["config"]["merge"] is True and len(report["inputs"][0]["differences"]) == 2
+
+
+def test_merge_refuses_sweeps_of_different_warm_starts(tmp_path, capsys):
+    a = _arm(tmp_path / "a" / "sweep.json", "loss_weight", 0.0, {"DFlash": [3, 3]})
+    b = _arm(tmp_path / "b" / "sweep.json", "lr", 5e-5, {"DFlash": [3, 4]}, warm_start="/tmp/other_sft")
+    assert main(["--merge", a, b, "--out-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert b in err and "warm_start is '/tmp/other_sft', expected '/tmp/sft'" in err
+    assert not (tmp_path / "out").exists()
