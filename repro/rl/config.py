@@ -214,6 +214,10 @@ class SFTSpec:
     # are trained offline on other data than the RL task and adapt to it online; the same workload makes them
     # in-domain from the first step.
     draft_workload: str = ""
+    # Train the drafts with torch's deterministic kernels. On a GPU the block drafts' masked attention runs SDPA's
+    # memory-efficient kernel, whose backward accumulates in a varying order by default, so their offline training
+    # does not reproduce bit for bit (results/1xh200/h200/determinism/); the policy's SFT and EAGLE-3's do.
+    deterministic: bool = False
 
     def validate(self, key: str = "sft") -> None:
         for name in ("steps", "batch"):
@@ -224,6 +228,7 @@ class SFTSpec:
         _check(self.lr > 0, f"{key}.lr", self.lr, "a positive learning rate")
         _check(self.draft_workload in ("", *WORKLOADS), f"{key}.draft_workload", self.draft_workload,
                f"'' (the run's workload) or one of {WORKLOADS}")
+        _check(isinstance(self.deterministic, bool), f"{key}.deterministic", self.deterministic, "true or false")
 
 
 def sft_spec(rl: Mapping[str, Any], workload: str) -> SFTSpec:

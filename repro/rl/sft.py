@@ -13,7 +13,9 @@ checkpoints. Here both are built locally and cached as one workflow artifact fol
 ``sft.json`` records the losses, the held-out accuracy, the drafts' final losses, timings and provenance. The SFT
 settings are the profile's ``rl.sft`` with ``rl.sft.workloads.<workload>`` over them (``repro.rl.config.sft_spec``).
 ``--heldout-every N`` also scores the held-out split every N steps (``heldout_curve`` in sft.json), to choose how
-many steps leave RL room to improve; the evaluations do not change what is trained.
+many steps leave RL room to improve; the evaluations do not change what is trained. ``rl.sft.deterministic: true``
+trains the drafts with torch's deterministic kernels (on a GPU the block drafts' offline training is otherwise not
+bit-reproducible).
 
     python -m repro.rl.sft --profile cpu-tiny --policy dense --workload math --drafts eagle3,dflash,dspark \
         --out results/cpu-2c/cpu-tiny/sft/dense-math
@@ -21,7 +23,9 @@ many steps leave RL room to improve; the evaluations do not change what is train
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
+import os
 import sys
 import time
 from pathlib import Path
@@ -150,6 +154,21 @@ def warm_start_drafts(policy, tok, workload: str, specs: list[DraftSpec], spec: 
     return drafts, losses
 
 
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool):
+    """Inside: torch's deterministic kernels (``torch.use_deterministic_algorithms(True)``, an error for an operation
+    without one); the previous setting after. Off: nothing changes."""
+    if not enabled:
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 def _save_atomic(obj, path: Path) -> None:
     buf = io.BytesIO()
     torch.save(obj, buf)
@@ -166,6 +185,8 @@ def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sf
     for d in drafts:
         d.validate()
     out = Path(out)
+    if sft.deterministic:   # cuBLAS reads it when its first handle is made; deterministic mode checks it is set
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     t0 = time.perf_counter()
     tok = build_workload_tokenizer(out / "tokenizer", vocab_size, seed)
     torch.manual_seed(seed)
@@ -176,8 +197,9 @@ def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sf
     acc = heldout_accuracy(policy, tok, workload, seed)
     print(f"[sft] held-out greedy accuracy {acc:.3f}", flush=True)
     policy.requires_grad_(False)
-    models, dlosses = (warm_start_drafts(policy, tok, sft.draft_workload or workload, drafts, sft, seed) if drafts
-                       else ({}, {}))
+    with deterministic_algorithms(sft.deterministic):
+        models, dlosses = (warm_start_drafts(policy, tok, sft.draft_workload or workload, drafts, sft, seed) if drafts
+                           else ({}, {}))
     for ds in drafts:
         _save_atomic({"family": ds.family, "options": dict(ds.options),
                       "state_dict": models[ds.family].state_dict()}, draft_file(out, ds.family))

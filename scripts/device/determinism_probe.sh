@@ -2,7 +2,10 @@
 # Which operations make the block drafts' offline training (repro.rl.sft) not bit-reproducible on a GPU? Runs a few
 # steps of the math SFT (policy, then the DFlash and DSpark drafts) with torch.use_deterministic_algorithms(True,
 # warn_only=True): torch warns once per operation that has no deterministic CUDA implementation. Writes
-# $OUT/determinism/{probe.log,warnings.txt,profile.yaml}. Runs in the repository root.
+# $OUT/determinism/{probe.log,warnings.txt,profile.yaml}. Then the check of the fix: a short math SFT with 20 draft
+# steps, twice with rl.sft.deterministic false and twice true; $OUT/determinism/reproducible.json says per setting
+# whether the two runs' final draft losses are bit-identical. All of it is packed into $OUT/determinism.tgz, with
+# warnings.txt and reproducible.json also beside it. Runs in the repository root.
 #   REPRO_GIT_SHA=<sha> bash scripts/device/determinism_probe.sh
 #   OUT=/tmp/o PY=.venv/bin/python PROFILE=cpu-tiny bash scripts/device/determinism_probe.sh   # CPU dry run
 set -uo pipefail
@@ -31,3 +34,29 @@ for f in found:
     print(" ", f)
 PYEOF
 echo "rc=$?"; tail -n 12 "$W/probe.log"; rm -rf "$W/sft/drafts" "$W/sft/policy.pt"
+for det in false true; do
+  "$PY" -m repro.rl.derive_profile --profile "${PROFILE:-h200}" --out "$W/profile_$det.yaml" rl.sft.steps=3 \
+    rl.sft.draft_steps=20 rl.sft.deterministic=$det > /dev/null || exit 1
+  for rep in 1 2; do
+    "$PY" -m repro.rl.sft --profile "$W/profile_$det.yaml" --policy dense --workload math --drafts dflash,dspark \
+      --out "$W/rep_${det}_$rep" > "$W/rep_${det}_$rep.log" 2>&1 || echo "SFT deterministic=$det rep $rep failed"
+  done
+done
+"$PY" - "$W" <<'PYEOF'
+import json, sys
+from pathlib import Path
+from repro.report.provenance import provenance, write_json_atomic
+w = Path(sys.argv[1])
+out = {}
+for det in ("false", "true"):
+    runs = [json.loads((w / f"rep_{det}_{r}" / "sft.json").read_text()) for r in (1, 2)]
+    out[f"deterministic_{det}"] = {"identical": runs[0]["drafts"] == runs[1]["drafts"],
+                                   "drafts": [r["drafts"] for r in runs], "draft_time_s": [
+                                       r["total_time_s"] - r["sft_time_s"] for r in runs]}
+write_json_atomic(w / "reproducible.json", {**out, "provenance": provenance({"script": "determinism_probe.sh"})})
+print({k: v["identical"] for k, v in out.items()})
+PYEOF
+rm -rf "$W"/rep_*/drafts "$W"/rep_*/policy.pt "$W"/rep_*/tokenizer "$W/sft/tokenizer"
+# the device returns at most 8 files: one tarball, and the two answers beside it
+tar czf "$OUT/determinism.tgz" -C "$OUT" determinism && cp "$W/reproducible.json" "$W/warnings.txt" "$OUT/" \
+  && rm -rf "$W"

@@ -76,3 +76,34 @@ def test_drafts_can_be_warm_started_on_another_workload(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "w" / "sft.json").read_text())["sft"]["draft_workload"] == "math"
     with pytest.raises(ConfigError, match="sft.draft_workload='chess'"):
         sft_spec({"sft": {"draft_workload": "chess"}}, "math").validate()
+
+
+def test_deterministic_draft_training_is_the_same_training_on_cpu(tmp_path, monkeypatch):
+    """``rl.sft.deterministic``: the drafts train under torch's deterministic kernels and the setting is restored
+    after. CPU kernels are deterministic already, so the losses equal the default's; a non-bool is refused."""
+    import torch
+
+    import repro.rl.sft as sft
+    seen = []
+    real = sft.warm_start_drafts
+
+    def spy(*args, **kwargs):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return real(*args, **kwargs)
+    monkeypatch.setattr(sft, "warm_start_drafts", spy)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    runs = {}
+    for det in (False, True):
+        prof = load_profile("cpu-tiny")
+        prof["rl"]["sft"] = {**prof["rl"]["sft"], "steps": 2, "draft_steps": 3, "deterministic": det}
+        path = tmp_path / f"p{det}.yaml"
+        path.write_text(yaml.safe_dump(prof))
+        assert sft_main(["--profile", str(path), "--policy", "dense", "--workload", "math", "--drafts",
+                         "dflash,dspark", "--threads", "1", "--out", str(tmp_path / str(det))]) == 0
+        runs[det] = json.loads((tmp_path / str(det) / "sft.json").read_text())
+    assert seen == [False, True] and not torch.are_deterministic_algorithms_enabled()
+    assert runs[True]["sft"]["deterministic"] is True
+    assert runs[True]["drafts"] == runs[False]["drafts"] and runs[True]["sft_losses"] == runs[False]["sft_losses"]
+    assert sft.os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    with pytest.raises(ConfigError, match="sft.deterministic='yes'"):
+        sft_spec({"sft": {"deterministic": "yes"}}, "math").validate()
