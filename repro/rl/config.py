@@ -214,9 +214,9 @@ class SFTSpec:
     # are trained offline on other data than the RL task and adapt to it online; the same workload makes them
     # in-domain from the first step.
     draft_workload: str = ""
-    # Train the drafts with torch's deterministic kernels. On a GPU the block drafts' masked attention runs SDPA's
-    # memory-efficient kernel, whose backward accumulates in a varying order by default, so their offline training
-    # does not reproduce bit for bit (results/1xh200/h200/determinism/); the policy's SFT and EAGLE-3's do.
+    # Train the drafts with torch's deterministic kernels. On a GPU the block drafts' masked training attention runs
+    # SDPA's memory-efficient kernel, whose backward accumulates in a varying order by default, so their offline
+    # training does not reproduce bit for bit (results/1xh200/h200/determinism/); the policy's SFT and EAGLE-3's do.
     deterministic: bool = False
 
     def validate(self, key: str = "sft") -> None:
