@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call: several draft sweeps (repro.rl.draft_sweep) of fig4's rows from ONE in-domain SFT warm start,
 # spread over the GPUs, so that their acceptance lengths compare without the warm start's own variation (on a GPU the
-# block drafts' offline training is not bit-reproducible: session 10 saw DFlash's step-0 AL 3.754 and 3.888 from two
-# SFTs of the same commit). Each ARM is GPU:KEY=VALUES; arms on one GPU run one after another, GPUs in parallel.
+# block drafts' offline training is not bit-reproducible: DFlash's step-0 AL was 3.754 and 3.888 from two SFTs of
+# unchanged code, results/1xh200/h200/determinism/). Each ARM is GPU:KEY=VALUES; arms on one GPU run one after
+# another, GPUs in parallel.
 # Packed into $OUT/arms.tgz (sweep.json per arm, sft.json, logs; no weights). Runs in the repository root.
 #   REPRO_GIT_SHA=<sha> [ROWS=DFlash,DSpark] [BUDGET_S=480] bash scripts/device/shared_warmstart.sh \
 #     "0:loss_weight=0" "0:lr=5e-5" "1:lr=1.5e-4" "1:lr=5e-4"
