@@ -16,6 +16,9 @@ the paper's "mean of the first 10 updates" after that):
   100 * (update time with the draft / without - 1); ``tap_wait_s``: mean TapChannel wait per update
   (runs whose artifact section has ``pp_probe``: after training, a few joint updates split into
   pipeline stages with TapChannel, ``repro.rl.pp.probe_tap_wait``; wall seconds, on any basis).
+* ``update_overhead_ci95_low_pct`` / ``_high_pct``: a 95% percentile bootstrap interval of ``update_overhead_pct``
+  over the steps (2,000 resamples, seeded; steps resampled in pairs when the two rows have as many, as lockstep
+  rows do, whose step i share a time window). The update is launch-bound on one GPU, so the interval is wide.
 * ``update_overhead_ab_pct`` (runs whose artifact section has ``ab_probe``): the same overhead measured inside
   the drafted run's process after training, 100 * (median over rounds of drafted / no-draft update - 1) with
   the two updates interleaved (repro.rl.update_ab); wall seconds.
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import statistics
 import sys
@@ -113,6 +117,26 @@ def paired_overhead_pct(no_draft: list[float], drafted: list[float]) -> float:
     return 100.0 * (statistics.median(b / a for a, b in zip(no_draft, drafted)) - 1)
 
 
+def overhead_interval_pct(baseline: list[float], drafted: list[float], level: float = 0.95, resamples: int = 2000,
+                          seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of 100 * (mean(drafted) / mean(baseline) - 1) over the steps. Equally many
+    steps are resampled as pairs (step i of lockstep rows shares a time window), otherwise each side on its own."""
+    if not baseline or not drafted:
+        raise ValueError(f"need steps on both sides, got {len(baseline)} baseline and {len(drafted)} drafted")
+    if not 0 < level < 1:
+        raise ValueError(f"level {level} is invalid: expected a fraction in (0, 1)")
+    rng = random.Random(seed)
+    paired = len(baseline) == len(drafted)
+    stats = []
+    for _ in range(resamples):
+        i = [rng.randrange(len(drafted)) for _ in drafted]
+        j = i if paired else [rng.randrange(len(baseline)) for _ in baseline]
+        stats.append(100.0 * (_mean([drafted[k] for k in i]) / _mean([baseline[k] for k in j]) - 1))
+    stats.sort()
+    tail = (1 - level) / 2
+    return stats[int(tail * (resamples - 1))], stats[int(round((1 - tail) * (resamples - 1)))]
+
+
 BASES = {"wall": ("train/rollout_time_s", "train/update_time_s", "train/step_time_s"),
          "cpu": ("train/rollout_cpu_s", "train/update_cpu_s", "train/step_cpu_s")}
 
@@ -178,6 +202,9 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
                 m["rollout_speedup" + suffix] = _per_token(s, r_key) / _per_token(b, r_key)
                 m["e2e_speedup" + suffix] = _per_token(s, s_key) / _per_token(b, s_key)
                 m["update_overhead_pct" + suffix] = 100.0 * (_mean(_col(s, u_key)) / _mean(_col(b, u_key)) - 1)
+                if not suffix:
+                    low, high = overhead_interval_pct(_col(b, u_key), _col(s, u_key))
+                    m["update_overhead_ci95_low_pct"], m["update_overhead_ci95_high_pct"] = low, high
             else:
                 m["rollout_share_of_step_pct" + suffix] = 100.0 * sum(_col(s, r_key)) / sum(_col(s, s_key))
         out[row] = m

@@ -145,3 +145,25 @@ def test_summary_carries_the_runs_hardware(tmp_path, monkeypatch):
     assert env["hardware"] == gpu and env["derived_on"]["tag"] != "1xh200"
     (tmp_path / run_dir_name("EAGLE-3") / "env.json").write_text(json.dumps({"hardware": {"tag": "cpu-2c"}}))
     assert summary.main(args) == 2
+
+
+def test_overhead_interval_pairs_lockstep_steps(tmp_path):
+    """The update overhead's bootstrap interval: a point when every step has the same ratio and the steps pair up
+    (lockstep rows share each step's time window, so host drift cancels); wide when they cannot pair; seeded."""
+    from repro.rl.summary import overhead_interval_pct
+    drift = [1.0, 1.6, 0.9, 1.3, 1.1, 1.5]                      # the host's speed, step to step
+    assert overhead_interval_pct(drift, [1.1 * x for x in drift]) == pytest.approx((10.0, 10.0))
+    low, high = overhead_interval_pct(drift, [1.1 * x for x in drift[:5]])    # unpaired: drift shows
+    assert low < 0 < 10 < high
+    assert overhead_interval_pct(drift, drift[::-1]) == overhead_interval_pct(drift, drift[::-1])
+    with pytest.raises(ValueError, match="level 1.5 is invalid"):
+        overhead_interval_pct(drift, drift, level=1.5)
+    rows = {"no draft": {}, "DFlash": {"draft": "dflash", "baseline": "no draft"}}
+    _write_run(tmp_path, "no draft", [{**s, "train/update_time_s": u}
+                                      for s, u in zip(_steps(6, 2.0, 1.0, 10), drift)])
+    _write_run(tmp_path, "DFlash", [{**s, "train/update_time_s": u * (1.2 if i % 2 else 1.0)}
+                                    for i, (s, u) in enumerate(zip(_steps(6, 1.0, 1.0, 10, al=2.0), drift))])
+    d = summarize("table1", rows, tmp_path)["DFlash"]
+    assert d["update_overhead_ci95_low_pct"] <= d["update_overhead_pct"] <= d["update_overhead_ci95_high_pct"]
+    assert 0 <= d["update_overhead_ci95_low_pct"] < d["update_overhead_ci95_high_pct"] <= 20
+    assert "update_overhead_ci95_low_pct" not in summarize("table1", rows, tmp_path)["no draft"]

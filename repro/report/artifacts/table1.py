@@ -37,7 +37,8 @@ def paper_value(paper: pd.DataFrame, row: str, metric: str):
 
 
 def comparison_table(tidy: pd.DataFrame, paper: pd.DataFrame, metrics, row_order: list[str]) -> pd.DataFrame:
-    """Rows: every paper row (in paper order) then measured rows the paper lacks; measured and paper columns."""
+    """Rows: every paper row (in paper order) then measured rows the paper lacks; measured and paper columns (a
+    metric the paper does not report, e.g. an interval of ours, gets no paper column)."""
     names = [m for m, _ in metrics]
     meas = latest_values(tidy, names)
     lockstep = latest_values(tidy, ["lockstep_rows"])
@@ -66,6 +67,7 @@ def comparison_table(tidy: pd.DataFrame, paper: pd.DataFrame, metrics, row_order
     ours = [f"{s} (ours)" for _, s in metrics]
     papers = [f"{s} (paper)" for _, s in metrics]
     df = df[df[ours + papers].notna().any(axis=1)]
+    papers = [p for p in papers if df[p].notna().any()]
     return df[["row", "measured on", *ours, "paper hardware", *papers]].reset_index(drop=True)
 
 
