@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from statistics import mean
@@ -221,7 +222,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SweepError(f"{clash[0]}: is also an output of --out-dir/--name; expected another --name")
         labels = args.sweeps
         if args.merge:
-            sweeps, labels = [merge_sweeps(args.sweeps, sweeps)], [" + ".join(args.sweeps)]
+            folders = [os.path.dirname(os.path.abspath(p)) for p in args.sweeps]
+            common = os.path.commonpath(folders)
+            label = os.path.relpath(common) + ": " + ", ".join(os.path.relpath(f, common) for f in folders)
+            sweeps, labels = [merge_sweeps(args.sweeps, sweeps)], [label]
     except SweepError as exc:
         print(f"sweep_report: error: {exc}", file=sys.stderr)
         return 2

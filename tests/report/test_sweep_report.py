@@ -86,6 +86,7 @@ def test_merge_compares_arms_of_one_warm_start_against_the_first(tmp_path):
     assert main(["--merge", frozen, low, "--out-dir", str(tmp_path / "out"), "--name", "arms"]) == 0
     md = (tmp_path / "out" / "arms.md").read_text()
     assert md.count("## ") == 1 and "draft settings loss_weight=0.0, lr=5e-05, from one warm start" in md
+    assert next(line for line in md.splitlines() if line.startswith("## ")).endswith(": lw0, lr1")
     lines = [line for line in md.splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[:2] for line in lines[1:]] == [["| DFlash", "loss_weight=0.0"],
                                                              ["| DSpark", "loss_weight=0.0"],
