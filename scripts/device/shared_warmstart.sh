@@ -15,8 +15,8 @@ for arm in "$@"; do
   [[ $arm =~ ^[0-9]+:[a-z_]+=[0-9eE.,+-]+$ ]] || { echo "bad arm '$arm': expected GPU:KEY=VALUES" >&2; exit 2; }
 done
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
-BUDGET=${BUDGET_S:-480} PY=${PY:-python3} PROFILE=${PROFILE:-h200} STEPS=${STEPS:-0} ROWS=${ROWS:-DFlash,DSpark}
-W=/tmp/shared_warmstart
+BUDGET=${BUDGET_S:-480}
+export W=/tmp/shared_warmstart PY=${PY:-python3} PROFILE=${PROFILE:-h200} STEPS=${STEPS:-0} ROWS=${ROWS:-DFlash,DSpark}
 rm -rf "$W"; mkdir -p "$W"
 log() { echo "[$(date +%T)] $*"; }
 drafts=$(echo "$ROWS" | tr ',' '\n' | sed 's/EAGLE-3/eagle3/;s/DFlash/dflash/;s/DSpark/dspark/' | sort -u | paste -sd, -)
@@ -36,10 +36,10 @@ gpu_arms() {   # the arms of GPU $1, in order
     log "GPU $gpu: $kv rc=$?"
   done
 }
+export -f log gpu_arms
 pids=()
 for gpu in $(for arm in "$@"; do echo "${arm%%:*}"; done | sort -u); do
-  timeout -k 10 "$BUDGET" bash -c "$(declare -f log gpu_arms); W=$W PY=$PY PROFILE=$PROFILE STEPS=$STEPS ROWS=$ROWS \
-    gpu_arms $gpu $*" &
+  timeout -k 10 "$BUDGET" bash -c 'gpu_arms "$@"' gpu_arms "$gpu" "$@" &
   pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
