@@ -28,7 +28,15 @@ the paper's "mean of the first 10 updates" after that):
 * ``acceptance_length_final``: mean over the last three steps; ``rollout_share_of_step_pct``:
   100 * rollout time / step time of the no-draft run.
 
+Repeats (``--repeat DIR``, any number): the same rows run again with the same configuration (each row's
+``env.json`` config must match, paths aside), e.g. a second device call of an artifact whose training reproduces bit
+for bit. Every metric then pools the steps of all runs (each run's warm-up skipped on its own; lockstep pairs stay
+paired), so a timing that the host's noise moves by ~10% per run gets more samples; ``acceptance_length_final``
+averages each run's own last three steps; ``repeats`` counts the runs.
+
     python -m repro.rl.summary --artifact table1 --profile cpu-tiny --runs results/cpu-2c/cpu-tiny/table1
+    python -m repro.rl.summary --artifact table1 --profile h200 --runs results/1xh200/h200/table1 \
+        --repeat results/1xh200/h200/table1/repeat_s11 --rows "Qwen3-8B/no draft,Qwen3-8B/DFlash"
 """
 from __future__ import annotations
 
@@ -38,6 +46,7 @@ import random
 import re
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from repro.report.metrics import MetricsLogger
@@ -88,6 +97,24 @@ def read_steps(run_dir: Path) -> list[dict]:
                 raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from exc
             latest[int(rec["step"])] = rec            # a resumed run re-logs a step: the later row wins
     return [latest[s] for s in sorted(latest)]
+
+
+PATH_KEYS = ("out", "warm_start")   # config entries that name where a run wrote or read, not what it ran
+
+
+def check_same_config(run_dir: Path, repeat_dir: Path) -> None:
+    """ValueError naming the first configuration entry (paths aside) in which ``repeat_dir``'s run differs from
+    ``run_dir``'s, so only repeats of one configuration are pooled."""
+    def config(d: Path) -> dict:
+        env = d / "env.json"
+        if not env.is_file():
+            raise FileNotFoundError(f"{env}: missing; a repeat needs the run folder as repro.rl.run wrote it")
+        return {k: v for k, v in json.loads(env.read_text()).get("config", {}).items() if k not in PATH_KEYS}
+    a, b = config(run_dir), config(repeat_dir)
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            raise ValueError(f"{repeat_dir} is not a repeat of {run_dir}: config {key!r} is {b.get(key)!r}, "
+                             f"expected {a.get(key)!r}")
 
 
 def _mean(xs: list[float]) -> float:
@@ -142,27 +169,33 @@ BASES = {"wall": ("train/rollout_time_s", "train/update_time_s", "train/step_tim
 
 
 def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int = 0,
-              basis: str = "wall") -> dict[str, dict[str, float]]:
+              basis: str = "wall", repeats: Sequence[Path] = ()) -> dict[str, dict[str, float]]:
     """{row label: {metric: value}} for ``artifact`` from the run folders under ``runs``.
 
     ``basis`` is the time the speedups and the update overhead are computed from: ``wall`` (GPUs,
     dedicated machines) or ``cpu`` (process CPU seconds plus tool latency: shared CPU machines, where
     other processes inflate wall time at random). The times (``rollout_time_s``, ``update_time_s``,
     ``step_time_s``) are on the same basis; with ``cpu`` the wall-time values are logged too (``*_wall``).
+    ``repeats``: folders holding the same rows run again; their steps are pooled with those under ``runs``.
     """
     if basis not in BASES:
         raise ValueError(f"basis {basis!r} is not one of {sorted(BASES)}")
-    steps, probes, ab_rows = {}, {}, {}
+    steps, probes, ab_rows, finals = {}, {}, {}, {}
     for row in rows:
-        everything = read_steps(runs / run_dir_name(row))
-        probes[row] = [x for x in everything if "pp/tap_wait_s" in x]         # PP probe rows, after training
-        ab_rows[row] = [x for x in everything if "ab/update_drafted_s" in x]   # A/B probe rows, after training
-        s = [x for x in everything if "pp/tap_wait_s" not in x and "ab/update_drafted_s" not in x][skip_steps:]
-        if artifact == "table2":
-            s = s[:TABLE2_STEPS]
-        if not s:
-            raise ValueError(f"row {row!r}: no steps left after skip_steps={skip_steps}")
-        steps[row] = s
+        steps[row], probes[row], ab_rows[row], finals[row] = [], [], [], []
+        for root in (runs, *repeats):
+            if root != runs:
+                check_same_config(runs / run_dir_name(row), root / run_dir_name(row))
+            everything = read_steps(root / run_dir_name(row))
+            probes[row] += [x for x in everything if "pp/tap_wait_s" in x]         # PP probe rows, after training
+            ab_rows[row] += [x for x in everything if "ab/update_drafted_s" in x]   # A/B probe rows, after training
+            s = [x for x in everything if "pp/tap_wait_s" not in x and "ab/update_drafted_s" not in x][skip_steps:]
+            if artifact == "table2":
+                s = s[:TABLE2_STEPS]
+            if not s:
+                raise ValueError(f"row {row!r} in {root}: no steps left after skip_steps={skip_steps}")
+            steps[row] += s
+            finals[row].append(_col(s, "train/acceptance_length")[-3:])
     out: dict[str, dict[str, float]] = {}
     for row, spec in rows.items():
         s, m = steps[row], {}
@@ -191,7 +224,9 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
         if spec.get("draft"):
             al = _col(s, "train/acceptance_length")
             m["acceptance_length"] = _mean(al)
-            m["acceptance_length_final"] = _mean(al[-3:])
+            m["acceptance_length_final"] = _mean([_mean(f) for f in finals[row]])
+        if repeats:
+            m["repeats"] = float(1 + len(repeats))
         names = [("", basis)] + ([("_wall", "wall")] if basis != "wall" else [])
         for suffix, b_name in names:
             r_key, u_key, s_key = BASES[b_name]
@@ -250,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="summary run folder (default: <runs>/summary)")
     ap.add_argument("--basis", choices=sorted(BASES), default=None,
                     help="time basis of speedups (default: cpu on CPU profiles, wall on GPU profiles)")
+    ap.add_argument("--repeat", type=Path, action="append", default=[], metavar="DIR",
+                    help="a folder with the same rows run again in the same configuration (repeatable); their steps "
+                         "are pooled with --runs' (more samples of noisy timings)")
     ap.add_argument("--rows", default="", help="comma-separated rows to summarise (default: every row of the artifact; "
                     "e.g. the rows one device call ran)")
     args = ap.parse_args(argv)
@@ -265,18 +303,23 @@ def main(argv: list[str] | None = None) -> int:
             rows = {r: rows[r] for r in wanted}
         skip = int(prof[args.artifact].get("skip_steps", 0))
         basis = args.basis or ("cpu" if prof["hardware"]["device"] == "cpu" else "wall")
-        result = summarize(args.artifact, rows, args.runs, skip, basis)
+        result = summarize(args.artifact, rows, args.runs, skip, basis, args.repeat)
         measured_on = runs_hardware(args.runs, rows)
+        for root in args.repeat:
+            if (runs_hardware(root, rows) or {}).get("tag") != (measured_on or {}).get("tag"):
+                raise ValueError(f"--repeat {root} ran on other hardware than --runs {args.runs}")
     except (ConfigError, ProfileError, FileNotFoundError, ValueError) as exc:
         print(f"summary: error: {exc}", file=sys.stderr)
         return 2
     out = args.out or args.runs / "summary"
     with MetricsLogger(out, artifact=args.artifact, profile=args.profile, measured_on=measured_on,
-                       config={"rows": rows, "skip_steps": skip, "runs": str(args.runs), "basis": basis}) as log:
+                       config={"rows": rows, "skip_steps": skip, "runs": str(args.runs), "basis": basis,
+                               "repeats": [str(r) for r in args.repeat]}) as log:
         for row, metrics in result.items():
             log.log(metrics, row=row, step=0)
     write_json_atomic(out / "summary.json", {"artifact": args.artifact, "profile": args.profile,
-                                             "skip_steps": skip, "basis": basis, "rows": result})
+                                             "skip_steps": skip, "basis": basis,
+                                             "repeats": [str(r) for r in args.repeat], "rows": result})
     width = max(len(r) for r in result)
     for row, metrics in result.items():
         print(f"{row:<{width}}  " + "  ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))

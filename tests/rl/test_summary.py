@@ -167,3 +167,27 @@ def test_overhead_interval_pairs_lockstep_steps(tmp_path):
     assert d["update_overhead_ci95_low_pct"] <= d["update_overhead_pct"] <= d["update_overhead_ci95_high_pct"]
     assert 0 <= d["update_overhead_ci95_low_pct"] < d["update_overhead_ci95_high_pct"] <= 20
     assert "update_overhead_ci95_low_pct" not in summarize("table1", rows, tmp_path)["no draft"]
+
+
+def test_repeats_pool_the_steps_of_the_same_rows_run_again(tmp_path):
+    """A repeat of the same configuration adds its steps (each run's warm-up skipped on its own); the final AL is
+    each run's own last three steps, averaged; a repeat of another configuration is refused, naming the entry."""
+    rows = {"no draft": {}, "DFlash": {"draft": "dflash", "baseline": "no draft"}}
+    first, again = tmp_path / "first", tmp_path / "again"
+    for root, slow in ((first, 1.0), (again, 3.0)):            # the second call's host ran the drafted update slower
+        _write_run(root, "no draft", _steps(4, rollout=2.0, update=1.0, tokens=10))
+        _write_run(root, "DFlash", _steps(4, rollout=1.0, update=slow, tokens=10, al=2.0))
+        for row in rows:
+            (root / run_dir_name(row) / "env.json").write_text(json.dumps(
+                {"config": {"row": row, "steps": 4, "out": str(root), "grpo": {"lr": 2e-6}}}))
+    alone = summarize("table1", rows, first, skip_steps=1)["DFlash"]
+    pooled = summarize("table1", rows, first, skip_steps=1, repeats=[again])["DFlash"]
+    assert alone["update_overhead_pct"] == pytest.approx(0.0) and "repeats" not in alone
+    assert pooled["update_overhead_pct"] == pytest.approx(100.0)      # mean drafted update (1+3)/2 over 1
+    assert pooled["repeats"] == 2.0
+    assert pooled["acceptance_length"] == pytest.approx(4.0)           # AL 3, 4, 5 in each run
+    assert pooled["acceptance_length_final"] == pytest.approx(4.0)
+    (again / run_dir_name("DFlash") / "env.json").write_text(json.dumps(
+        {"config": {"row": "DFlash", "steps": 4, "out": "elsewhere", "grpo": {"lr": 1e-6}}}))
+    with pytest.raises(ValueError, match="config 'grpo' is"):
+        summarize("table1", rows, first, repeats=[again])
