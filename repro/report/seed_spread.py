@@ -24,7 +24,9 @@ Definitions used by the figure and the table (``repro.report.artifacts.fig3.buil
 * self-check (``self_check_table``, with >= 3 baseline runs): each baseline run judged the same way against the
   band of the other baseline runs (leave one out), i.e. how often the test calls the baseline itself outside;
 * acceptance-length trend: slope of the least-squares line of acceptance length against step over
-  every logged step (per step); it "rises" when the slope is > 0.
+  every logged step (per step), with a 95% percentile bootstrap interval over the steps (2,000 resamples of
+  (step, AL) pairs, seeded; steps treated as independent, so the interval is if anything too narrow). "rises" when
+  the interval lies above 0, "falls" when below, "not resolved" when it spans 0 (20 steps of a noisy AL often do).
 
     python -m repro.report.seed_spread results/tidy/cpu-tiny/fig3.csv     # print the verdict table
 """
@@ -46,8 +48,11 @@ MIN_FRACTION = 0.5
 TOL = 1e-12
 WITHIN, OUTSIDE = "within the seed-to-seed spread", "outside"
 ACCEPTANCE = "train/acceptance_length"
+SLOPE_RESAMPLES = 2000
+RISES, FALLS, UNRESOLVED = "yes", "falls", "not resolved"
 TABLE_COLUMNS = ["row", "baseline", "baseline runs", "replicas", "reward in band", "val accuracy in band", "verdict",
-                 "out of band: above/below", "acceptance slope/step", "acceptance rises", "measured on"]
+                 "out of band: above/below", "acceptance slope/step", "slope 95% CI", "acceptance rises",
+                 "measured on"]
 
 
 def replica_run_name(run_dir: str, seed: int) -> str:
@@ -129,12 +134,29 @@ def band_position(values: pd.Series, b: pd.DataFrame) -> tuple[int, int, int]:
     return len(common) - above - below, above, below
 
 
-def acceptance_slope(steps: pd.DataFrame, run: str) -> float:
-    """Least-squares slope of acceptance length against step (per step); NaN with fewer than 2 steps."""
+def acceptance_trend(steps: pd.DataFrame, run: str, resamples: int = SLOPE_RESAMPLES, seed: int = 0
+                     ) -> tuple[float, float, float]:
+    """(slope, low, high): least-squares slope of acceptance length against step (per step) and its 95% percentile
+    bootstrap interval over resampled (step, AL) pairs; NaNs with fewer than 3 steps."""
     s = steps[(steps["run"] == run) & (steps["metric"] == ACCEPTANCE)].groupby("step")["value"].last()
-    if len(s) < 2:
-        return float("nan")
-    return float(np.polyfit(s.index.to_numpy(float), s.to_numpy(float), 1)[0])
+    if len(s) < 3:
+        return float("nan"), float("nan"), float("nan")
+    x, y = s.index.to_numpy(float), s.to_numpy(float)
+    slope = float(np.polyfit(x, y, 1)[0])
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
+    xs, ys = x[idx], y[idx]
+    xc = xs - xs.mean(axis=1, keepdims=True)
+    var = (xc ** 2).sum(axis=1)
+    ok = var > 0                          # a resample of one repeated step has no slope
+    boot = (xc * (ys - ys.mean(axis=1, keepdims=True))).sum(axis=1)[ok] / var[ok]
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return slope, float(low), float(high)
+
+
+def trend_word(low: float, high: float) -> str:
+    if np.isnan(low):
+        return "-"
+    return RISES if low > 0 else FALLS if high < 0 else UNRESOLVED
 
 
 def judge(h: pd.DataFrame, run: str, bands: dict[str, pd.DataFrame], row: str, baseline: str, nruns: int,
@@ -150,10 +172,11 @@ def judge(h: pd.DataFrame, run: str, bands: dict[str, pd.DataFrame], row: str, b
         ok = ok and n > 0 and frac >= MIN_FRACTION
         line[f"{name} in band"] = f"{n_in}/{n} ({frac:.2f})" if n else "-"
         sides.append(f"{name.split()[0]} {above}/{below}")
-    slope = acceptance_slope(h, run)
+    slope, low, high = acceptance_trend(h, run)
     line.update({"verdict": WITHIN if ok else OUTSIDE, "out of band: above/below": ", ".join(sides),
                  "acceptance slope/step": slope,
-                 "acceptance rises": "-" if np.isnan(slope) else ("yes" if slope > 0 else "no"),
+                 "slope 95% CI": "-" if np.isnan(low) else f"[{low:.3g}, {high:.3g}]",
+                 "acceptance rises": trend_word(low, high),
                  "measured on": f"{hw} ({label})" if label else hw})
     return line
 
@@ -211,7 +234,9 @@ NOTES = [f"Seed band: per step, mean +- {K_SD:g} sd (ddof=1) over the baseline r
          f"Verdict: '{WITHIN}' when at least {MIN_FRACTION:.0%} of a co-trained row's band steps lie inside for "
          "both reward and validation accuracy, else 'outside'. Out of band: the steps above and below the band, "
          "per metric (above: a higher reward or accuracy than the baseline's spread). Acceptance slope: "
-         "least-squares slope of acceptance length against step over every logged step; 'rises' when > 0.",
+         "least-squares slope of acceptance length against step over every logged step, with a 95% bootstrap "
+         f"interval over the steps; rises '{RISES}' when the interval lies above 0, '{FALLS}' when below, "
+         f"'{UNRESOLVED}' when it spans 0.",
          "Lines '<baseline> (main run)' and '<baseline> (seed k)' (with >= 3 baseline runs): that baseline run judged "
          "the same way against the band of the other baseline runs, i.e. how often this test calls the baseline "
          "itself outside; an 'outside' of a co-trained row weighs only as much as the baseline's own lines allow."]

@@ -109,11 +109,16 @@ def test_single_noisy_steps_are_smoothed_before_judging():
     assert t["reward in band"].iloc[0] == "12/12 (1.00)" and t["verdict"].iloc[0] == ss.WITHIN
 
 
-def test_acceptance_trend_is_the_least_squares_slope():
+def test_acceptance_trend_is_the_least_squares_slope_with_an_interval():
     up = ss.spread_table(_frame([0.5] * 12, [0.3] * 3, draft_al=np.linspace(2.0, 3.1, 12)))
     assert up["acceptance slope/step"].iloc[0] == pytest.approx(0.1) and up["acceptance rises"].iloc[0] == "yes"
-    down = ss.spread_table(_frame([0.5] * 12, [0.3] * 3, draft_al=[3.0, 2.0] * 6))
-    assert down["acceptance slope/step"].iloc[0] < 0 and down["acceptance rises"].iloc[0] == "no"
+    assert up["slope 95% CI"].iloc[0] == "[0.1, 0.1]"                  # a straight line: every resample agrees
+    down = ss.spread_table(_frame([0.5] * 12, [0.3] * 3, draft_al=np.linspace(3.0, 2.0, 12)))
+    assert down["acceptance slope/step"].iloc[0] < 0 and down["acceptance rises"].iloc[0] == ss.FALLS
+    noisy = ss.spread_table(_frame([0.5] * 12, [0.3] * 3, draft_al=[3.0, 2.0] * 6))   # slope < 0 by 1 step's noise
+    assert noisy["acceptance slope/step"].iloc[0] < 0 and noisy["acceptance rises"].iloc[0] == ss.UNRESOLVED
+    low, high = (float(v) for v in noisy["slope 95% CI"].iloc[0].strip("[]").split(","))
+    assert low < 0 < high
 
 
 def test_no_seed_replicas_gives_no_table_and_two_baselines_are_refused():
