@@ -7,14 +7,15 @@
 # and $OUT/sweep.json. Runs in the repository root.
 #   OUT=results/cpu-2c/cpu-tiny/draft_offdomain [PROFILE=cpu-tiny] [JOBS=2] [STEPS=0: the artifact's] \
 #     [ROWS=EAGLE-3,DFlash,DSpark] [KEY=loss_weight VALUES=0,1: another draft setting, e.g. KEY=lr] \
+#     [DRAFT_WORKLOAD=math; workplace gives the in-domain control: drafts warm-started on fig4's own workload] \
 #     bash scripts/experiments/draft_offdomain.sh
 set -euo pipefail
 : "${OUT:?set OUT to the results folder}"
 PY=${PY:-.venv/bin/python}
 mkdir -p "$OUT"
 "$PY" -m repro.rl.derive_profile --profile "${PROFILE:-cpu-tiny}" --out "$OUT/profile.yaml" \
-  rl.sft.workloads.workplace.draft_workload=math
-echo "[$(date +%T)] SFT: workplace policy, drafts on math"
+  rl.sft.workloads.workplace.draft_workload="${DRAFT_WORKLOAD:-math}"
+echo "[$(date +%T)] SFT: workplace policy, drafts on ${DRAFT_WORKLOAD:-math}"
 OMP_NUM_THREADS=1 "$PY" -m repro.rl.sft --profile "$OUT/profile.yaml" --policy dense --workload workplace \
   --drafts eagle3,dflash,dspark --threads 1 --out "$OUT/sft" > "$OUT/sft.log" 2>&1
 echo "[$(date +%T)] fig4 rows, drafts co-trained and frozen"
