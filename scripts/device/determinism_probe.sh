@@ -4,9 +4,10 @@
 # warn_only=True): torch warns once per operation that has no deterministic CUDA implementation. Writes
 # $OUT/determinism/{probe.log,warnings.txt,profile.yaml}. Then the check of the fix: a short math SFT with 20 draft
 # steps, twice with rl.sft.deterministic false and twice true; $OUT/determinism/reproducible.json says per setting
-# whether the two runs' final draft losses are bit-identical. All of it is packed into $OUT/determinism.tgz, with
-# warnings.txt and reproducible.json also beside it. Runs in the repository root.
-#   REPRO_GIT_SHA=<sha> bash scripts/device/determinism_probe.sh
+# whether the two runs' draft losses (every step's) are bit-identical. DRAFT_STEPS (default 20) sets the check's draft
+# steps: 150 (the h200 profile's) gives both settings' whole offline-training curves. All of it is packed into
+# $OUT/determinism.tgz, with warnings.txt and reproducible.json also beside it. Runs in the repository root.
+#   REPRO_GIT_SHA=<sha> [DRAFT_STEPS=20] bash scripts/device/determinism_probe.sh
 #   OUT=/tmp/o PY=.venv/bin/python PROFILE=cpu-tiny bash scripts/device/determinism_probe.sh   # CPU dry run
 set -uo pipefail
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled CUBLAS_WORKSPACE_CONFIG=:4096:8
@@ -36,7 +37,7 @@ PYEOF
 echo "rc=$?"; tail -n 12 "$W/probe.log"; rm -rf "$W/sft/drafts" "$W/sft/policy.pt"
 for det in false true; do
   "$PY" -m repro.rl.derive_profile --profile "${PROFILE:-h200}" --out "$W/profile_$det.yaml" rl.sft.steps=3 \
-    rl.sft.draft_steps=20 rl.sft.deterministic=$det > /dev/null || exit 1
+    rl.sft.draft_steps=${DRAFT_STEPS:-20} rl.sft.deterministic=$det > /dev/null || exit 1
   for rep in 1 2; do
     "$PY" -m repro.rl.sft --profile "$W/profile_$det.yaml" --policy dense --workload math --drafts dflash,dspark \
       --out "$W/rep_${det}_$rep" > "$W/rep_${det}_$rep.log" 2>&1 || echo "SFT deterministic=$det rep $rep failed"
