@@ -134,23 +134,27 @@ def band_position(values: pd.Series, b: pd.DataFrame) -> tuple[int, int, int]:
     return len(common) - above - below, above, below
 
 
-def acceptance_trend(steps: pd.DataFrame, run: str, resamples: int = SLOPE_RESAMPLES, seed: int = 0
-                     ) -> tuple[float, float, float]:
-    """(slope, low, high): least-squares slope of acceptance length against step (per step) and its 95% percentile
-    bootstrap interval over resampled (step, AL) pairs; NaNs with fewer than 3 steps."""
-    s = steps[(steps["run"] == run) & (steps["metric"] == ACCEPTANCE)].groupby("step")["value"].last()
-    if len(s) < 3:
+def slope_interval(x, y, resamples: int = SLOPE_RESAMPLES, seed: int = 0) -> tuple[float, float, float]:
+    """(slope, low, high): the least-squares slope of ``y`` against ``x`` and its 95% percentile bootstrap interval
+    over resampled (x, y) pairs; NaNs with fewer than 3 points."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 3:
         return float("nan"), float("nan"), float("nan")
-    x, y = s.index.to_numpy(float), s.to_numpy(float)
     slope = float(np.polyfit(x, y, 1)[0])
     idx = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
     xs, ys = x[idx], y[idx]
     xc = xs - xs.mean(axis=1, keepdims=True)
     var = (xc ** 2).sum(axis=1)
-    ok = var > 0                          # a resample of one repeated step has no slope
+    ok = var > 0                          # a resample of one repeated point has no slope
     boot = (xc * (ys - ys.mean(axis=1, keepdims=True))).sum(axis=1)[ok] / var[ok]
     low, high = np.percentile(boot, [2.5, 97.5])
     return slope, float(low), float(high)
+
+
+def acceptance_trend(steps: pd.DataFrame, run: str) -> tuple[float, float, float]:
+    """``slope_interval`` of ``run``'s acceptance length against step (per step)."""
+    s = steps[(steps["run"] == run) & (steps["metric"] == ACCEPTANCE)].groupby("step")["value"].last()
+    return slope_interval(s.index.to_numpy(float), s.to_numpy(float))
 
 
 def trend_word(low: float, high: float) -> str:

@@ -31,13 +31,14 @@ from pathlib import Path
 from statistics import mean
 
 from repro.report.provenance import provenance, write_atomic, write_json_atomic
+from repro.report.seed_spread import slope_interval
 
 LAST = 4  # steps averaged for "AL last 4"
 MERGED_KEY = "setting"  # the label column of merged sweeps: KEY=VALUE
 SAME_START = ("profile", "artifact", "warm_start", "seed", "steps")  # provenance config fields merged sweeps share
 EXPECTED = 'a JSON object with "key" (the swept DraftSpec field) and a non-empty "runs" list (repro.rl.draft_sweep)'
 COLUMNS = ["row", None, "AL step 0", "AL step 1", "AL mean", f"AL last {LAST}", "AL final",
-           "draft loss first -> last", "mean reward", "final val acc", "rollout s (steps >= 1)"]
+           "AL slope/step [95% CI]", "draft loss first -> last", "mean reward", "final val acc", "rollout s (steps >= 1)"]
 
 
 class SweepError(Exception):
@@ -103,6 +104,7 @@ def summarize(run: dict, key: str) -> dict:
     rollout = (run.get("rollout_time_s") or [])[1:]  # step 0 includes warm-up and compilation
     return {"row": run["row"], key: run[key], "al_step0": al[0], "al_step1": al[1] if len(al) > 1 else None,
             "al_mean": mean(al), "al_last4": mean(al[-LAST:]), "al_final": al[-1], "steps": len(al),
+            **dict(zip(("al_slope", "al_slope_low", "al_slope_high"), slope_interval(range(len(al)), al))),
             "draft_loss_first": loss[0] if loss else None, "draft_loss_last": loss[-1] if loss else None,
             "mean_reward": mean(reward) if reward else None,
             "final_val_accuracy": val[-1][1] if val else None,
@@ -123,6 +125,13 @@ def differences(table: list[dict], key: str) -> list[dict]:
 
 def fmt(x, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
+
+
+def slope_cell(t: dict) -> str:
+    """The AL slope per step and its 95% bootstrap interval over the steps (repro.report.seed_spread)."""
+    if t.get("al_slope") is None or t["al_slope"] != t["al_slope"]:      # absent, or NaN (< 3 steps)
+        return "-"
+    return f"{t['al_slope']:+.4f} [{t['al_slope_low']:+.4f}, {t['al_slope_high']:+.4f}]"
 
 
 def where(prov: dict) -> str:
@@ -147,7 +156,7 @@ def section(path: str, sweep: dict, table: list[dict], diffs: list[dict]) -> str
     for t in table:
         loss = f"{fmt(t['draft_loss_first'])} -> {fmt(t['draft_loss_last'])}"
         cells = [t["row"], t[key], fmt(t["al_step0"]), fmt(t["al_step1"]), fmt(t["al_mean"]), fmt(t["al_last4"]),
-                 fmt(t["al_final"]), loss, fmt(t["mean_reward"]), fmt(t["final_val_accuracy"]),
+                 fmt(t["al_final"]), slope_cell(t), loss, fmt(t["mean_reward"]), fmt(t["final_val_accuracy"]),
                  fmt(t["mean_rollout_time_s"], ".2f")]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     if diffs:

@@ -45,7 +45,9 @@ def test_report_of_two_sweeps(tmp_path):
     assert "cpu-2c (cpu-emulated)" in md and "abc1234def56" in md and "2026-01-01" in md
     eagle1 = next(line for line in lines if line.startswith("| EAGLE-3 | 1 |")).split(" | ")
     assert eagle1[2:7] == ["2.000", "2.000", "3.000", "3.500", "4.000"]  # step 0, 1, mean, last 4, final
-    assert eagle1[7:11] == ["2.000 -> 0.500", "0.250", "0.750", "3.00 |"]  # rollout: mean of steps >= 1
+    low, high = (float(v) for v in eagle1[7].split("[")[1].rstrip("]").split(","))
+    assert eagle1[7].startswith("+0.4571 [") and 0 < low <= 0.4571 <= high  # least squares: 8 / 17.5 per step
+    assert eagle1[8:12] == ["2.000 -> 0.500", "0.250", "0.750", "3.00 |"]  # rollout: mean of steps >= 1
     assert lines[-1].endswith("| - | - |")                                # old-style: no val accuracy, rollout
     assert md.count("- difference, EAGLE-3: AL last 4, loss_weight=1 minus loss_weight=0: +0.500") == 2
     assert md.count("- difference, DFlash: AL last 4, loss_weight=1 minus loss_weight=0: -0.250") == 2
