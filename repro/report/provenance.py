@@ -117,13 +117,19 @@ def software_versions() -> dict[str, Any]:
     return versions
 
 
+# Tracked outputs of the workflow itself: a run writing its results into the checkout does not make the code dirty
+OUTPUT_DIRS = ("results", "paper_figures")
+
+
 def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
+    """{"sha", "dirty"}: the checked-out commit, and whether tracked files outside ``OUTPUT_DIRS`` differ from it."""
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
                               timeout=20, check=True).stdout.strip()
     try:
         sha = git("rev-parse", "--verify", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                         *(f":(exclude){d}" for d in OUTPUT_DIRS)))
     except (OSError, subprocess.SubprocessError):
         # Not a git checkout (a copied tree on a lent GPU or a cluster node): the launcher that copied
         # the tree passes the state it copied as REPRO_GIT_SHA / REPRO_GIT_DIRTY.

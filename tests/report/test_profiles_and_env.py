@@ -10,7 +10,7 @@ import pytest
 
 from repro.report.profiles import (ProfileError, available_profiles, check_servable, load_profile,
                                    missing_hardware, missing_paths)
-from repro.report.provenance import hardware, provenance, write_json_atomic
+from repro.report.provenance import git_state, hardware, provenance, write_json_atomic
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -63,6 +63,25 @@ def test_provenance_is_detected():
     assert hw["cpu"]["usable_cores"] >= 1 and hw["cpu"]["model"]
     assert hw["label"] in ("gpu", "cpu-emulated") and hw["tag"]
     assert p["software"]["torch"] and p["git"]["sha"] and p["config"] == {"k": 1}
+
+
+def test_git_state_is_dirty_for_code_not_for_the_workflows_outputs(tmp_path):
+    """A run that writes its results into the checkout (results/, paper_figures/) leaves the tree clean; a changed
+    source file does not."""
+    import subprocess
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "r.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    assert git_state(tmp_path)["dirty"] is False
+    (tmp_path / "results" / "r.json").write_text('{"new": 1}')
+    assert git_state(tmp_path)["dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_state(tmp_path)["dirty"] is True
 
 
 def test_write_atomic_leaves_nothing_half_written(tmp_path):
