@@ -30,6 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from kernels.attention.padded import padded_block_attention
 from kernels.attention.reference import block_mask, dense_attention
 from repro.report.provenance import provenance, write_json_atomic
+from repro.rl.sft import deterministic_algorithms
 
 MODES = ("default", "deterministic", "math")
 GRADS = ("q", "k", "v", "ctx_k", "ctx_v")
@@ -54,10 +55,9 @@ def make_case(rows: int, blocks: int, block: int, heads: int, kv_heads: int, hea
 def oracle(case: dict[str, torch.Tensor], block: int) -> dict[str, torch.Tensor]:
     """Output and gradients row by row from the fp64 dense oracle and its own block mask."""
     leaves = {n: case[n].clone().requires_grad_(True) for n in GRADS}
-    scale = case["q"].shape[-1] ** -0.5
+    scale, length = case["q"].shape[-1] ** -0.5, case["ctx_k"].shape[1]
     outs = []
     for r in range(case["q"].shape[0]):
-        length = case["ctx_k"].shape[1]
         mask = block_mask(torch.tensor([0, length]), case["anchors"][r], block, block_valid=case["valid"][r])
         keys = torch.cat([leaves["ctx_k"][r], leaves["k"][r]])
         vals = torch.cat([leaves["ctx_v"][r], leaves["v"][r]])
@@ -71,15 +71,10 @@ def run_mode(case: dict[str, torch.Tensor], mode: str, dtype: torch.dtype, devic
     leaves = {n: case[n].to(device, dtype).requires_grad_(True) for n in GRADS}
     anchors, valid = case["anchors"].to(device), case["valid"].to(device)
     backend = sdpa_kernel([SDPBackend.MATH]) if mode == "math" else contextlib.nullcontext()
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(mode == "deterministic")
-    try:
-        with backend:
-            out = padded_block_attention(leaves["q"], leaves["k"], leaves["v"], leaves["ctx_k"], leaves["ctx_v"],
-                                         anchors, valid)
-            out.backward(case["grad_out"].to(device, dtype))
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    with deterministic_algorithms(mode == "deterministic"), backend:
+        out = padded_block_attention(leaves["q"], leaves["k"], leaves["v"], leaves["ctx_k"], leaves["ctx_v"],
+                                     anchors, valid)
+        out.backward(case["grad_out"].to(device, dtype))
     return {"out": out.detach(), **{n: leaves[n].grad for n in GRADS}}
 
 
@@ -110,8 +105,11 @@ def check(args) -> dict:
     return {"device": device, "worst_rel_err": worst, "cases": cases}
 
 
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
 def parse_args(argv):
-    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON file to write (atomically)")
     ap.add_argument("--rows", type=int, default=8)
@@ -120,7 +118,7 @@ def parse_args(argv):
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--lengths", type=ints, default=list(range(40, 72)),
+    ap.add_argument("--lengths", type=_ints, default=list(range(40, 72)),
                     help="context lengths, comma-separated (default 40..71: every key length mod 32)")
     ap.add_argument("--dtypes", type=lambda s: s.split(","), default=["float32", "bfloat16"])
     ap.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
