@@ -24,6 +24,8 @@ unpack the tarball into ``results/<hw>/h200/`` afterwards so ``collect`` sees th
     ... --artifact fig3 --budget-s 480       # Figure 3's rows and the baseline's seed replicas
     ... --lockstep                           # each policy's rows in one process, steps interleaved (repro.rl.lockstep)
     ... --sft-cache .cache/sft               # reuse the SFT warm start of an earlier call on the same warm machine
+    ... --sft-only --sft-cache .cache/sft    # only build that warm start, for the calls that follow
+    ... --rows DFlash,DSpark --without-baseline --steps 60   # drafted rows alone (their curves; no speedups)
 
 The SFT (~170 s of a 600 s call on the H200) is the same for every math artifact of a profile: with
 ``--sft-cache`` in an ignored folder of the repository, a call made while the device is still warm (its idle
@@ -144,7 +146,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed-replicas-only", action="store_true",
                     help="run only the baselines' seed replicas (baseline_seeds) of the chosen rows, e.g. to add a seed "
                          "band to a figure whose main rows ran in an earlier call")
+    ap.add_argument("--without-baseline", action="store_true",
+                    help="run the chosen drafted rows without their no-draft baseline row: their own curves "
+                         "(reward, acceptance length) over a long run, split across calls or GPUs; the summary then "
+                         "has no speedups or update overhead; the baseline's seed replicas run only when --seeds "
+                         "names them")
+    ap.add_argument("--sft-only", action="store_true",
+                    help="only build the SFT warm start the chosen rows need (into --sft-cache, which it requires) "
+                         "and stop: a first call on a warm machine whose next calls reuse it")
     args = ap.parse_args(argv)
+    if args.sft_only and not args.sft_cache:
+        raise SystemExit("--sft-only needs --sft-cache: the warm start is kept for later calls there")
+    if args.without_baseline and args.seed_replicas_only:
+        raise SystemExit("--without-baseline and --seed-replicas-only exclude each other: the replicas are baselines")
     os.environ.setdefault("WANDB_MODE", "disabled")
     t0 = time.perf_counter()
     out = Path(args.out)
@@ -176,6 +190,13 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--rows {bad} are not {art} rows of the chosen policies; expected some of {order}")
         keep = set(wanted) | {rows[r]["baseline"] for r in wanted if rows[r].get("baseline")}
         order = [r for r in order if r in keep]
+    dropped: list[str] = []          # the baselines --without-baseline leaves out (their replicas run with --seeds)
+    if args.without_baseline:
+        order = [r for r in order if rows[r].get("draft")]
+        dropped = sorted({rows[r]["baseline"] for r in order if rows[r].get("baseline")})
+        if not order:
+            raise SystemExit(f"--without-baseline: no drafted rows of {art} chosen; expected --rows naming some")
+        rows = {r: ({**s, "baseline": None} if r in order else s) for r, s in rows.items()}
     out.mkdir(parents=True, exist_ok=True)
     prof_file = out / f"profile_{prof['name']}.yaml"        # the profile with this call's overrides, for the jobs
     prof_file.write_text(yaml.safe_dump(prof, sort_keys=False))
@@ -194,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     bases = sorted({rows[r]["baseline"] for r in order if rows[r].get("baseline")})
     if args.seed_replicas_only:
         bases = sorted({rows[r]["baseline"] if rows[r].get("baseline") else r for r in order})
+    if args.without_baseline:
+        bases = dropped if args.seeds else []
     jobs = [] if args.seed_replicas_only else [(r, 0, run_dir_name(r)) for r in order]
     jobs += [(b, k, replica_run_name(run_dir_name(b), k)) for k in seeds for b in bases]
     if not jobs:
@@ -203,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"profile": args.profile, "artifact": art, "workload": workload, "rows": {},
                     "lockstep": lockstep,
                     "skipped": [r for r in rows if r not in order],
-                    "sft": {}, "errors": {}, "overrides": {"steps": args.steps, "sft_steps": args.sft_steps}}
+                    "sft": {}, "errors": {}, "overrides": {"steps": args.steps, "sft_steps": args.sft_steps},
+                    "without_baseline": args.without_baseline, "sft_only": args.sft_only}
     warm: dict[str, Path] = {}
     done: dict[str, dict] = {}
     py = [sys.executable, "-m"]
@@ -212,6 +236,18 @@ def main(argv: list[str] | None = None) -> int:
         jobs = [g for g in groups if g] + [[j] for j in jobs if j[1]]
     else:
         jobs = [[j] for j in jobs]
+    if args.sft_only:                # the warm start of each policy, no rows
+        jobs = []
+        for pol in policies:
+            names = sorted({rows[r]["draft"] for r in order if rows[r].get("policy", "dense") == pol
+                            and rows[r].get("draft")})
+            if not any(rows[r].get("policy", "dense") == pol for r in order):
+                continue
+            ts = time.perf_counter()
+            ws, reused = _warm_start(py, prof, prof_file, pol, workload, names, out, args.sft_cache)
+            report["sft"][pol] = {"wall_s": time.perf_counter() - ts, "reused_from_cache": reused,
+                                  "folder": str(ws), "drafts": names}
+        report["skipped"] = list(rows)
     for group in jobs:
         row, seed, run_name = group[0]
         spec = rows[row]

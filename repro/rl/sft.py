@@ -28,6 +28,7 @@ import io
 import os
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -121,28 +122,37 @@ def sft_policy(policy, tok, workload: str, spec: SFTSpec, seed: int, log_every: 
     return losses
 
 
+def draft_seed(seed: int, family: str) -> int:
+    """The seed of one draft's warm start: the run's seed and the family's name (a stable hash, not Python's)."""
+    return (seed * 1_000_003 + zlib.crc32(family.encode())) % 2**63
+
+
 def warm_start_drafts(policy, tok, workload: str, specs: list[DraftSpec], spec: SFTSpec, seed: int
                       ) -> dict[str, list[float]]:
-    """Train each draft on the frozen SFT policy's taps and logits (one policy forward per batch)."""
-    drafts, opts = {}, {}
+    """Train each draft on the frozen SFT policy's taps and logits (one policy forward per batch).
+
+    Each draft draws its initial weights and its anchors from its own seed (``draft_seed``), so a draft's warm start
+    is the same whichever other drafts train beside it and in whatever order they are named."""
+    drafts, opts, gens = {}, {}, {}
     for ds in specs:
+        torch.manual_seed(draft_seed(seed, ds.family))
         d = build_draft(ds, policy, mask_token_id=tok.mask_id, train=True)
         drafts[ds.family] = d
         opts[ds.family] = torch.optim.AdamW(trainable_parameters(d), lr=ds.lr, weight_decay=0.0)
+        gens[ds.family] = torch.Generator().manual_seed(draft_seed(seed, ds.family))
     # one recorder covering every draft's taps: the union of their layers
     layers = sorted({l for d in drafts.values() for l in d.tap_spec.as_output_layers()})
     from repro.models.taps import TapSpec
     policy.set_taps(TapSpec(tuple(layers), "output", policy.num_layers))
-    gen = torch.Generator().manual_seed(seed)
     losses: dict[str, list[float]] = {f: [] for f in drafts}
     for step in range(spec.draft_steps):
         ids, att, mask = demo_batch(tok, _items(workload, seed, spec.batch, draw=20_000 + step), policy.device)
         with torch.no_grad():
             out = policy.forward_train(ids, want_taps=True, attention_mask=att)
         feats = TargetFeatures(dict(zip(layers, out.taps)))
-        batch = DraftBatch(input_ids=ids, loss_mask=draft_loss_mask(mask), policy_logits=out.logits.detach(),
-                           extras={"anchor_generator": gen})
         for fam, d in drafts.items():
+            batch = DraftBatch(input_ids=ids, loss_mask=draft_loss_mask(mask), policy_logits=out.logits.detach(),
+                               extras={"anchor_generator": gens[fam]})
             loss = d.draft_loss(feats, batch)
             opts[fam].zero_grad(set_to_none=True)
             loss.backward()

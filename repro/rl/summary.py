@@ -248,7 +248,8 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
         allrow = {"train_inference_kl": max(m["train_inference_kl"] for m in out.values())}
         if drafted:
             for k in ("acceptance_length_final", "e2e_speedup", "rollout_speedup"):
-                allrow[k] = _mean([m[k] for m in drafted if k in m])
+                if any(k in m for m in drafted):          # speedups need the baseline, which may not have run
+                    allrow[k] = _mean([m[k] for m in drafted if k in m])
         base_rows = [m for r, m in out.items() if not rows[r].get("draft")]
         if base_rows:
             allrow["rollout_share_of_step_pct"] = _mean([m["rollout_share_of_step_pct"] for m in base_rows])

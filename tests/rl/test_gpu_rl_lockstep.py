@@ -28,3 +28,32 @@ def test_seeds_must_be_baseline_seeds_of_the_artifact(tmp_path):
     with pytest.raises(SystemExit, match="expected comma-separated integers"):
         gpu_rl.main(["--profile", "cpu-tiny", "--out", str(tmp_path), "--artifact", "fig3", "--seeds", "x"])
     assert not (tmp_path / "fig3").exists()
+
+
+@pytest.mark.timeout(600)
+def test_sft_only_then_drafted_rows_without_their_baseline(tmp_path, monkeypatch):
+    """The split device calls of a long curve run: ``--sft-only`` builds the warm start into the cache and runs no
+    row; ``--without-baseline`` then runs the drafted rows alone from that cache, summarised without speedups."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    cache, rows = str(tmp_path / "cache"), "Qwen3-8B/DFlash,Qwen3-8B/DSpark"
+    common = ["--profile", "cpu-tiny", "--sft-steps", "3", "--policies", "dense", "--rows", rows, "--sft-cache", cache]
+    assert gpu_rl.main(common + ["--out", str(tmp_path / "sft"), "--sft-only"]) == 0
+    rep = json.loads((tmp_path / "sft" / "gpu_rl.json").read_text())
+    assert rep["sft_only"] and not rep["rows"] and rep["sft"]["dense"]["drafts"] == ["dflash", "dspark"]
+    assert not (tmp_path / "sft" / "table1").exists()
+    out = tmp_path / "rows"
+    assert gpu_rl.main(common + ["--out", str(out), "--without-baseline", "--steps", "2", "--lockstep"]) == 0
+    rep = json.loads((out / "gpu_rl.json").read_text())
+    assert set(rep["rows"]) == {"Qwen3-8B/DFlash", "Qwen3-8B/DSpark"} and not rep["errors"]
+    fig = tmp_path / "fig3"                 # a figure's drafted row alone, then one replica of its left-out baseline
+    assert gpu_rl.main(["--profile", "cpu-tiny", "--sft-steps", "3", "--artifact", "fig3", "--rows", "DSpark",
+                        "--without-baseline", "--seeds", "2", "--steps", "2", "--out", str(fig)]) == 0
+    assert set(json.loads((fig / "gpu_rl.json").read_text())["rows"]) == {"DSpark", "no_draft_sampling2"}
+    assert rep["sft"]["dense"]["reused_from_cache"] and not (out / "table1" / "qwen3-8b_no_draft").exists()
+    assert "acceptance_length" in rep["summary"]["Qwen3-8B/DSpark"]
+    assert "rollout_speedup" not in rep["summary"]["Qwen3-8B/DSpark"]
+    with pytest.raises(SystemExit, match="--sft-only needs --sft-cache"):
+        gpu_rl.main(["--profile", "cpu-tiny", "--out", str(tmp_path / "x"), "--sft-only"])
+    with pytest.raises(SystemExit, match="no drafted rows"):
+        gpu_rl.main(["--profile", "cpu-tiny", "--out", str(tmp_path / "x"), "--rows", "Qwen3-8B/no draft",
+                     "--without-baseline"])

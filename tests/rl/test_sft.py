@@ -107,3 +107,23 @@ def test_deterministic_draft_training_is_the_same_training_on_cpu(tmp_path, monk
     assert sft.os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     with pytest.raises(ConfigError, match="sft.deterministic='yes'"):
         sft_spec({"sft": {"deterministic": "yes"}}, "math").validate()
+
+
+def test_a_drafts_warm_start_does_not_depend_on_the_other_drafts(tmp_path):
+    """Each draft trains from its own seed (``draft_seed``): warm-starting DSpark alone, after DFlash or before it
+    gives the same DSpark, so a device call that runs one draft's rows reuses nothing by accident and misses
+    nothing."""
+    prof = load_profile("cpu-tiny")
+    prof["rl"]["sft"] = {**prof["rl"]["sft"], "steps": 1, "draft_steps": 3}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    runs = {}
+    for names in ("dspark", "dflash,dspark", "dspark,dflash"):
+        assert sft_main(["--profile", str(path), "--policy", "dense", "--workload", "math", "--drafts", names,
+                         "--threads", "1", "--out", str(tmp_path / names)]) == 0
+        runs[names] = json.loads((tmp_path / names / "sft.json").read_text())["drafts"]
+    assert runs["dspark"]["dspark"]["losses"] == runs["dflash,dspark"]["dspark"]["losses"] \
+        == runs["dspark,dflash"]["dspark"]["losses"]
+    assert runs["dflash,dspark"]["dflash"]["losses"] == runs["dspark,dflash"]["dflash"]["losses"]
+    from repro.rl.sft import draft_seed
+    assert draft_seed(0, "dflash") != draft_seed(0, "dspark") and draft_seed(0, "dflash") != draft_seed(1, "dflash")
