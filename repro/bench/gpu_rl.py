@@ -26,6 +26,7 @@ unpack the tarball into ``results/<hw>/h200/`` afterwards so ``collect`` sees th
     ... --sft-cache .cache/sft               # reuse the SFT warm start of an earlier call on the same warm machine
     ... --sft-only --sft-cache .cache/sft    # only build that warm start, for the calls that follow
     ... --rows DFlash,DSpark --without-baseline --steps 60   # drafted rows alone (their curves; no speedups)
+    ... --budget-s 400 --deadline-s 520      # start no row after 400 s, and none expected to end past 520 s
 
 The SFT (~170 s of a 600 s call on the H200) is the same for every math artifact of a profile: with
 ``--sft-cache`` in an ignored folder of the repository, a call made while the device is still warm (its idle
@@ -125,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="h200")
     ap.add_argument("--artifact", default="table1", choices=ARTIFACTS, help="the RL artifact whose rows run")
     ap.add_argument("--budget-s", type=float, default=330.0, help="stop starting new rows after this many seconds")
+    ap.add_argument("--deadline-s", type=float, default=0.0,
+                    help="the call's hard end in seconds (e.g. the timeout it runs under; 0: none): a row whose "
+                         "expected time, the same row's earlier run in this call (a seed replica: its baseline's or "
+                         "an earlier replica's), would end past it is skipped instead of being cut")
     ap.add_argument("--steps", type=int, default=0, help="override the artifact's steps (0: keep)")
     ap.add_argument("--sft-steps", type=int, default=0, help="override rl.sft.steps and draft_steps (0: keep; "
                     "for a quick CPU check of this script)")
@@ -248,12 +253,22 @@ def main(argv: list[str] | None = None) -> int:
             report["sft"][pol] = {"wall_s": time.perf_counter() - ts, "reused_from_cache": reused,
                                   "folder": str(ws), "drafts": names}
         report["skipped"] = list(rows)
+    took: dict[str, float] = {}      # row label -> seconds its last job (or lockstep group) took in this call
     for group in jobs:
         row, seed, run_name = group[0]
         spec = rows[row]
         pol = spec.get("policy", "dense")
-        if time.perf_counter() - t0 > args.budget_s:
+        elapsed = time.perf_counter() - t0
+        if elapsed > args.budget_s:
             report["skipped"] += [r if not k else n for r, k, n in group]
+            continue
+        expected = max((took.get(r, 0.0) for r, _, _ in group), default=0.0)
+        if args.deadline_s and expected and elapsed + expected > args.deadline_s:
+            names = [r if not k else n for r, k, n in group]
+            print(f"skipping {names}: expected {expected:.0f} s from {elapsed:.0f} s ends past the deadline "
+                  f"{args.deadline_s:.0f} s", flush=True)
+            report["skipped"] += names
+            report.setdefault("skipped_for_deadline", []).extend(names)
             continue
         base = spec.get("baseline")
         if base is not None and base not in done:
@@ -270,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                "drafts", "sft_time_s", "total_time_s")}
                 report["sft"][pol].update(wall_s=time.perf_counter() - ts, reused_from_cache=reused, folder=str(ws))
                 warm[pol] = ws
+            tj = time.perf_counter()
             if len(group) > 1:
                 _job(py + ["repro.rl.lockstep", "--artifact", art, "--rows", ",".join(r for r, _, _ in group),
                            "--profile", str(prof_file), "--out-root", str(out / art), "--warm-start", str(warm[pol])],
@@ -279,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                            "--out", str(out / art / run_name), "--warm-start", str(warm[pol]), "--seed", "0"]
                      + (["--sampling-seed", str(seed)] if seed else []),
                      out / art / f"{run_name}.log")
+            for r, _, _ in group:
+                took[r] = time.perf_counter() - tj
             for r, k, name in group:
                 last = json.loads((out / art / name / "run.json").read_text()).get("last")
                 if not k:

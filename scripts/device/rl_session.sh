@@ -15,7 +15,10 @@ if [ "$CHECK" = 1 ]; then
 fi
 log "gpu_rl $ART (budget ${BUDGET}s) $*"
 # .cache/sft (or $SFT_CACHE; ignored by git) survives while the machine stays warm: a next call within the idle window reuses the SFT
+# --deadline-s: a row that would not finish before the timeout (its expected time: the same row earlier in this call)
+# is skipped rather than cut; 20 s of the timeout are left for startup and the summary
 timeout $((BUDGET + 140)) python3 -m repro.bench.gpu_rl --out "$W/rl" --artifact "$ART" --budget-s "$BUDGET" \
+  --deadline-s $((BUDGET + 120)) \
   --sft-cache "${SFT_CACHE:-.cache/sft}" "$@" \
   > "$W/gpu_rl.log" 2>&1
 log "gpu_rl rc=$?"

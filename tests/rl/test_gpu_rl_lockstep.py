@@ -57,3 +57,29 @@ def test_sft_only_then_drafted_rows_without_their_baseline(tmp_path, monkeypatch
     with pytest.raises(SystemExit, match="no drafted rows"):
         gpu_rl.main(["--profile", "cpu-tiny", "--out", str(tmp_path / "x"), "--rows", "Qwen3-8B/no draft",
                      "--without-baseline"])
+
+
+def test_a_row_that_would_end_past_the_deadline_is_skipped_not_cut(tmp_path, monkeypatch):
+    """``--deadline-s``: a seed replica is expected to take as long as its baseline's run did in this call; one that
+    would end past the deadline is skipped (and listed), so that a device call's timeout never cuts a run."""
+    import time
+
+    def fake_job(cmd, log):            # stands in for the SFT and run processes: writes what they would
+        out = tmp_path.joinpath(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        if cmd[2] == "repro.rl.sft":
+            (out / "sft.json").write_text(json.dumps({"drafts": {}}))
+        else:
+            time.sleep(0.5)
+            (out / "run.json").write_text(json.dumps({"last": {"train/reward": 0.0}}))
+
+    monkeypatch.setattr(gpu_rl, "_job", fake_job)
+    common = ["--profile", "cpu-tiny", "--artifact", "fig3", "--rows", "DFlash", "--seeds", "1,2"]
+    gpu_rl.main(common + ["--out", str(tmp_path / "tight"), "--deadline-s", "1.2"])
+    rep = json.loads((tmp_path / "tight" / "gpu_rl.json").read_text())
+    assert set(rep["rows"]) == {"no draft", "DFlash"}         # no estimate for a row's first run: it runs
+    assert rep["skipped_for_deadline"] == ["no_draft_sampling1", "no_draft_sampling2"]
+    gpu_rl.main(common + ["--out", str(tmp_path / "roomy"), "--deadline-s", "60"])
+    rep = json.loads((tmp_path / "roomy" / "gpu_rl.json").read_text())
+    assert set(rep["rows"]) == {"no draft", "DFlash", "no_draft_sampling1", "no_draft_sampling2"}
+    assert "skipped_for_deadline" not in rep
