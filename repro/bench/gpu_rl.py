@@ -244,10 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.sft_only:                # the warm start of each policy, no rows
         jobs = []
         for pol in policies:
-            names = sorted({rows[r]["draft"] for r in order if rows[r].get("policy", "dense") == pol
-                            and rows[r].get("draft")})
-            if not any(rows[r].get("policy", "dense") == pol for r in order):
+            pol_rows = [r for r in order if rows[r].get("policy", "dense") == pol]
+            if not pol_rows:
                 continue
+            names = sorted({rows[r]["draft"] for r in pol_rows if rows[r].get("draft")})
             ts = time.perf_counter()
             ws, reused = _warm_start(py, prof, prof_file, pol, workload, names, out, args.sft_cache)
             report["sft"][pol] = {"wall_s": time.perf_counter() - ts, "reused_from_cache": reused,
