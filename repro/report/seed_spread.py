@@ -21,6 +21,8 @@ Definitions used by the figure and the table (``repro.report.artifacts.fig3.buil
 * a co-trained row's fraction: its smoothed values inside the band (inclusive, 1e-12 tolerance) over
   the band's steps it logged; verdict "within the seed-to-seed spread" when the fraction is at least
   ``MIN_FRACTION`` for reward and for validation accuracy, else "outside";
+* run means: a row's mean reward and validation accuracy over the band's steps (unsmoothed), beside the lowest and
+  highest of the baseline runs' means; descriptive, not part of the verdict;
 * self-check (``self_check_table``, with >= 3 baseline runs): each baseline run judged the same way against the
   band of the other baseline runs (leave one out), i.e. how often the test calls the baseline itself outside;
 * acceptance-length trend: slope of the least-squares line of acceptance length against step over
@@ -51,8 +53,8 @@ ACCEPTANCE = "train/acceptance_length"
 SLOPE_RESAMPLES = 2000
 RISES, FALLS, UNRESOLVED = "yes", "falls", "not resolved"
 TABLE_COLUMNS = ["row", "baseline", "baseline runs", "replicas", "reward in band", "val accuracy in band", "verdict",
-                 "out of band: above/below", "acceptance slope/step", "slope 95% CI", "acceptance rises",
-                 "measured on"]
+                 "out of band: above/below", "run means [baseline runs]", "acceptance slope/step", "slope 95% CI",
+                 "acceptance rises", "measured on"]
 
 
 def replica_run_name(run_dir: str, seed: int) -> str:
@@ -125,6 +127,25 @@ def band(steps: pd.DataFrame, row: str, metric: str) -> pd.DataFrame:
                          "hi": (mean + K_SD * sd).values, "runs": len(curves)})
 
 
+def run_mean(steps: pd.DataFrame, run: str, metric: str, on_steps) -> float:
+    """Mean of ``run``'s logged (unsmoothed) ``metric`` over the steps ``on_steps``; NaN when it logged none."""
+    d = steps[(steps["run"] == run) & (steps["metric"] == metric)].groupby("step")["value"].last()
+    d = d[d.index.isin(list(on_steps))]
+    return float(d.mean()) if len(d) else float("nan")
+
+
+def means_cell(steps: pd.DataFrame, run: str, base_runs: list[str], bands: dict[str, pd.DataFrame]) -> str:
+    """``run``'s mean per band metric over the band's steps, beside the range of the baseline runs' means: a whole
+    run's level, where the per-step band judges each step (a metric that moves in whole held-out prompts can leave a
+    zero-width band by one prompt at a step and still sit among the baseline runs on average)."""
+    parts = []
+    for metric, name in BAND_METRICS:
+        on = bands[metric]["step"]
+        base = [run_mean(steps, r, metric, on) for r in base_runs]
+        parts.append(f"{name.split()[0]} {run_mean(steps, run, metric, on):.3g} [{min(base):.3g}, {max(base):.3g}]")
+    return "; ".join(parts)
+
+
 def band_position(values: pd.Series, b: pd.DataFrame) -> tuple[int, int, int]:
     """(steps of ``values`` inside the band, above it, below it), over the band steps ``values`` logged."""
     bb = b.set_index("step")
@@ -163,11 +184,12 @@ def trend_word(low: float, high: float) -> str:
     return RISES if low > 0 else FALLS if high < 0 else UNRESOLVED
 
 
-def judge(h: pd.DataFrame, run: str, bands: dict[str, pd.DataFrame], row: str, baseline: str, nruns: int,
+def judge(h: pd.DataFrame, run: str, bands: dict[str, pd.DataFrame], row: str, baseline: str, base_runs: list[str],
           replicas: str) -> dict:
-    """One verdict line: ``run``'s smoothed curves against ``bands``, and its acceptance trend."""
+    """One verdict line: ``run``'s smoothed curves against ``bands`` (made of the ``base_runs``), its run means
+    beside theirs, and its acceptance trend."""
     hw, label = h["hardware"].iloc[0], h["hardware_label"].iloc[0]
-    line = {"row": row, "baseline": baseline, "baseline runs": nruns, "replicas": replicas}
+    line = {"row": row, "baseline": baseline, "baseline runs": len(base_runs), "replicas": replicas}
     ok, sides = True, []
     for metric, name in BAND_METRICS:
         n_in, above, below = band_position(curve(h, run, metric), bands[metric])
@@ -178,6 +200,7 @@ def judge(h: pd.DataFrame, run: str, bands: dict[str, pd.DataFrame], row: str, b
         sides.append(f"{name.split()[0]} {above}/{below}")
     slope, low, high = acceptance_trend(h, run)
     line.update({"verdict": WITHIN if ok else OUTSIDE, "out of band: above/below": ", ".join(sides),
+                 "run means [baseline runs]": means_cell(h, run, base_runs, bands),
                  "acceptance slope/step": slope,
                  "slope 95% CI": "-" if np.isnan(low) else f"[{low:.3g}, {high:.3g}]",
                  "acceptance rises": trend_word(low, high),
@@ -201,13 +224,13 @@ def spread_table(steps: pd.DataFrame) -> pd.DataFrame:
     lines = []
     for hw, h, base, replicas in baseline_groups(steps):
         bands = {m: band(h, base, m) for m, _ in BAND_METRICS}
-        nruns = int(bands[BAND_METRICS[0][0]]["runs"].iloc[0])
+        base_runs = sorted(set(h.loc[h["row"] == base, "run"]))
         mains = main_runs(h)
         for row in sorted(set(mains["row"]) - {base}):
             runs = sorted(set(mains.loc[mains["row"] == row, "run"]))
             if len(runs) != 1:
                 raise ValueError(f"row {row!r} on {hw}: {len(runs)} main runs {runs}; expected one")
-            lines.append(judge(h, runs[0], bands, row, base, nruns, replicas))
+            lines.append(judge(h, runs[0], bands, row, base, base_runs, replicas))
     return pd.DataFrame(lines, columns=TABLE_COLUMNS)
 
 
@@ -224,7 +247,8 @@ def self_check_table(steps: pd.DataFrame) -> pd.DataFrame:
             bands = {m: band(others, base, m) for m, _ in BAND_METRICS}
             rep = replica_of_run(run)
             name = "main run" if rep is None else f"{'sampling seed' if rep[0] == SAMPLING else 'seed'} {rep[1]}"
-            lines.append(judge(h, run, bands, f"{base} ({name})", f"the other {base} runs", len(runs) - 1, replicas))
+            lines.append(judge(h, run, bands, f"{base} ({name})", f"the other {base} runs",
+                               [r for r in runs if r != run], replicas))
     return pd.DataFrame(lines, columns=TABLE_COLUMNS)
 
 
@@ -237,7 +261,9 @@ NOTES = [f"Seed band: per step, mean +- {K_SD:g} sd (ddof=1) over the baseline r
          f"{SMOOTH['val/accuracy']} for validation accuracy (the figure's reward panel shows the same smoothing). "
          f"Verdict: '{WITHIN}' when at least {MIN_FRACTION:.0%} of a co-trained row's band steps lie inside for "
          "both reward and validation accuracy, else 'outside'. Out of band: the steps above and below the band, "
-         "per metric (above: a higher reward or accuracy than the baseline's spread). Acceptance slope: "
+         "per metric (above: a higher reward or accuracy than the baseline's spread). Run means: the row's mean "
+         "reward and validation accuracy over the band's steps (unsmoothed), and in brackets the lowest and highest "
+         "of the baseline runs' means. Acceptance slope: "
          "least-squares slope of acceptance length against step over every logged step, with a 95% bootstrap "
          f"interval over the steps; rises '{RISES}' when the interval lies above 0, '{FALLS}' when below, "
          f"'{UNRESOLVED}' when it spans 0.",
