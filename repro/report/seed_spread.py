@@ -263,7 +263,8 @@ NOTES = [f"Seed band: per step, mean +- {K_SD:g} sd (ddof=1) over the baseline r
          "both reward and validation accuracy, else 'outside'. Out of band: the steps above and below the band, "
          "per metric (above: a higher reward or accuracy than the baseline's spread). Run means: the row's mean "
          "reward and validation accuracy over the band's steps (unsmoothed), and in brackets the lowest and highest "
-         "of the baseline runs' means. Acceptance slope: "
+         "of the baseline runs' means (descriptive: a run exchangeable with n baseline runs falls outside their range "
+         "with probability 2/(n+1), one half for n = 3). Acceptance slope: "
          "least-squares slope of acceptance length against step over every logged step, with a 95% bootstrap "
          f"interval over the steps; rises '{RISES}' when the interval lies above 0, '{FALLS}' when below, "
          f"'{UNRESOLVED}' when it spans 0.",
