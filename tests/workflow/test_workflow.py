@@ -129,6 +129,12 @@ def test_draft_controls_plan_frozen_and_cotrained_sweeps_and_refuse_paper_profil
                          rf"--warm-start \S+/sft/dense-{workload} .*--out \S+/draft_frozen/{artifact}", text), text
     assert re.search(r"OUT=\S+/draft_offdomain PROFILE=cpu-tiny .*scripts/experiments/draft_offdomain\.sh", text)
     assert text.count("repro.report.sweep_report") == 2
+    ex = snakemake("-n", "-p", "--forceall", "exchangeability", "--config", "profile=cpu-tiny")
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    assert re.search(r"rm -rf \.cache/exchangeability/cpu-tiny && OUT=\S+/exchangeability PROFILE=cpu-tiny .*"
+                     r"WARM=\S+/sft/dense-math .*scripts/experiments/exchangeability\.sh", ex.stdout), ex.stdout
     # the paper profiles' rows run on NeMo-RL from checkpoints: the targets say why instead of planning sweeps
     paper = snakemake("-n", "-p", "draft_frozen", "--config", "profile=paper-h100")
     assert paper.returncode == 0 and "cannot run draft_frozen: engine nemo-rl" in paper.stdout, paper.stdout
+    paper = snakemake("-n", "-p", "exchangeability", "--config", "profile=paper-h100")
+    assert paper.returncode == 0 and "cannot run exchangeability: engine nemo-rl" in paper.stdout, paper.stdout

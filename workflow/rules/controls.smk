@@ -3,7 +3,11 @@
 #                    (draft.loss_weight 1) and frozen (0): repro.rl.draft_sweep, then repro.report.sweep_report.
 #   draft_offdomain  fig4's drafted rows with the drafts warm-started on the math workload (the paper's drafts come
 #                    from other data than the RL task), co-trained and frozen: scripts/experiments/draft_offdomain.sh.
-# Outputs in results/<hw>/<profile>/draft_{frozen,offdomain}/: sweep.json per sweep, report.{md,png,json}.
+#   exchangeability  fig3's no-draft, EAGLE-3 and DSpark rows over 8 sampling seeds each, and whether the co-trained
+#                    runs' mean reward and validation accuracy differ from the no-draft runs' (exact permutation
+#                    test): scripts/experiments/exchangeability.sh, repro.report.exchangeability.
+# Outputs in results/<hw>/<profile>/draft_{frozen,offdomain}/: sweep.json per sweep, report.{md,png,json};
+# results/<hw>/<profile>/exchangeability/report.{md,json}.
 # The suite trains these rows in single processes, so profiles whose rows run on NeMo-RL or load checkpoints
 # refuse them with a message.
 if "RL_RULES_INCLUDED" not in globals():
@@ -46,6 +50,8 @@ def report_cmd_of(sweeps, out):
 if not controls_refusal():
     FROZEN = f"{RUNS}/draft_frozen"
     OFFDOMAIN = f"{RUNS}/draft_offdomain"
+    EXCHANGE = f"{RUNS}/exchangeability"
+    EXCHANGE_WORK = f".cache/exchangeability/{PROFILE_NAME}"   # the run folders: outside results/, so never collected
 
     rule draft_frozen:
         input:
@@ -76,6 +82,21 @@ if not controls_refusal():
             + report_cmd_of([f"{OFFDOMAIN}/sweep.json"], OFFDOMAIN)
             + ") > {log} 2>&1"
 
+    rule exchangeability:
+        input:
+            f"{SFT_DIR}/dense-{rl_workload('fig3')}/policy.pt",
+        output:
+            f"{EXCHANGE}/report.json",
+            f"{EXCHANGE}/report.md",
+        log:
+            f"{EXCHANGE}/exchangeability.log",
+        threads: CONTROL_JOBS
+        shell:
+            # a rerun means its inputs changed: the runs of an earlier one are stale, so they go first
+            "(rm -rf {EXCHANGE_WORK} && OUT={EXCHANGE} PROFILE={PROFILE_NAME} PY={PY} JOBS={CONTROL_JOBS} "
+            "WARM={SFT_DIR}/dense-" + rl_workload("fig3") + " WORK={EXCHANGE_WORK} "
+            "bash scripts/experiments/exchangeability.sh) > {log} 2>&1"
+
 else:
 
     rule draft_frozen:
@@ -85,3 +106,7 @@ else:
     rule draft_offdomain:
         shell:
             f"echo 'profile {PROFILE_NAME} cannot run draft_offdomain: {controls_refusal()}' >&2; exit 1"
+
+    rule exchangeability:
+        shell:
+            f"echo 'profile {PROFILE_NAME} cannot run exchangeability: {controls_refusal()}' >&2; exit 1"
