@@ -241,34 +241,40 @@ def main(argv: list[str] | None = None) -> int:
         jobs = [g for g in groups if g] + [[j] for j in jobs if j[1]]
     else:
         jobs = [[j] for j in jobs]
-    if args.sft_only:                # the warm start of each policy, no rows
+
+    def warm_up(pol: str) -> Path:
+        """``pol``'s SFT warm start with the drafts of this call's rows (``_warm_start``), recorded in the report."""
+        names = sorted({rows[r]["draft"] for r in order                 # the drafts this call runs
+                        if rows[r].get("policy", "dense") == pol and rows[r].get("draft")})
+        ts = time.perf_counter()
+        ws, reused = _warm_start(py, prof, prof_file, pol, workload, names, out, args.sft_cache)
+        summ = json.loads((ws / "sft.json").read_text())
+        report["sft"][pol] = {k: summ.get(k) for k in ("sft_loss_first", "sft_loss_last", "heldout_accuracy",
+                                                       "drafts", "sft_time_s", "total_time_s")}
+        report["sft"][pol].update(wall_s=time.perf_counter() - ts, reused_from_cache=reused, folder=str(ws))
+        return ws
+
+    if args.sft_only:                # the warm start of each policy of the chosen rows, no rows
         jobs = []
-        for pol in policies:
-            pol_rows = [r for r in order if rows[r].get("policy", "dense") == pol]
-            if not pol_rows:
-                continue
-            names = sorted({rows[r]["draft"] for r in pol_rows if rows[r].get("draft")})
-            ts = time.perf_counter()
-            ws, reused = _warm_start(py, prof, prof_file, pol, workload, names, out, args.sft_cache)
-            report["sft"][pol] = {"wall_s": time.perf_counter() - ts, "reused_from_cache": reused,
-                                  "folder": str(ws), "drafts": names}
+        for pol in dict.fromkeys(rows[r].get("policy", "dense") for r in order):
+            warm[pol] = warm_up(pol)
         report["skipped"] = list(rows)
     took: dict[str, float] = {}      # row label -> seconds its last job (or lockstep group) took in this call
     for group in jobs:
         row, seed, run_name = group[0]
         spec = rows[row]
         pol = spec.get("policy", "dense")
+        labels = [r if not k else n for r, k, n in group]     # a main run by its row, a replica by its folder
         elapsed = time.perf_counter() - t0
         if elapsed > args.budget_s:
-            report["skipped"] += [r if not k else n for r, k, n in group]
+            report["skipped"] += labels
             continue
         expected = max((took.get(r, 0.0) for r, _, _ in group), default=0.0)
         if args.deadline_s and expected and elapsed + expected > args.deadline_s:
-            names = [r if not k else n for r, k, n in group]
-            print(f"skipping {names}: expected {expected:.0f} s from {elapsed:.0f} s ends past the deadline "
+            print(f"skipping {labels}: expected {expected:.0f} s from {elapsed:.0f} s ends past the deadline "
                   f"{args.deadline_s:.0f} s", flush=True)
-            report["skipped"] += names
-            report.setdefault("skipped_for_deadline", []).extend(names)
+            report["skipped"] += labels
+            report.setdefault("skipped_for_deadline", []).extend(labels)
             continue
         base = spec.get("baseline")
         if base is not None and base not in done:
@@ -276,15 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         try:
             if pol not in warm:
-                names = sorted({rows[r]["draft"] for r in order                 # the drafts this call runs
-                                if rows[r].get("policy", "dense") == pol and rows[r].get("draft")})
-                ts = time.perf_counter()
-                ws, reused = _warm_start(py, prof, prof_file, pol, workload, names, out, args.sft_cache)
-                summ = json.loads((ws / "sft.json").read_text())
-                report["sft"][pol] = {k: summ.get(k) for k in ("sft_loss_first", "sft_loss_last", "heldout_accuracy",
-                                                               "drafts", "sft_time_s", "total_time_s")}
-                report["sft"][pol].update(wall_s=time.perf_counter() - ts, reused_from_cache=reused, folder=str(ws))
-                warm[pol] = ws
+                warm[pol] = warm_up(pol)
             tj = time.perf_counter()
             if len(group) > 1:
                 _job(py + ["repro.rl.lockstep", "--artifact", art, "--rows", ",".join(r for r, _, _ in group),
@@ -304,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                 report["rows"][name if k else r] = {"last_step": last, "elapsed_s": time.perf_counter() - t0}
         except Exception as exc:  # noqa: BLE001 -- one failing row must not lose the others' measurements
             traceback.print_exc()
-            for r, k, name in group:
-                report["errors"][name if k else r] = f"{type(exc).__name__}: {exc}"
+            for label in labels:
+                report["errors"][label] = f"{type(exc).__name__}: {exc}"
     finished = {r: s for r, s in rows.items() if r in done}
     if finished:
         try:

@@ -107,11 +107,14 @@ def smooth(curve: pd.Series, window: int) -> pd.Series:
     return curve.sort_index().rolling(window, min_periods=1).mean()
 
 
+def logged(steps: pd.DataFrame, run: str, metric: str) -> pd.Series:
+    """One run's logged values of ``metric``, indexed by step (a re-logged step: the last value)."""
+    return steps[(steps["run"] == run) & (steps["metric"] == metric)].groupby("step")["value"].last()
+
+
 def curve(steps: pd.DataFrame, run: str, metric: str) -> pd.Series:
-    """One run's smoothed values of ``metric``, indexed by step (a re-logged step: the last value)."""
-    d = steps[(steps["run"] == run) & (steps["metric"] == metric)]
-    s = d.groupby("step")["value"].last()
-    return smooth(s, SMOOTH.get(metric, 1))
+    """One run's smoothed values of ``metric``, indexed by step."""
+    return smooth(logged(steps, run, metric), SMOOTH.get(metric, 1))
 
 
 def band(steps: pd.DataFrame, row: str, metric: str) -> pd.DataFrame:
@@ -129,7 +132,7 @@ def band(steps: pd.DataFrame, row: str, metric: str) -> pd.DataFrame:
 
 def run_mean(steps: pd.DataFrame, run: str, metric: str, on_steps) -> float:
     """Mean of ``run``'s logged (unsmoothed) ``metric`` over the steps ``on_steps``; NaN when it logged none."""
-    d = steps[(steps["run"] == run) & (steps["metric"] == metric)].groupby("step")["value"].last()
+    d = logged(steps, run, metric)
     d = d[d.index.isin(list(on_steps))]
     return float(d.mean()) if len(d) else float("nan")
 
@@ -174,7 +177,7 @@ def slope_interval(x, y, resamples: int = SLOPE_RESAMPLES, seed: int = 0) -> tup
 
 def acceptance_trend(steps: pd.DataFrame, run: str) -> tuple[float, float, float]:
     """``slope_interval`` of ``run``'s acceptance length against step (per step)."""
-    s = steps[(steps["run"] == run) & (steps["metric"] == ACCEPTANCE)].groupby("step")["value"].last()
+    s = logged(steps, run, ACCEPTANCE)
     return slope_interval(s.index.to_numpy(float), s.to_numpy(float))
 
 

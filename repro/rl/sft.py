@@ -135,11 +135,12 @@ def warm_start_drafts(policy, tok, workload: str, specs: list[DraftSpec], spec: 
     is the same whichever other drafts train beside it and in whatever order they are named."""
     drafts, opts, gens = {}, {}, {}
     for ds in specs:
-        torch.manual_seed(draft_seed(seed, ds.family))
+        own = draft_seed(seed, ds.family)
+        torch.manual_seed(own)
         d = build_draft(ds, policy, mask_token_id=tok.mask_id, train=True)
         drafts[ds.family] = d
         opts[ds.family] = torch.optim.AdamW(trainable_parameters(d), lr=ds.lr, weight_decay=0.0)
-        gens[ds.family] = torch.Generator().manual_seed(draft_seed(seed, ds.family))
+        gens[ds.family] = torch.Generator().manual_seed(own)
     # one recorder covering every draft's taps: the union of their layers
     layers = sorted({l for d in drafts.values() for l in d.tap_spec.as_output_layers()})
     from repro.models.taps import TapSpec
