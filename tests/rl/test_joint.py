@@ -70,7 +70,7 @@ def test_negative_control_without_stop_gradient_changes_the_policy(tmp_path, tok
 @pytest.mark.parametrize("draft", ["eagle3", "dflash", "dspark"])
 def test_autocast_update_trains_and_keeps_the_stop_gradient(tmp_path, tok, draft):
     """bf16 autocast (the GPU profiles' update): every family's draft path runs under it, the draft trains,
-    and with lambda = 0 the policy update still equals the autocast no-draft update bit for bit."""
+    and with lambda = 0 and lambda = 1 the policy update still equals the autocast no-draft update bit for bit."""
     base = _trainer(tmp_path, tok, None, 0.0)
     co = _trainer(tmp_path, tok, draft, 0.0)
     co1 = _trainer(tmp_path / "l1", tok, draft, 1.0)
@@ -83,9 +83,11 @@ def test_autocast_update_trains_and_keeps_the_stop_gradient(tmp_path, tok, draft
     _update(co, batch, 0)
     stats = _update(co1, batch, 0)
     assert torch.isfinite(torch.tensor(stats.draft_loss)) and stats.draft_loss > 0
-    b, c = _policy_state(base), _policy_state(co)
-    for k in b:
-        assert torch.equal(b[k], c[k]), f"{draft} under autocast, lambda=0: policy parameter {k} differs"
+    b = _policy_state(base)
+    for lam, tr in ((0, co), (1, co1)):
+        c = _policy_state(tr)
+        for k in b:
+            assert torch.equal(b[k], c[k]), f"{draft} under autocast, lambda={lam}: policy parameter {k} differs"
     assert any(not torch.equal(d0[k], v) for k, v in co1.draft.state_dict().items()), "the draft did not train"
 
 

@@ -11,10 +11,10 @@ import torch
 
 from repro.models.policy import build_policy
 from repro.rollout.engine import RolloutEngine
+from repro.rollout.law import chi2_pvalue, exact_pair_laws
 from repro.rollout.sampling import verify
 
 from .helpers import OracleProposer
-from .stats import chi2_pvalue
 
 ALPHA = 1e-3
 
@@ -70,17 +70,7 @@ def test_engine_sampling_matches_policy_distribution():
     c = out.counters
     assert 1.3 < c.acceptance_length < 3.7, c.as_dict()       # proposals both accepted and rejected
     toks = torch.tensor(out.tokens)                              # [N, 3]
-    # exact law of (y1, y2, y3) by enumeration
-    with torch.no_grad():
-        seqs = torch.cartesian_prod(torch.arange(V), torch.arange(V))            # [V*V, 2]
-        full = torch.cat([torch.tensor(prompt).expand(V * V, -1), seqs], 1)
-        lp = torch.log_softmax(pol.model(full).logits.double() / temp, -1)
-    n0 = len(prompt)
-    p1 = lp[::V, n0 - 1].exp()[0]                                                # [V]
-    p2 = lp[::V, n0].exp()                                                       # [V(y1), V]
-    p3 = lp[:, n0 + 1].exp().view(V, V, V)                                       # [y1, y2, y3]
-    joint12 = p1[:, None] * p2
-    joint23 = (joint12[:, :, None] * p3).sum(0)
+    joint12, joint23 = exact_pair_laws(pol, prompt, temperature=temp)
     h12 = torch.bincount(toks[:, 0] * V + toks[:, 1], minlength=V * V)
     h23 = torch.bincount(toks[:, 1] * V + toks[:, 2], minlength=V * V)
     assert chi2_pvalue(h12, joint12) > ALPHA
@@ -136,13 +126,6 @@ def test_real_drafts_sample_the_policy_distribution(family):
     out = RolloutEngine(pol, prop).generate([prompt] * N, max_new_tokens=3, temperature=temp, seed=12)
     assert 1.05 < out.counters.acceptance_length < prop.num_proposals + 1
     toks = torch.tensor(out.tokens)
-    with torch.no_grad():
-        seqs = torch.cartesian_prod(torch.arange(V), torch.arange(V))
-        full = torch.cat([torch.tensor(prompt).expand(V * V, -1), seqs], 1)
-        lp = torch.log_softmax(pol.model(full).logits.double() / temp, -1)
-    n0 = len(prompt)
-    p1 = lp[::V, n0 - 1].exp()[0]
-    joint12 = p1[:, None] * lp[::V, n0].exp()
-    joint23 = (joint12[:, :, None] * lp[:, n0 + 1].exp().view(V, V, V)).sum(0)
+    joint12, joint23 = exact_pair_laws(pol, prompt, temperature=temp)
     assert chi2_pvalue(torch.bincount(toks[:, 0] * V + toks[:, 1], minlength=V * V), joint12) > ALPHA
     assert chi2_pvalue(torch.bincount(toks[:, 1] * V + toks[:, 2], minlength=V * V), joint23) > ALPHA
