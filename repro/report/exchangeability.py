@@ -10,6 +10,7 @@ sample when there are too many splits). The per-step band of ``repro.report.seed
 lies; this asks whether the whole run's level differs, with a stated error rate.
 
     python -m repro.report.exchangeability --runs <folder of run folders> --baseline "no draft" --out <report folder>
+    ... --runs fig3/no_draft --runs fig3/no_draft_sampling1 --runs <folder of new runs>     # runs from several places
     (scripts/experiments/exchangeability.sh runs the rows over sampling seeds, then this)
 
 Writes ``report.json`` (per run: row, sampling seed, each metric's mean and per-step values; per drafted row and
@@ -119,17 +120,21 @@ def markdown(tests: list[dict], runs: list[dict], baseline: str, alpha: float) -
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", required=True, type=Path, help="folder whose subfolders are run folders "
-                    "(env.json + metrics.jsonl, as repro.rl.run writes them)")
+    ap.add_argument("--runs", required=True, type=Path, action="append",
+                    help="a run folder (env.json + metrics.jsonl, as repro.rl.run writes them) or a folder whose "
+                         "subfolders are run folders; repeat it to pool runs kept in several places")
     ap.add_argument("--baseline", default="no draft", help="row label of the no-draft runs (default: 'no draft')")
     ap.add_argument("--alpha", type=float, default=0.05, help="family-wise level, split over the tests (Bonferroni)")
     ap.add_argument("--out", required=True, type=Path, help="report folder (report.json, report.md)")
     args = ap.parse_args(argv)
     if not 0 < args.alpha < 1:
         ap.error(f"--alpha {args.alpha}: expected a level between 0 and 1")
-    dirs = sorted(p.parent for p in args.runs.glob("*/env.json"))
-    if not dirs:
-        ap.error(f"--runs {args.runs}: no run folders (subfolders with env.json) there")
+    dirs: list[Path] = []
+    for root in args.runs:
+        found = [root] if (root / "env.json").is_file() else sorted(p.parent for p in root.glob("*/env.json"))
+        if not found:
+            ap.error(f"--runs {root}: not a run folder and no run folders (subfolders with env.json) there")
+        dirs += [d for d in found if d not in dirs]
     try:
         runs = [read_run(d) for d in dirs]
         tests = compare(runs, args.baseline)
@@ -138,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "report.json", {"baseline": args.baseline, "alpha": args.alpha, "tests": tests,
-                                                 "runs": runs, "provenance": provenance({"runs": str(args.runs)})})
+                                                 "runs": runs, "provenance": provenance({"runs": [str(r) for r in args.runs]})})
     md = markdown(tests, runs, args.baseline, args.alpha)
     write_atomic(args.out / "report.md", md.encode())
     print(md)

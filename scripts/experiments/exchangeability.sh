@@ -8,6 +8,9 @@
 #   OUT=results/cpu-2c/cpu-tiny/exchangeability [PROFILE=cpu-tiny] [ARTIFACT=fig3] [ROWS="no draft,EAGLE-3,DSpark"] \
 #     [SEEDS=0,1,2,3,4,5,6,7] [JOBS=2] [WARM=results/cpu-2c/cpu-tiny/sft/dense-math] [WORK=.cache/exchangeability] \
 #     bash scripts/experiments/exchangeability.sh
+# Also: GPUS=0,1 (job slot i runs on GPU i mod n, CUDA_VISIBLE_DEVICES), THREADS (torch threads per run; default 1,
+# 0 = torch's default), DEADLINE (epoch seconds: no run starts after it), REPORT_RUNS (more run folders or folders of
+# runs for the report, e.g. a figure's baseline runs: space-separated), REPORT=0 (runs only).
 set -euo pipefail
 : "${OUT:?set OUT to the report folder}"
 PY=${PY:-.venv/bin/python}; WORK=${WORK:-.cache/exchangeability}; WARM=${WARM:-results/cpu-2c/cpu-tiny/sft/dense-math}
@@ -27,12 +30,17 @@ echo "[$(date +%T)] $(wc -l < "$WORK/jobs.txt") runs, ${JOBS:-2} at a time, into
 run_one() {
   IFS=$'\t' read -r dir art row k <<< "$1"
   [ -f "$dir/run.json" ] && { echo "[$(date +%T)] kept $dir"; return 0; }
+  [ -n "${DEADLINE:-}" ] && [ "$(date +%s)" -ge "$DEADLINE" ] && { echo "[$(date +%T)] past DEADLINE: not started $dir"; return 0; }
   seed=(); [ "$k" = 0 ] || seed=(--sampling-seed "$k")
-  OMP_NUM_THREADS=1 WANDB_MODE=disabled "$PY" -m repro.rl.run --artifact "$art" --row "$row" \
-    --profile "${PROFILE:-cpu-tiny}" --out "$dir" --warm-start "$WARM" --seed 0 "${seed[@]}" --threads 1 \
-    > "$dir.log" 2>&1 || { echo "run failed: $dir (log $dir.log)" >&2; return 1; }
-  echo "[$(date +%T)] done $dir"
+  gpu=(); if [ -n "${GPUS:-}" ]; then IFS=, read -ra g <<< "$GPUS"; gpu=(env "CUDA_VISIBLE_DEVICES=${g[$((SLOT % ${#g[@]}))]}"); fi
+  omp=(); [ "${THREADS:-1}" = 0 ] || omp=("OMP_NUM_THREADS=${THREADS:-1}")
+  "${gpu[@]}" env "${omp[@]}" WANDB_MODE=disabled "$PY" -m repro.rl.run --artifact "$art" \
+    --row "$row" --profile "${PROFILE:-cpu-tiny}" --out "$dir" --warm-start "$WARM" --seed 0 "${seed[@]}" \
+    --threads "${THREADS:-1}" > "$dir.log" 2>&1 || { echo "run failed: $dir (log $dir.log)" >&2; return 1; }
+  echo "[$(date +%T)] done $dir${gpu:+ (${gpu[1]})}"
 }
-export -f run_one; export PY WARM PROFILE
-tr '\n' '\0' < "$WORK/jobs.txt" | xargs -0 -P "${JOBS:-2}" -I{} bash -c 'run_one "$@"' _ {}
-"$PY" -m repro.report.exchangeability --runs "$WORK" --out "$OUT"
+export -f run_one; export PY WARM PROFILE GPUS THREADS DEADLINE
+tr '\n' '\0' < "$WORK/jobs.txt" | xargs -0 -P "${JOBS:-2}" --process-slot-var=SLOT -I{} bash -c 'run_one "$@"' _ {}
+[ "${REPORT:-1}" = 0 ] && exit 0
+extra=(); for r in ${REPORT_RUNS:-}; do extra+=(--runs "$r"); done
+"$PY" -m repro.report.exchangeability --runs "$WORK" "${extra[@]}" --out "$OUT"

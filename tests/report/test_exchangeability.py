@@ -67,3 +67,17 @@ def test_report_from_run_folders(tmp_path, capsys):
     assert "baseline row 'nope': 0 run(s)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ex.main(["--runs", str(tmp_path / "empty"), "--out", str(tmp_path / "x")])
+
+
+def test_runs_pooled_from_several_places(tmp_path):
+    """--runs repeated: single run folders (a figure's baseline runs) beside a folder of new runs, each counted once."""
+    for k in range(2):
+        _run(tmp_path / "fig3" / f"no_draft_sampling{k}", "no draft", k, [0.1 + 0.01 * k] * 4, 0.2)
+        _run(tmp_path / "new" / f"eagle-3_s{k + 1}", "EAGLE-3", k + 1, [0.3] * 4, 0.2)
+    _run(tmp_path / "fig3" / "eagle-3", "EAGLE-3", 0, [0.9] * 4, 0.2)         # left out: not named
+    argv = ["--runs", str(tmp_path / "fig3" / "no_draft_sampling0"), "--runs", str(tmp_path / "fig3" / "no_draft_sampling1"),
+            "--runs", str(tmp_path / "new"), "--runs", str(tmp_path / "new" / "eagle-3_s1"), "--out", str(tmp_path / "rep")]
+    assert ex.main(argv) == 0
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    reward = next(t for t in rep["tests"] if t["metric"] == "train/reward")
+    assert reward["runs"] == reward["baseline_runs"] == 2 and reward["mean"] == pytest.approx(0.3)
