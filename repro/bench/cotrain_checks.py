@@ -6,7 +6,7 @@ where the RL figures are measured.
 
 1. **law**: speculative sampling draws the policy's law. A policy of the profile's dense shape with a 12-token
    vocabulary (so the law of a three-token completion can be enumerated; ``--init-std`` makes it peaked, so the
-   drafts' proposals are often rejected) completes one prompt ``--samples`` times with each draft family (random
+   drafts' proposals are often rejected, but not so peaked that the chi-square has few cells) completes one prompt ``--samples`` times with each draft family (random
    init) on the profile's rollout engine, and once with no draft: the control, the same statistic without
    speculation. Pearson's chi-square compares the counts of (y1, y2) and of (y2, y3) with the exact laws of that
    same policy (``repro.rollout.law``). A family passes when both p-values exceed ``--alpha``.
@@ -45,22 +45,32 @@ from repro.rollout.law import chi2_pvalue, exact_pair_laws
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FAMILIES = ("eagle3", "dflash", "dspark")
 LAW_VOCAB, LAW_PROMPT = 12, (3, 1, 4)
+INIT_STDS, MIN_ENTROPY = (0.2, 0.1, 0.05, 0.02), 1.2        # --init-std auto (law_check)
 
 
-def law_check(prof: dict, families: list[str], *, samples: int, chunk: int, alpha: float, init_std: float,
+def law_check(prof: dict, families: list[str], *, samples: int, chunk: int, alpha: float, init_std: float | None,
               seed: int) -> dict:
     """Chi-square of the three-token completions' pair laws, per family and for plain sampling (``"none"``)."""
     from repro.models.policy import build_policy
 
     rl, dev, dtype = prof["rl"], _device(prof), DTYPES[prof.get("dtype", "float32")]
     spec = rl["policies"]["dense"]
-    policy = build_policy(spec["family"], spec.get("scale", "tiny"), seed=seed, dtype=dtype, device=dev,
-                          init_std=init_std, **{**spec.get("overrides", {}), "vocab_size": LAW_VOCAB})
     temperature = float(rl["grpo"].get("temperature", 1.0))
+    # how peaked a random policy's law is depends on its depth and width: "auto" takes the largest init std whose
+    # first token still has MIN_ENTROPY nats (peaked, so proposals are often rejected; spread, so the chi-square has
+    # many cells)
+    for std in (INIT_STDS if init_std is None else (init_std,)):
+        policy = build_policy(spec["family"], spec.get("scale", "tiny"), seed=seed, dtype=dtype, device=dev,
+                              init_std=std, **{**spec.get("overrides", {}), "vocab_size": LAW_VOCAB})
+        joint12, joint23 = exact_pair_laws(policy, LAW_PROMPT, temperature=temperature)
+        p1 = joint12.sum(1)
+        entropy = float(-(p1 * p1.clamp_min(1e-300).log()).sum())
+        if entropy >= MIN_ENTROPY:
+            break
     mode = "draft" if dev.startswith("cuda") and (rl.get("rollout") or {}).get("cuda_graphs") == "draft" else "off"
-    joint12, joint23 = exact_pair_laws(policy, LAW_PROMPT, temperature=temperature)
     out: dict = {"vocab": LAW_VOCAB, "prompt": list(LAW_PROMPT), "temperature": temperature, "cuda_graphs": mode,
-                 "dtype": str(dtype), "init_std": init_std, "samples": samples, "families": {}}
+                 "dtype": str(dtype), "init_std": std, "first_token_entropy": entropy, "samples": samples,
+                 "families": {}}
     for fam in ["none", *families]:
         t0 = time.perf_counter()
         try:
@@ -189,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=40000, help="three-token completions per family (law check)")
     ap.add_argument("--chunk", type=int, default=4000, help="completions per generate call")
     ap.add_argument("--alpha", type=float, default=1e-3, help="a law check fails below this p-value")
-    ap.add_argument("--init-std", type=float, default=0.2, help="the law policy's init std (peaked laws)")
+    ap.add_argument("--init-std", default="auto",
+                    help="the law policy's init std; auto: the largest of 0.2, 0.1, 0.05, 0.02 leaving the first "
+                         f"token {MIN_ENTROPY} nats of entropy (a peaked law, so proposals are often rejected)")
     ap.add_argument("--update-steps", type=int, default=2, help="updates per trainer (update check)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -202,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a positive integer")
     if not 0 < args.alpha < 1:
         ap.error(f"--alpha {args.alpha}: expected a level between 0 and 1")
+    try:
+        init_std = None if args.init_std == "auto" else float(args.init_std)
+    except ValueError:
+        ap.error(f"--init-std {args.init_std!r}: expected auto or a positive number")
+    if init_std is not None and init_std <= 0:
+        ap.error(f"--init-std {args.init_std!r}: expected auto or a positive number")
     prof = load_run_profile(args.profile)
     bad = [f for f in families if f not in prof["rl"]["drafts"]]
     if bad:
@@ -214,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if "law" in checks:
         report["checks"]["law"] = law_check(prof, families, samples=args.samples, chunk=args.chunk, alpha=args.alpha,
-                                            init_std=args.init_std, seed=args.seed)
+                                            init_std=init_std, seed=args.seed)
     if "update" in checks:
         with tempfile.TemporaryDirectory(prefix="cotrain_checks_") as tmp:
             report["checks"]["update"] = update_check(prof, args.artifact, families, steps=args.update_steps,

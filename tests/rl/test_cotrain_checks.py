@@ -29,6 +29,7 @@ def test_both_checks_pass_on_cpu(tmp_path):
         assert 1.05 < law["families"][fam]["acceptance_length"] < 2.5     # both accepted and rejected proposals
         assert upd["families"][fam]["tensors_differing"] == 0 and upd["families"][fam]["same_start"]
     assert upd["updated"] and upd["control_no_draft"]["tensors_differing"] == 0
+    assert law["init_std"] == 0.2 and law["first_token_entropy"] >= cotrain_checks.MIN_ENTROPY   # auto's choice
     assert rep["provenance"]["hardware"]
 
 
@@ -70,7 +71,8 @@ def test_bad_arguments_fail_clearly(tmp_path, capsys):
     for argv, msg in ((["--checks", "speed"], "--checks 'speed': expected law, update"),
                       (["--families", "medusa"], "--families ['medusa']: not drafts of profile"),
                       (["--samples", "0"], "--samples 0: expected a positive integer"),
-                      (["--alpha", "2"], "--alpha 2.0: expected a level between 0 and 1")):
+                      (["--alpha", "2"], "--alpha 2.0: expected a level between 0 and 1"),
+                      (["--init-std", "wide"], "--init-std 'wide': expected auto or a positive number")):
         with pytest.raises(SystemExit):
             cotrain_checks.main(["--out", str(tmp_path), "--profile", "cpu-tiny", *argv])
         assert msg in capsys.readouterr().err

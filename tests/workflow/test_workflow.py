@@ -138,3 +138,8 @@ def test_draft_controls_plan_frozen_and_cotrained_sweeps_and_refuse_paper_profil
     assert paper.returncode == 0 and "cannot run draft_frozen: engine nemo-rl" in paper.stdout, paper.stdout
     paper = snakemake("-n", "-p", "exchangeability", "--config", "profile=paper-h100")
     assert paper.returncode == 0 and "cannot run exchangeability: engine nemo-rl" in paper.stdout, paper.stdout
+    cc = snakemake("-n", "-p", "--forceall", "cotrain_checks", "--config", "profile=cpu-tiny")
+    assert cc.returncode == 0 and re.search(r"repro\.bench\.cotrain_checks --out \S+/cpu-tiny/cotrain_checks "
+                                            r"--profile cpu-tiny", cc.stdout), cc.stdout + cc.stderr
+    paper = snakemake("-n", "-p", "cotrain_checks", "--config", "profile=paper-h100")
+    assert paper.returncode == 0 and "cannot run cotrain_checks: engine nemo-rl" in paper.stdout, paper.stdout

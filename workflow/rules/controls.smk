@@ -6,8 +6,11 @@
 #   exchangeability  fig3's no-draft, EAGLE-3 and DSpark rows over 8 sampling seeds each, and whether the co-trained
 #                    runs' mean reward and validation accuracy differ from the no-draft runs' (exact permutation
 #                    test): scripts/experiments/exchangeability.sh, repro.report.exchangeability.
+#   cotrain_checks   on this machine, in the profile's dtype and rollout mode: speculative sampling draws the
+#                    policy's law (chi-square per family and a no-draft control) and the joint update leaves the policy
+#                    bit-identical to the no-draft update: repro.bench.cotrain_checks (fails when a check fails).
 # Outputs in results/<hw>/<profile>/draft_{frozen,offdomain}/: sweep.json per sweep, report.{md,png,json};
-# results/<hw>/<profile>/exchangeability/report.{md,json}.
+# results/<hw>/<profile>/exchangeability/report.{md,json}; results/<hw>/<profile>/cotrain_checks/cotrain_checks.json.
 # The suite trains these rows in single processes, so profiles whose rows run on NeMo-RL or load checkpoints
 # refuse them with a message.
 if "RL_RULES_INCLUDED" not in globals():
@@ -52,6 +55,15 @@ if not controls_refusal():
     OFFDOMAIN = f"{RUNS}/draft_offdomain"
     EXCHANGE = f"{RUNS}/exchangeability"
     EXCHANGE_WORK = f".cache/exchangeability/{PROFILE_NAME}"   # the run folders: outside results/, so never collected
+    CHECKS = f"{RUNS}/cotrain_checks"
+
+    rule cotrain_checks:
+        output:
+            f"{CHECKS}/cotrain_checks.json",
+        log:
+            f"{CHECKS}/cotrain_checks.log",
+        shell:
+            "{PY} -m repro.bench.cotrain_checks --out {CHECKS} --profile {PROFILE_NAME} > {log} 2>&1"
 
     rule draft_frozen:
         input:
@@ -110,3 +122,7 @@ else:
     rule exchangeability:
         shell:
             f"echo 'profile {PROFILE_NAME} cannot run exchangeability: {controls_refusal()}' >&2; exit 1"
+
+    rule cotrain_checks:
+        shell:
+            f"echo 'profile {PROFILE_NAME} cannot run cotrain_checks: {controls_refusal()}' >&2; exit 1"
