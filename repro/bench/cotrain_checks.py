@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from repro.models.policy import build_policy
 from repro.report.provenance import provenance, write_json_atomic
 from repro.rl.config import DraftSpec, load_run_profile, run_config_from_profile
 from repro.rl.drafts import build_draft, make_proposer
@@ -51,8 +52,6 @@ INIT_STDS, MIN_ENTROPY = (0.2, 0.1, 0.05, 0.02), 1.2        # --init-std auto (l
 def law_check(prof: dict, families: list[str], *, samples: int, chunk: int, alpha: float, init_std: float | None,
               seed: int) -> dict:
     """Chi-square of the three-token completions' pair laws, per family and for plain sampling (``"none"``)."""
-    from repro.models.policy import build_policy
-
     rl, dev, dtype = prof["rl"], _device(prof), DTYPES[prof.get("dtype", "float32")]
     spec = rl["policies"]["dense"]
     temperature = float(rl["grpo"].get("temperature", 1.0))
