@@ -90,16 +90,23 @@ def compare(runs: list[dict], baseline: str) -> list[dict]:
         for m in TESTED:
             a = [r["mean"][m] for r in mine if m in r["mean"]]
             b = [r["mean"][m] for r in base if m in r["mean"]]
-            d, p, method = permutation_test(a, b)
+            if not a or not b:
+                continue
+            if len(a) < 2 or len(b) < 2:      # listed, not tested (e.g. a row whose seeds did not all run)
+                d, p, method = float(np.mean(a) - np.mean(b)), None, "too few runs"
+            else:
+                d, p, method = permutation_test(a, b)
             out.append({"row": row, "metric": m, "runs": len(a), "baseline_runs": len(b),
                         "mean": float(np.mean(a)), "baseline_mean": float(np.mean(b)),
                         "range": [min(a), max(a)], "baseline_range": [min(b), max(b)],
                         "difference": d, "p_value": p, "method": method})
+    if not any(t["p_value"] is not None for t in out):
+        raise ValueError(f"no row has >= 2 runs of a tested metric beside the baseline's (rows: {rows})")
     return out
 
 
 def markdown(tests: list[dict], runs: list[dict], baseline: str, alpha: float) -> str:
-    k = len(tests)
+    k = sum(t["p_value"] is not None for t in tests)
     lines = [f"# Co-trained rows against {baseline!r}: run means, permutation test", "",
              "| row | metric | runs | mean [range] | baseline runs | baseline mean [range] | difference | p | "
              f"p < {alpha:g}/{k} |", "|---|---|---|---|---|---|---|---|---|"]
@@ -107,7 +114,8 @@ def markdown(tests: list[dict], runs: list[dict], baseline: str, alpha: float) -
         lines.append(f"| {t['row']} | {t['metric']} | {t['runs']} | {t['mean']:.4g} [{t['range'][0]:.4g}, "
                      f"{t['range'][1]:.4g}] | {t['baseline_runs']} | {t['baseline_mean']:.4g} "
                      f"[{t['baseline_range'][0]:.4g}, {t['baseline_range'][1]:.4g}] | {t['difference']:+.4g} | "
-                     f"{t['p_value']:.3g} ({t['method']}) | {'yes' if t['p_value'] < alpha / k else 'no'} |")
+                     + (f"{t['p_value']:.3g} ({t['method']}) | {'yes' if t['p_value'] < alpha / k else 'no'} |"
+                        if t["p_value"] is not None else f"- ({t['method']}) | - |"))
     lines += ["", f"Per run, the mean of each metric over all its logged steps; p: two-sided permutation test of the "
               f"difference of those means between the row's runs and the baseline's; the last column applies "
               f"Bonferroni over the {k} tests at level {alpha:g}.", "", "| run | row | sampling seed | steps | "

@@ -81,3 +81,20 @@ def test_runs_pooled_from_several_places(tmp_path):
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     reward = next(t for t in rep["tests"] if t["metric"] == "train/reward")
     assert reward["runs"] == reward["baseline_runs"] == 2 and reward["mean"] == pytest.approx(0.3)
+
+
+def test_a_row_with_one_run_is_listed_not_tested(tmp_path):
+    for k in range(3):
+        _run(tmp_path / "runs" / f"no_draft_sampling{k}", "no draft", k, [0.1 + 0.01 * k] * 4, 0.2)
+    for k in range(2):
+        _run(tmp_path / "runs" / f"eagle-3_s{k}", "EAGLE-3", k, [0.3] * 4, 0.2)
+    _run(tmp_path / "runs" / "dflash", "DFlash", 0, [0.2] * 4, 0.2)
+    assert ex.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    dflash = [t for t in rep["tests"] if t["row"] == "DFlash"]
+    assert len(dflash) == 2 and all(t["p_value"] is None and t["method"] == "too few runs" for t in dflash)
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "p < 0.05/2 |" in md and "| - (too few runs) | - |" in md       # Bonferroni over the tested rows only
+    for k in range(2):
+        (tmp_path / "runs" / f"eagle-3_s{k}" / "env.json").unlink()
+    assert ex.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "rep2")]) == 2   # nothing testable
