@@ -21,6 +21,7 @@ differing tensors and the largest difference, ``passed``) atomically.
 
     python -m repro.bench.cotrain_checks --out $OUT/cotrain --profile h200                 # one H200, ~2 min
     python -m repro.bench.cotrain_checks --out /tmp/cc --profile cpu-tiny --samples 3000   # CPU dry run
+    python -m repro.bench.cotrain_checks --out /tmp/cc --profile cpu-tiny --dtype bfloat16  # bf16 rounding on a CPU
 """
 from __future__ import annotations
 
@@ -202,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the law policy's init std; auto: the largest of 0.2, 0.1, 0.05, 0.02 leaving the first "
                          f"token {MIN_ENTROPY} nats of entropy (a peaked law, so proposals are often rejected)")
     ap.add_argument("--update-steps", type=int, default=2, help="updates per trainer (update check)")
+    ap.add_argument("--dtype", default="", choices=["", *DTYPES],
+                    help="override the profile's dtype (e.g. bfloat16 on a CPU, to see bf16 rounding without a GPU)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     checks = [c.strip() for c in args.checks.split(",") if c.strip()]
@@ -220,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     if init_std is not None and init_std <= 0:
         ap.error(f"--init-std {args.init_std!r}: expected auto or a positive number")
     prof = load_run_profile(args.profile)
+    if args.dtype:
+        prof["dtype"] = args.dtype
     bad = [f for f in families if f not in prof["rl"]["drafts"]]
     if bad:
         ap.error(f"--families {bad}: not drafts of profile {args.profile!r}; expected some of "
