@@ -21,7 +21,7 @@ differing tensors and the largest difference, ``passed``) atomically.
 
     python -m repro.bench.cotrain_checks --out $OUT/cotrain --profile h200                 # one H200, ~2 min
     python -m repro.bench.cotrain_checks --out /tmp/cc --profile cpu-tiny --samples 3000   # CPU dry run
-    python -m repro.bench.cotrain_checks --out /tmp/cc --profile cpu-tiny --dtype bfloat16  # bf16 rounding on a CPU
+    python -m repro.bench.cotrain_checks --out /tmp/cc --profile cpu-tiny --law-dtype bfloat16   # bf16 on a CPU
 """
 from __future__ import annotations
 
@@ -180,6 +180,11 @@ def update_check(prof: dict, artifact: str, families: list[str], *, steps: int, 
     return out
 
 
+def _in_tempdir(fn):
+    with tempfile.TemporaryDirectory(prefix="cotrain_checks_") as tmp:
+        return fn(Path(tmp))
+
+
 def _device(prof: dict) -> str:
     want = (prof.get("hardware") or {}).get("device", "cpu")
     if want.startswith("cuda") and not torch.cuda.is_available():
@@ -203,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the law policy's init std; auto: the largest of 0.2, 0.1, 0.05, 0.02 leaving the first "
                          f"token {MIN_ENTROPY} nats of entropy (a peaked law, so proposals are often rejected)")
     ap.add_argument("--update-steps", type=int, default=2, help="updates per trainer (update check)")
-    ap.add_argument("--dtype", default="", choices=["", *DTYPES],
-                    help="override the profile's dtype (e.g. bfloat16 on a CPU, to see bf16 rounding without a GPU)")
+    ap.add_argument("--law-dtype", default="", choices=["", *DTYPES],
+                    help="the law check's dtype instead of the profile's (e.g. bfloat16 on a CPU, to see bf16 "
+                         "rounding without a GPU; the update check builds the profile's runs, which stay fp32 on CPU)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     checks = [c.strip() for c in args.checks.split(",") if c.strip()]
@@ -223,8 +229,6 @@ def main(argv: list[str] | None = None) -> int:
     if init_std is not None and init_std <= 0:
         ap.error(f"--init-std {args.init_std!r}: expected auto or a positive number")
     prof = load_run_profile(args.profile)
-    if args.dtype:
-        prof["dtype"] = args.dtype
     bad = [f for f in families if f not in prof["rl"]["drafts"]]
     if bad:
         ap.error(f"--families {bad}: not drafts of profile {args.profile!r}; expected some of "
@@ -234,13 +238,17 @@ def main(argv: list[str] | None = None) -> int:
     _device(prof)
     report: dict = {"profile": args.profile, "checks": {}}
     t0 = time.perf_counter()
-    if "law" in checks:
-        report["checks"]["law"] = law_check(prof, families, samples=args.samples, chunk=args.chunk, alpha=args.alpha,
-                                            init_std=init_std, seed=args.seed)
-    if "update" in checks:
-        with tempfile.TemporaryDirectory(prefix="cotrain_checks_") as tmp:
-            report["checks"]["update"] = update_check(prof, args.artifact, families, steps=args.update_steps,
-                                                      workdir=Path(tmp))
+    runs = {"law": lambda: law_check({**prof, "dtype": args.law_dtype or prof.get("dtype", "float32")}, families,
+                                     samples=args.samples, chunk=args.chunk, alpha=args.alpha, init_std=init_std,
+                                     seed=args.seed),
+            "update": lambda: _in_tempdir(lambda tmp: update_check(prof, args.artifact, families,
+                                                                   steps=args.update_steps, workdir=tmp))}
+    for name in checks:
+        try:
+            report["checks"][name] = runs[name]()
+        except Exception as exc:  # noqa: BLE001 -- recorded as a failed check; the other check still runs
+            traceback.print_exc()
+            report["checks"][name] = {"error": f"{type(exc).__name__}: {exc}", "passed": False}
     report["passed"] = all(c["passed"] for c in report["checks"].values())
     report["wall_s"] = time.perf_counter() - t0
     report["provenance"] = provenance({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})

@@ -67,6 +67,19 @@ def test_update_check_rejects_a_draft_without_the_stop_gradient(tmp_path, monkey
     assert upd["families"]["dflash"]["tensors_differing"] > 0 and upd["control_no_draft"]["tensors_differing"] == 0
 
 
+@pytest.mark.timeout(120)
+def test_a_check_that_raises_is_recorded_as_failed(tmp_path, monkeypatch):
+    def broken(*a, **kw):
+        raise RuntimeError("no trainer today")
+
+    monkeypatch.setattr(cotrain_checks, "update_check", broken)
+    rc = cotrain_checks.main(["--out", str(tmp_path), "--profile", "cpu-tiny", "--checks", "update,law",
+                              "--families", "dflash", "--samples", "1000", "--law-dtype", "bfloat16"])
+    rep = json.loads((tmp_path / "cotrain_checks.json").read_text())
+    assert rc == 1 and rep["checks"]["update"] == {"error": "RuntimeError: no trainer today", "passed": False}
+    assert rep["checks"]["law"]["passed"] and rep["checks"]["law"]["dtype"] == "torch.bfloat16"
+
+
 def test_bad_arguments_fail_clearly(tmp_path, capsys):
     for argv, msg in ((["--checks", "speed"], "--checks 'speed': expected law, update"),
                       (["--families", "medusa"], "--families ['medusa']: not drafts of profile"),
