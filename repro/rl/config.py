@@ -271,6 +271,7 @@ class RunConfig:
     ckpt_every: int = 0                # 0: checkpoint only at the end
     rollout_backend: str = "suite"     # "vllm": rollouts decoded by vLLM (own venv; README "vLLM backend")
     cuda_graphs: str = "off"           # suite engine: "draft" replays the draft's propose/observe as CUDA graphs
+    bucket_batch: bool = False         # ... and rounds the draft's static batch up to a power of two (multi-turn)
     # 0: Python's automatic garbage collector; N > 0: automatic collection off while training and one full
     # collection every N steps inside the step's time (Megatron-LM's --manual-gc; repro.rl.trainer)
     manual_gc_interval: int = 0
@@ -293,6 +294,9 @@ class RunConfig:
                f"one of {ROLLOUT_BACKENDS}")
         _check(self.cuda_graphs in CUDA_GRAPH_MODES, "cuda_graphs", self.cuda_graphs,
                f"one of {CUDA_GRAPH_MODES} (rl.rollout.cuda_graphs)")
+        _check(isinstance(self.bucket_batch, bool) and (not self.bucket_batch or self.cuda_graphs == "draft"),
+               "bucket_batch", self.bucket_batch, "false, or true with rl.rollout.cuda_graphs 'draft' (it buckets "
+               "the draft's static batch)")
         _check(isinstance(self.manual_gc_interval, int) and not isinstance(self.manual_gc_interval, bool)
                and self.manual_gc_interval >= 0, "manual_gc_interval", self.manual_gc_interval,
                "an integer >= 0 (0: Python's automatic garbage collection; rl.manual_gc_interval)")
@@ -350,6 +354,8 @@ class RunConfig:
             del d["rollout_backend"]             # before the option existed stay equal to today's
         if d["cuda_graphs"] == "off":
             del d["cuda_graphs"]
+        if not d["bucket_batch"]:
+            del d["bucket_batch"]
         if not d["manual_gc_interval"]:
             del d["manual_gc_interval"]
         if d["sampling_seed"] is None:
@@ -482,9 +488,9 @@ def run_config_from_profile(profile: Mapping[str, Any], artifact: str, row: str,
     device = "cuda" if profile.get("hardware", {}).get("device") == "cuda" else "cpu"
     backend = spec.get("rollout_backend", section.get("rollout_backend", rl.get("rollout_backend", "suite")))
     rollout = _merge(rl.get("rollout") or {}, section.get("rollout"))
-    unknown = sorted(set(rollout) - {"cuda_graphs"})
+    unknown = sorted(set(rollout) - {"cuda_graphs", "bucket_batch"})
     if unknown:
-        raise ConfigError(f"config rl.rollout has unknown keys {unknown}: expected only 'cuda_graphs'")
+        raise ConfigError(f"config rl.rollout has unknown keys {unknown}: expected 'cuda_graphs', 'bucket_batch'")
     cfg = RunConfig(artifact=artifact, row=row, profile=profile["name"], out=out,
                     steps=int(spec.get("steps", section.get("steps", 10))), seed=seed,
                     sampling_seed=sampling_seed, device=device,
@@ -493,7 +499,7 @@ def run_config_from_profile(profile: Mapping[str, Any], artifact: str, row: str,
                     sft=sft_spec(rl, workload.get("name", WorkloadSpec.name)),
                     vocab_size=vocab_size, warm_start=warm_start,
                     ckpt_every=int(section.get("ckpt_every", rl.get("ckpt_every", 0))), rollout_backend=backend,
-                    cuda_graphs=rollout.get("cuda_graphs", "off"),
+                    cuda_graphs=rollout.get("cuda_graphs", "off"), bucket_batch=rollout.get("bucket_batch", False),
                     manual_gc_interval=section.get("manual_gc_interval", rl.get("manual_gc_interval", 0)))
     return cfg.validate()
 

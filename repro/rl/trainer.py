@@ -146,7 +146,7 @@ class CoTrainer:
                 seed=cfg.rollout_seed)
         else:
             self.engine = RolloutEngine(self.rollout_policy, proposer, max_model_len=max_len,
-                                        cuda_graphs=cfg.cuda_graphs)
+                                        cuda_graphs=cfg.cuda_graphs, bucket_batch=cfg.bucket_batch)
         self.math = MathTaskSet(cfg.seed) if cfg.workload.name == "math" else None
         self.workplace = WorkplaceTaskSet(cfg.seed) if cfg.workload.name == "workplace" else None
         self._pool: ThreadPoolExecutor | None = None      # the workplace tools' thread pool, made on first use

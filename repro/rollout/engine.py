@@ -10,7 +10,8 @@ Without a proposer (k = 0) the same loop is the plain decoding baseline.
 (``repro.rollout.static_kv``) so that its per-step ``propose``/``observe`` replay as CUDA graphs on a
 GPU (``repro.rollout.cuda_graph``); the policy forward stays eager. On a CPU the same static path runs
 eagerly. ``"off"`` (default) keeps the growing, compacted draft caches. ``max_draft_slots`` caps the
-static cache (slots per row); a request that needs more fails before decoding.
+static cache (slots per row); a request that needs more fails before decoding. ``bucket_batch=True`` rounds the
+draft's static batch up to a power of two (a multi-turn rollout's shrinking turns then share captured graphs).
 
 Returned per row: generated tokens, the policy's log-probabilities of those tokens
 (``log_softmax(logits / temperature)``; temperature 1 in greedy mode), why it stopped; and counters
@@ -34,10 +35,11 @@ from repro.models.sdpa_choice import no_cudnn_sdpa
 from repro.rollout.kv import SlotTable, gather_hf_cache, select_hf_cache_rows, trim_hf_cache
 from repro.rollout.proposer import Proposer
 from repro.rollout.sampling import verify
-from repro.rollout.static_kv import bucketed, slots_needed
+from repro.rollout.static_kv import batch_bucket, bucketed, slots_needed
 
 log = logging.getLogger(__name__)
 CUDA_GRAPH_MODES = ("off", "draft")
+BUCKETED_STATES = 16      # static states a proposer keeps when batches are bucketed (every turn shape of a request)
 
 
 @dataclass
@@ -109,9 +111,14 @@ class RolloutEngine:
     """Speculative (or, with ``proposer=None``, plain) batched decoding for one policy."""
 
     def __init__(self, policy: Policy, proposer: Proposer | None = None, *, max_model_len: int = 4096,
-                 cuda_graphs: str = "off", max_draft_slots: int | None = None):
+                 cuda_graphs: str = "off", max_draft_slots: int | None = None, bucket_batch: bool = False):
         if cuda_graphs not in CUDA_GRAPH_MODES:
             raise ValueError(f"cuda_graphs={cuda_graphs!r} is invalid: expected one of {CUDA_GRAPH_MODES}")
+        if bucket_batch and cuda_graphs == "off":
+            raise ValueError("bucket_batch=True needs cuda_graphs='draft' (it buckets the draft's static batch)")
+        if bucket_batch and proposer is not None and not hasattr(proposer, "keep_states"):
+            raise ValueError(f"bucket_batch=True needs a proposer with static states (keep_states()); "
+                             f"{type(proposer).__name__} has none")
         if cuda_graphs != "off" and proposer is not None and not hasattr(proposer, "prepare"):
             raise ValueError(f"cuda_graphs={cuda_graphs!r} needs a proposer with a static-cache path (prepare()); "
                              f"{type(proposer).__name__} has none")
@@ -119,6 +126,11 @@ class RolloutEngine:
             raise ValueError(f"max_draft_slots must be >= 1 or None, got {max_draft_slots}")
         self.cuda_graphs = cuda_graphs
         self.max_draft_slots = max_draft_slots     # cap on the static draft cache (slots per row)
+        # the draft's static batch rounded up to a power of two (static_kv.batch_bucket), the extra rows idle: a
+        # multi-turn rollout's shrinking batches then reuse a few captured states instead of capturing per size
+        self.bucket_batch = bucket_batch and proposer is not None
+        if self.bucket_batch:
+            proposer.keep_states(BUCKETED_STATES)
         self._said_cpu = False
         self.policy = policy
         self.proposer = proposer
@@ -158,7 +170,10 @@ class RolloutEngine:
             log.warning("cuda_graphs=%r on device %s: the draft runs eagerly on its static caches",
                         self.cuda_graphs, self.policy.device)
             self._said_cpu = True
-        self.proposer.prepare(B, size, cuda_graphs=on_gpu)
+        rows = batch_bucket(B) if self.bucket_batch else B
+        self.proposer.prepare(rows, size, cuda_graphs=on_gpu)
+        if rows > B:                 # the rows past the request's idle from the start, as finished rows do
+            self.proposer.select(torch.arange(B, device=self.policy.device))
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, greedy: bool = False,

@@ -20,6 +20,7 @@ Writes ``DIR/graph_check.json`` (provenance, config, samples, checks) atomically
 
     python -m repro.rollout.graph_check --out results/graph_check --profile h200          # one H200
     python -m repro.rollout.graph_check --out /tmp/gc --profile cpu-tiny --batch 4 --new-tokens 8
+    python -m repro.rollout.graph_check --out results/graph_check_bucketed --profile h200 --batch 60 --bucket-batch
 """
 from __future__ import annotations
 
@@ -59,10 +60,15 @@ def check_family(name: str, spec: DraftSpec, policy, prompts, args, dtype) -> di
     draft = build_draft(spec, policy, mask_token_id=policy.vocab_size - 1).to(dtype=dtype)
     engines = {m: RolloutEngine(policy, make_proposer(draft, spec.num_proposals), cuda_graphs=m)
                for m in ("off", "draft")}
+    if args.bucket_batch:            # the static batch rounded up to a power of two, the extra rows idle
+        engines["bucketed"] = RolloutEngine(policy, make_proposer(draft, spec.num_proposals), cuda_graphs="draft",
+                                            bucket_batch=True)
     res: dict = {"family": spec.family, "num_proposals": spec.num_proposals, "checks": {}, "modes": {}}
     greedy = {m: e.generate(prompts, max_new_tokens=args.new_tokens, greedy=True) for m, e in engines.items()}
     plain = RolloutEngine(policy).generate(prompts, max_new_tokens=args.new_tokens, greedy=True)
     res["checks"]["greedy_identical"] = greedy["off"].tokens == greedy["draft"].tokens
+    if "bucketed" in greedy:
+        res["checks"]["greedy_identical_bucketed"] = greedy["bucketed"].tokens == greedy["draft"].tokens
     res["greedy_first_mismatch"] = first_mismatch(greedy["off"].tokens, greedy["draft"].tokens)
     res["greedy_equals_plain"] = {m: g.tokens == plain.tokens for m, g in greedy.items()}
     sampled = {}
@@ -82,9 +88,12 @@ def check_family(name: str, spec: DraftSpec, policy, prompts, args, dtype) -> di
                            "verify_steps": out.policy_forwards - 1, "counters": out.counters.as_dict(),
                            "graphs": e.graph_status()}
     res["checks"]["sampling_identical"] = sampled["off"].tokens == sampled["draft"].tokens
+    if "bucketed" in sampled:
+        res["checks"]["sampling_identical_bucketed"] = sampled["bucketed"].tokens == sampled["draft"].tokens
     res["sampling_first_mismatch"] = first_mismatch(sampled["off"].tokens, sampled["draft"].tokens)
-    res["fallback_reasons"] = {k: v["fallback_reason"] for k, v in engines["draft"].graph_status().items()
-                               if v["fallback_reason"]}
+    res["fallback_reasons"] = {(k if m == "draft" else f"{m}.{k}"): v["fallback_reason"]
+                               for m in engines if m != "off"
+                               for k, v in engines[m].graph_status().items() if v["fallback_reason"]}
     off, on = (min(res["modes"][m]["generate_s"]) for m in ("off", "draft"))
     res["speedup_draft_vs_off"] = off / on if on > 0 else None
     res["passed"] = all(res["checks"].values())
@@ -105,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bucket-batch", action="store_true",
+                    help="also a third engine whose draft runs in a power-of-two static batch (bucket_batch); use a "
+                         "--batch that is not a power of two, e.g. 60, so that rows idle")
     args = ap.parse_args(argv)
     for key in ("batch", "prompt_len", "new_tokens", "repeats"):
         if getattr(args, key) < 1:
@@ -125,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     pspec = PolicySpec(**{k: v for k, v in rl["policies"]["dense"].items() if k != "mesh"})
     config = {"profile": args.profile, "device": device, "dtype": dtype_name, "policy": rl["policies"]["dense"],
               "drafts": {f: drafts[f] for f in families}, "batch": args.batch, "prompt_len": args.prompt_len,
-              "new_tokens": args.new_tokens, "repeats": args.repeats, "seed": args.seed}
+              "new_tokens": args.new_tokens, "repeats": args.repeats, "seed": args.seed,
+              "bucket_batch": args.bucket_batch}
     torch.manual_seed(args.seed)
     vocab = int(rl.get("vocab_size", 512))
     g = torch.Generator().manual_seed(args.seed)

@@ -36,6 +36,15 @@ def bucketed(n: int) -> int:
     return -(-n // SLOT_BUCKET) * SLOT_BUCKET
 
 
+def batch_bucket(n: int) -> int:
+    """The static batch a request of ``n`` rows runs in when the engine buckets batches: the next power of two.
+    Multi-turn rollouts shrink the batch turn by turn; bucketed, a few states (and their captured graphs) serve
+    every turn instead of one capture per distinct batch size."""
+    if n < 1:
+        raise ValueError(f"batch must be >= 1, got {n}")
+    return 1 << (n - 1).bit_length()
+
+
 class Cursor:
     """The next free column, on the host (for the overflow check) and on the device (for graphs)."""
 
@@ -181,6 +190,12 @@ class StaticProposerState:
         self._states = StateCache()
         self._graphs: dict[str, GraphedCallable] = {}
 
+    def keep_states(self, n: int) -> None:
+        """Keep the static states (buffers and graphs) of the last ``n`` request shapes (default 4)."""
+        if n < 1:
+            raise ValueError(f"keep_states needs n >= 1, got {n}")
+        self._states.size = n
+
     @property
     def tap_spec(self):
         return self.draft.tap_spec
@@ -207,8 +222,9 @@ class StaticProposerState:
         ``_observe_static``'s arguments (then the cursor). The prefill (the request's first observe, as wide
         as the prompt) runs eagerly; the per-verify-step ones (width k+1) replay the graph."""
         cursor = self.cursor.set(self.next_col, width)
-        if self.next_col == 0:
-            self._observe_static(*(x for _, x, _ in inputs), cursor)
+        if self.next_col == 0:       # rows idle from the start (a bucketed batch) take the fills, as later
+            self._observe_static(*((x for _, x, _ in inputs) if self.sb.full else
+                                   (self.sb.stage(f"prefill.{name}", x, fill=fill) for name, x, fill in inputs)), cursor)
         else:
             self._graphs["observe"](*(self.sb.stage(name, x, fill=fill) for name, x, fill in inputs), cursor)
         self.next_col += width

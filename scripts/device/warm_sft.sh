@@ -2,14 +2,15 @@
 # The first call on a warm machine: the SFT warm starts (policy and every draft) that the calls after it reuse, one
 # artifact's workload per "GPU:ARTIFACT" spec, all at once (repro.bench.gpu_rl --sft-only), into .cache/sft_job0,
 # then copied to .cache/sft_job1..N-1 so that each of parallel_rl.sh's N jobs finds it in its own cache (JOBS, default
-# 2). The next call must come within the machine's idle window (30 s), or the cache is gone. Writes
-# $OUT/warm_sft.tgz (each spec's gpu_rl.json and SFT log). Runs in the repository root.
+# 2). The next call must come within the machine's idle window (30 s), or the cache is gone. Writes only
+# $OUT/warm_sft.tgz (each spec's gpu_rl.json and SFT log; the work files stay in .cache/warm_sft), so that a job run
+# beside it in the same call has room in the device's 8 returned files. Runs in the repository root.
 #   REPRO_GIT_SHA=<sha> [JOBS=2] bash scripts/device/warm_sft.sh "0:fig3" "1:fig4"
 #   OUT=/tmp/o PY=.venv/bin/python PROFILE=cpu-tiny SFT_STEPS=3 bash scripts/device/warm_sft.sh "0:fig3"  # CPU dry run
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 'GPU:ARTIFACT' ..." >&2; exit 2; }
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
-PY=${PY:-python3}; W=${OUT:?set OUT}/warm_sft; mkdir -p "$W"
+PY=${PY:-python3}; : "${OUT:?set OUT}"; W=.cache/warm_sft; rm -rf "$W"; mkdir -p "$W" "$OUT"
 pids=()
 for spec in "$@"; do
   gpu=${spec%%:*}; art=${spec#*:}

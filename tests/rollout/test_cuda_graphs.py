@@ -267,6 +267,16 @@ def test_rl_config_switch():
     prof["rl"]["rollout"] = {"cuda_graph": "draft"}
     with pytest.raises(ConfigError, match=r"rl.rollout has unknown keys \['cuda_graph'\]"):
         run_config_from_profile(prof, "table1", "Qwen3-8B/EAGLE-3", out="o")
+    # bucket_batch: off unless asked (and then left out of the config, as before it existed); needs cuda_graphs draft
+    assert h200.bucket_batch is False and "bucket_batch" not in h200.to_dict()
+    prof = load_run_profile("h200")
+    prof["fig4"]["rollout"] = {"bucket_batch": True}
+    fig4 = run_config_from_profile(prof, "fig4", "DSpark", out="o")
+    assert fig4.bucket_batch and fig4.cuda_graphs == "draft" and fig4.to_dict()["bucket_batch"] is True
+    prof = load_run_profile("cpu-tiny")
+    prof["rl"]["rollout"] = {"bucket_batch": True}
+    with pytest.raises(ConfigError, match=r"bucket_batch=True is invalid: expected false, or true with rl.rollout"):
+        run_config_from_profile(prof, "table1", "Qwen3-8B/EAGLE-3", out="o")
 
 
 @pytest.mark.timeout(120)
@@ -290,3 +300,58 @@ def test_graph_check_runs_on_cpu(tmp_path):
             assert len(m["generate_s"]) == 2 and len(m["verify_step_s"]) == 2 and m["verify_steps"] >= 1
         graphs = f["modes"]["draft"]["graphs"]
         assert graphs["propose"]["captures"] == 0 and graphs["propose"]["eager_calls"] > 0   # CPU: eager
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bucketed_batch_generates_what_the_exact_batch_does(trained, family):
+    """bucket_batch: a request of 6 rows runs in a static batch of 8 (2 rows idle from the start), then shrinking
+    multi-turn-like requests of 5, 3 and 6 rows reuse the bucketed states; tokens, counters and log-probabilities equal
+    the exact-batch static path's and the growing caches'."""
+    from repro.rollout.static_kv import batch_bucket
+
+    pol, prompts, drafts = trained
+    d = drafts[family]
+    pol.set_taps(d.tap_spec)
+    ps = ragged(prompts)
+    exact = RolloutEngine(pol, proposer(d), cuda_graphs="draft")
+    bucketed = RolloutEngine(pol, proposer(d), cuda_graphs="draft", bucket_batch=True)
+    off = RolloutEngine(pol, proposer(d))
+    for turn, rows in enumerate((ps, ps[:5], ps[1:4], ps)):
+        for greedy in (True, False):
+            kw = {"max_new_tokens": 12, "greedy": greedy, "temperature": 0.8, "seed": 7 + turn, "stop_tokens": [5]}
+            a, b, c = (e.generate(rows, **kw) for e in (exact, bucketed, off))
+            assert b.tokens == a.tokens == c.tokens, (turn, greedy)
+            assert b.counters.as_dict() == a.counters.as_dict()
+            for x, y in zip(b.logprobs, a.logprobs):
+                torch.testing.assert_close(torch.tensor(x), torch.tensor(y), rtol=0, atol=1e-6)
+    keys = list(bucketed.proposer._states._states)
+    assert sorted({k[0] for k in keys}) == sorted({batch_bucket(n) for n in (6, 5, 3)}) == [4, 8]
+    assert bucketed.proposer._states.size == 16
+
+
+def test_bucket_batch_is_checked(trained):
+    from repro.rollout.static_kv import batch_bucket
+
+    pol, prompts, drafts = trained
+    d = drafts["dflash"]
+    pol.set_taps(d.tap_spec)
+    assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 30, 64, 65)] == [1, 2, 4, 4, 8, 8, 16, 32, 64, 128]
+    with pytest.raises(ValueError, match="batch must be >= 1, got 0"):
+        batch_bucket(0)
+    with pytest.raises(ValueError, match="bucket_batch=True needs cuda_graphs='draft'"):
+        RolloutEngine(pol, proposer(d), bucket_batch=True)
+    with pytest.raises(ValueError, match="bucket_batch=True needs a proposer with static states"):
+        RolloutEngine(pol, OracleProposer(pol, 2, prompts[:1]), cuda_graphs="draft", bucket_batch=True)
+
+
+@pytest.mark.timeout(120)
+def test_graph_check_bucketed_mode_on_cpu(tmp_path):
+    import json
+
+    from repro.rollout.graph_check import main
+    rc = main(["--out", str(tmp_path), "--profile", "cpu-tiny", "--batch", "3", "--prompt-len", "10",
+               "--new-tokens", "6", "--repeats", "1", "--families", "dspark", "--bucket-batch"])
+    f = json.loads((tmp_path / "graph_check.json").read_text())["families"]["dspark"]
+    assert rc == 0 and f["passed"] and f["checks"]["greedy_identical_bucketed"] and f["checks"]["sampling_identical_bucketed"]
+    assert set(f["modes"]) == {"off", "draft", "bucketed"} and f["fallback_reasons"] == {}
