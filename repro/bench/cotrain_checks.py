@@ -6,9 +6,9 @@ where the RL figures are measured.
 
 1. **law**: speculative sampling draws the policy's law. A policy of the profile's dense shape with a 12-token
    vocabulary (so the law of a three-token completion can be enumerated; ``--init-std`` makes it peaked, so the
-   drafts' proposals are often rejected, but not so peaked that the chi-square has few cells) completes one prompt ``--samples`` times with each draft family (random
-   init) on the profile's rollout engine, and once with no draft: the control, the same statistic without
-   speculation. Pearson's chi-square compares the counts of (y1, y2) and of (y2, y3) with the exact laws of that
+   drafts' proposals are often rejected, but not so peaked that the chi-square has few cells) completes one prompt
+   ``--samples`` times with each draft family (random init) on the profile's rollout engine, and once with no
+   draft: the control, the same statistic without speculation. Pearson's chi-square compares the counts of (y1, y2) and of (y2, y3) with the exact laws of that
    same policy (``repro.rollout.law``). A family passes when both p-values exceed ``--alpha``.
 2. **update**: the joint update (the row's draft, loss weight, draft microbatch and graphed draft step) leaves the
    policy bit-identical to the no-draft update on the same rollout batches. All trainers start from one random
@@ -41,10 +41,10 @@ from repro.rl.drafts import build_draft, make_proposer
 from repro.rl.grpo import group_advantages
 from repro.rl.hf_tokenizer import tokenizer_for_run
 from repro.rl.trainer import CoTrainer
+from repro.rl.warmstart import DTYPES
 from repro.rollout.engine import RolloutEngine
 from repro.rollout.law import chi2_pvalue, exact_pair_laws
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FAMILIES = ("eagle3", "dflash", "dspark")
 LAW_VOCAB, LAW_PROMPT = 12, (3, 1, 4)
 INIT_STDS, MIN_ENTROPY = (0.2, 0.1, 0.05, 0.02), 1.2        # --init-std auto (law_check)
@@ -99,7 +99,7 @@ def law_check(prof: dict, families: list[str], *, samples: int, chunk: int, alph
             out["families"][fam] = {"p_y1y2": p12, "p_y2y3": p23, "passed": min(p12, p23) > alpha,
                                     "acceptance_length": 1 + accepted / verify_steps if verify_steps else None,
                                     "seconds": time.perf_counter() - t0}
-            if proposer is not None and hasattr(engine, "graph_status"):
+            if proposer is not None:
                 out["families"][fam]["graph_fallbacks"] = {k: v["fallback_reason"] for k, v in
                                                            engine.graph_status().items() if v["fallback_reason"]}
         except Exception as exc:  # noqa: BLE001 -- one family's failure is recorded, the next runs

@@ -150,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exchangeability: error: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "report.json", {"baseline": args.baseline, "alpha": args.alpha, "tests": tests,
-                                                 "runs": runs, "provenance": provenance({"runs": [str(r) for r in args.runs]})})
+    write_json_atomic(args.out / "report.json", {
+        "baseline": args.baseline, "alpha": args.alpha, "tests": tests, "runs": runs,
+        "provenance": provenance({"runs": [str(r) for r in args.runs]})})
     md = markdown(tests, runs, args.baseline, args.alpha)
     write_atomic(args.out / "report.md", md.encode())
     print(md)

@@ -34,10 +34,8 @@ from repro.bench.common import time_samples
 from repro.report.provenance import provenance, write_json_atomic
 from repro.rl.config import DraftSpec, PolicySpec, load_run_profile
 from repro.rl.drafts import build_draft, make_proposer
-from repro.rl.warmstart import make_policy
+from repro.rl.warmstart import DTYPES, make_policy
 from repro.rollout.engine import RolloutEngine
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def timed_generate(engine: RolloutEngine, prompts, **kw):

@@ -223,8 +223,9 @@ class StaticProposerState:
         as the prompt) runs eagerly; the per-verify-step ones (width k+1) replay the graph."""
         cursor = self.cursor.set(self.next_col, width)
         if self.next_col == 0:       # rows idle from the start (a bucketed batch) take the fills, as later
-            self._observe_static(*((x for _, x, _ in inputs) if self.sb.full else
-                                   (self.sb.stage(f"prefill.{name}", x, fill=fill) for name, x, fill in inputs)), cursor)
+            args = ([x for _, x, _ in inputs] if self.sb.full
+                    else [self.sb.stage(f"prefill.{name}", x, fill=fill) for name, x, fill in inputs])
+            self._observe_static(*args, cursor)
         else:
             self._graphs["observe"](*(self.sb.stage(name, x, fill=fill) for name, x, fill in inputs), cursor)
         self.next_col += width

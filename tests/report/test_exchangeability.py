@@ -75,8 +75,9 @@ def test_runs_pooled_from_several_places(tmp_path):
         _run(tmp_path / "fig3" / f"no_draft_sampling{k}", "no draft", k, [0.1 + 0.01 * k] * 4, 0.2)
         _run(tmp_path / "new" / f"eagle-3_s{k + 1}", "EAGLE-3", k + 1, [0.3] * 4, 0.2)
     _run(tmp_path / "fig3" / "eagle-3", "EAGLE-3", 0, [0.9] * 4, 0.2)         # left out: not named
-    argv = ["--runs", str(tmp_path / "fig3" / "no_draft_sampling0"), "--runs", str(tmp_path / "fig3" / "no_draft_sampling1"),
-            "--runs", str(tmp_path / "new"), "--runs", str(tmp_path / "new" / "eagle-3_s1"), "--out", str(tmp_path / "rep")]
+    named = [tmp_path / "fig3" / "no_draft_sampling0", tmp_path / "fig3" / "no_draft_sampling1", tmp_path / "new",
+             tmp_path / "new" / "eagle-3_s1"]
+    argv = [*(a for p in named for a in ("--runs", str(p))), "--out", str(tmp_path / "rep")]
     assert ex.main(argv) == 0
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     reward = next(t for t in rep["tests"] if t["metric"] == "train/reward")
