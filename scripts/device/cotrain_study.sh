@@ -5,14 +5,15 @@
 # draft's CUDA graphs; GPU 0, CHECKS=1). The runs are fig3's drafted ROWS over sampling SEEDS, two at a time, one per
 # GPU (scripts/experiments/exchangeability.sh with GPUS=0,1), none started after BUDGET_S; they land in
 # .cache/exchangeability_h200, which survives while the machine stays warm, so a second call (CHECKS=0) finishes the
-# seeds a first one did not reach. Packs $OUT/study.tgz (checks JSON and log, each run's env/metrics/run.json and
-# log). Runs in the repository root.
+# seeds a first one did not reach. Writes only $OUT/study.tgz (checks JSON and log, each run's env/metrics/run.json
+# and log; never the runs' checkpoints, which filled the device's disk when copied); the files are staged in
+# .cache/study_pack. Runs in the repository root.
 #   REPRO_GIT_SHA=<sha> [ROWS=EAGLE-3,DSpark] [SEEDS=1,2,3,4,5,6] [BUDGET_S=480] [CHECKS=1] bash scripts/device/cotrain_study.sh
 #   OUT=/tmp/o PY=.venv/bin/python PROFILE=cpu-tiny WARM=results/cpu-2c/cpu-tiny/sft/dense-math ROWS=EAGLE-3 SEEDS=1 \
 #     CHECK_ARGS="--samples 2000" bash scripts/device/cotrain_study.sh                                # CPU dry run
 set -uo pipefail
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
-PY=${PY:-python3}; W=${OUT:?set OUT}/study; mkdir -p "$W"; T0=$(date +%s)
+PY=${PY:-python3}; : "${OUT:?set OUT}"; W=.cache/study_pack; rm -rf "$W"; mkdir -p "$W" "$OUT"; T0=$(date +%s)
 WORK=${WORK:-.cache/exchangeability_h200}
 WARM=${WARM:-$(ls -d .cache/sft_job0/dense-math-*/ 2>/dev/null | head -1)}
 [ -n "$WARM" ] && [ -f "$WARM/policy.pt" ] || { echo "no math SFT warm start (WARM='$WARM'): run" \
@@ -31,6 +32,7 @@ OUT=$W/report WORK=$WORK WARM=$WARM PY=$PY PROFILE=${PROFILE:-h200} ROWS=${ROWS:
   SEEDS=${SEEDS:-1,2,3,4,5,6} JOBS=2 GPUS=${GPUS:-0,1} THREADS=0 DEADLINE=$((T0 + ${BUDGET_S:-480})) REPORT=0 \
   bash scripts/experiments/exchangeability.sh 2>&1 | tee "$W/runs.log"
 if [ -n "$cpid" ]; then wait "$cpid"; log "cotrain_checks rc=$?"; tail -3 "$W/cotrain_checks.log"; fi
-cp -r "$WORK" "$W/runs"
-(cd "$W" && find . -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \) ! -path '*/checkpoints/*' \
-   -print0 | tar czf "$OUT/study.tgz" --null -T -) && log "packed $(du -h "$OUT/study.tgz" | cut -f1)"
+mkdir -p "$W/runs"
+(cd "$WORK" && find . -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \) ! -path '*/ckpt/*' \
+   ! -path '*/checkpoints/*' -print0 | tar cf - --null -T -) | tar xf - -C "$W/runs"
+(cd "$W" && find . -type f -print0 | tar czf "$OUT/study.tgz" --null -T -) && log "packed $(du -h "$OUT/study.tgz" | cut -f1)"
