@@ -1,0 +1,88 @@
+"""repro.bench.workload_law on CPU: the rollout engine with each draft draws plain sampling's completions of the
+math workload from the cpu-tiny warm start, and a verifier that skips the residual is caught; plus its statistics.
+
+    .venv/bin/python -m pytest -q tests/rl/test_workload_law.py
+"""
+import json
+import math
+
+import pytest
+import torch
+
+from repro.bench import workload_law
+from repro.rollout import sampling
+from repro.rollout.law import two_sample_chi2_pvalue
+
+WARM = "results/cpu-2c/cpu-tiny/sft/dense-math"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def _run(tmp_path, *extra):
+    rc = workload_law.main(["--out", str(tmp_path), "--profile", "cpu-tiny", "--warm-start", WARM,
+                            "--prompts", "8", "--group", "32", "--calls", "3", *extra])
+    return rc, json.loads((tmp_path / "workload_law.json").read_text())
+
+
+@pytest.mark.timeout(300)
+def test_every_family_draws_plain_samplings_completions(tmp_path):
+    rc, rep = _run(tmp_path)
+    assert rc == 0 and rep["passed"] and rep["completions_per_arm"] == 768
+    assert set(rep["families"]) == {"eagle3", "dflash", "dspark"}
+    for fam in ("eagle3", "dflash", "dspark"):
+        assert rep["arms"][fam]["acceptance_length"] > 1.2          # the warm drafts' proposals are accepted
+        assert rep["families"][fam]["token_logprob"]["p"] > 1e-3
+    assert rep["arms"]["none"]["acceptance_length"] in (None, 1.0)     # no proposals
+    assert 0 < rep["arms"]["none"]["reward"] < 1                    # the warm start solves some, not all
+    assert rep["provenance"]["hardware"]
+
+
+@pytest.mark.timeout(300)
+def test_a_verifier_that_skips_the_residual_is_caught(tmp_path, monkeypatch):
+    real = sampling.verify
+
+    def wrong(policy_logits, draft_tokens, draft_probs, *, greedy, temperature=1.0, generator=None, num_valid=None):
+        """After a rejection, resample from the policy's law instead of the residual max(0, p - q)."""
+        v = real(policy_logits, draft_tokens, draft_probs, greedy=greedy, temperature=temperature,
+                 generator=generator, num_valid=num_valid)
+        if greedy or draft_probs is None or draft_tokens.shape[1] == 0:
+            return v
+        p = sampling.probs_from_logits(policy_logits, temperature)[torch.arange(len(v.accepted)), v.accepted]
+        limit = num_valid if num_valid is not None else torch.full_like(v.accepted, draft_tokens.shape[1])
+        redraw = torch.multinomial(p, 1, generator=generator).squeeze(1)
+        return sampling.Verdict(v.accepted, torch.where(v.accepted < limit, redraw, v.next_token))
+
+    monkeypatch.setattr("repro.rollout.engine.verify", wrong)
+    rc, rep = _run(tmp_path, "--families", "dflash")
+    assert rc == 1 and not rep["passed"]
+    # the residual-less sampler favours the draft's tokens, which the policy finds less likely
+    assert rep["families"]["dflash"]["token_logprob"]["difference"] < 0
+    assert rep["families"]["dflash"]["token_logprob"]["p"] < 1e-6
+
+
+def test_stratified_difference_finds_a_shift_and_not_noise():
+    g = torch.Generator().manual_seed(0)
+    strata = torch.arange(4).repeat_interleave(500)
+    level = strata.double() * 3                      # large between-stratum spread, removed by stratifying
+    a = level + torch.randn(2000, generator=g, dtype=torch.float64)
+    b = level + torch.randn(2000, generator=g, dtype=torch.float64)
+    same = workload_law.stratified_difference(a, b, strata)
+    assert same["p"] > 1e-3 and same["se"] == pytest.approx(math.sqrt(2 / 2000), rel=0.1)
+    shifted = workload_law.stratified_difference(a + 0.3, b, strata)
+    assert shifted["difference"] == pytest.approx(same["difference"] + 0.3) and shifted["p"] < 1e-6
+
+
+def test_two_sample_chi2():
+    g = torch.Generator().manual_seed(1)
+    law = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    x = torch.bincount(torch.multinomial(law, 4000, replacement=True, generator=g), minlength=4)
+    y = torch.bincount(torch.multinomial(law, 3000, replacement=True, generator=g), minlength=4)
+    z = torch.bincount(torch.multinomial(torch.tensor([0.4, 0.3, 0.2, 0.1]), 3000, replacement=True, generator=g),
+                       minlength=4)
+    assert two_sample_chi2_pvalue(x, y) > 1e-3
+    assert two_sample_chi2_pvalue(x, z) < 1e-6
+    with pytest.raises(ValueError, match="different cells"):
+        two_sample_chi2_pvalue(x, y[:3])
