@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default=",".join(FAMILIES), help="keys of the profile's rl.drafts")
     ap.add_argument("--checks", default="law,update", help="which checks: law, update or both")
     ap.add_argument("--samples", type=int, default=40000, help="three-token completions per family (law check)")
-    ap.add_argument("--chunk", type=int, default=4000, help="completions per generate call")
+    ap.add_argument("--chunk", type=int, default=2000,
+                    help="completions per generate call (on the H200, 4000 left the graphs short of memory)")
     ap.add_argument("--alpha", type=float, default=1e-3, help="a law check fails below this p-value")
     ap.add_argument("--init-std", default="auto",
                     help="the law policy's init std; auto: the largest of 0.2, 0.1, 0.05, 0.02 leaving the first "

@@ -7,11 +7,12 @@ vocabulary, prompts of many lengths, completions that stop at EOS or at ``max_ne
 others decode, and the warm-start policy and drafts (so proposals are accepted as often as in training).
 
 Every arm (``none``, then each family) loads the same warm start and decodes the same prompts: call ``c`` draws
-``--prompts`` training problems (draw ``c``) times ``--group`` completions, sampling seed ``seed + c``. The arms take
-calls in turn until ``--budget-s`` or ``--calls``, so each arm gets the same calls. Per completion it records the
-reward (DAPO's rule), the length, and the mean log-probability of its tokens under one common scorer: the ``none``
-arm's rollout policy run teacher-forced (``forward_train``), so both arms' tokens are judged by the same numbers
-and a difference can come only from which tokens were drawn. Per family against ``none``:
+``--prompts`` training problems (draw ``c``) times ``--group`` completions, sampling seed ``seed * 1000003 + c``.
+The arms run one after another, one trainer on the device at a time: ``none`` makes calls for its share of
+``--budget-s`` (at most ``--calls``), and each family then makes the same calls. Per completion it records the
+reward (DAPO's rule), the length, and the mean log-probability of its tokens under the arm's rollout policy run
+teacher-forced (``forward_train``); every arm loads the same warm start, so all arms' tokens are judged by the same
+weights and the same computation, and a difference can come only from which tokens were drawn. Per family against ``none``:
 
 * reward, mean token log-probability and length: difference of means, its standard error stratified by prompt, a
   two-sided normal p-value;
@@ -20,7 +21,8 @@ and a difference can come only from which tokens were drawn. Per family against 
 A family passes when every p-value exceeds ``--alpha``. Under exact speculative sampling the two arms' completions
 have one law; a sampler that favours the draft's tokens, mishandles a stop, or reads a stale proposal distribution
 moves the log-probability first (it is the most sensitive of the statistics). Writes ``OUT/workload_law.json``
-(provenance, config, per arm and family: means, differences, p-values, acceptance lengths) atomically.
+(provenance, config, per arm and family: means, differences, p-values, acceptance lengths) atomically after every
+arm (``complete: false`` until the last), so a run stopped by a time limit keeps the arms it finished.
 
     python -m repro.bench.workload_law --out $OUT/wl --profile h200 --warm-start .cache/sft_job0/dense-math-<hash>
     python -m repro.bench.workload_law --out /tmp/wl --profile cpu-tiny \\
@@ -33,6 +35,7 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -91,60 +94,76 @@ def stratified_difference(a: torch.Tensor, b: torch.Tensor, strata: torch.Tensor
     return {"difference": diff, "se": se, "z": z, "p": math.erfc(abs(z) / math.sqrt(2))}
 
 
-def workload_law(prof: dict, artifact: str, families: list[str], *, warm_start: str, prompts: int, group: int,
-                 calls: int, budget_s: float, alpha: float, seed: int, workdir: Path) -> dict:
-    rows = _rows(prof, artifact, families)
-    trainers = {}
-    for arm, row in rows.items():
-        cfg = run_config_from_profile(prof, artifact, row, out=str(workdir / arm), seed=0, warm_start=warm_start)
-        trainers[arm] = CoTrainer(cfg, tokenizer_for_run(cfg, out=workdir / "tok", seed=0, warm_start=warm_start))
-    base = trainers["none"]
-    if base.cfg.workload.name != "math":
-        raise ValueError(f"{artifact}'s workload is {base.cfg.workload.name!r}; this check samples the math workload")
-    g = base.cfg.grpo
-    scorer = base.rollout_policy
-    per_arm = {arm: {"reward": [], "token_logprob": [], "length": [], "prompt": [], "accepted": 0, "verify": 0}
-               for arm in rows}
+def _sample_arm(tr: CoTrainer, *, prompts: int, group: int, calls: int, budget_s: float, seed: int) -> dict:
+    """One arm's completions: call ``c`` decodes training draw ``c`` (``prompts`` problems x ``group``) with
+    sampling seed ``seed * 1_000_003 + c``; stops after ``calls`` calls or, past the first, ``budget_s``. The
+    scorer is the arm's own rollout policy: every arm loads the same warm start, so all score alike."""
+    g = tr.cfg.grpo
+    rec: dict = {"reward": [], "token_logprob": [], "length": [], "prompt": [], "accepted": 0, "verify": 0}
     t0, done = time.perf_counter(), 0
     while done < calls and (done == 0 or time.perf_counter() - t0 < budget_s):
-        items = base.math.problems("train", prompts, draw=done)
-        for arm, tr in trainers.items():
-            b = math_rollout(tr.engine, tr.tok, items, group_size=group, max_new_tokens=g.max_new_tokens,
-                             temperature=g.temperature, seed=seed * 1_000_003 + done)
-            rec = per_arm[arm]
-            rec["reward"].append(b.rewards.double())
-            rec["token_logprob"].append(score(scorer, b, g.temperature))
-            rec["length"].append(b.loss_mask.sum(1).double())
-            rec["prompt"].append(torch.arange(prompts).repeat_interleave(group) + done * prompts)
-            rec["accepted"] += b.counters.accepted
-            rec["verify"] += b.counters.verify_steps
+        items = tr.math.problems("train", prompts, draw=done)
+        b = math_rollout(tr.engine, tr.tok, items, group_size=group, max_new_tokens=g.max_new_tokens,
+                         temperature=g.temperature, seed=seed * 1_000_003 + done)
+        rec["reward"].append(b.rewards.double())
+        rec["token_logprob"].append(score(tr.rollout_policy, b, g.temperature))
+        rec["length"].append(b.loss_mask.sum(1).double())
+        rec["prompt"].append(torch.arange(prompts).repeat_interleave(group) + done * prompts)
+        rec["accepted"] += b.counters.accepted
+        rec["verify"] += b.counters.verify_steps
         done += 1
-        print(f"[workload_law] call {done}: {sum(len(r) for r in per_arm['none']['reward'])} completions per arm, "
-              f"{time.perf_counter() - t0:.0f} s", flush=True)
-    data = {arm: {k: torch.cat(v) for k, v in rec.items() if isinstance(v, list)} for arm, rec in per_arm.items()}
-    out: dict = {"artifact": artifact, "rows": rows, "calls": done, "completions_per_arm": len(data["none"]["reward"]),
-                 "prompts_per_call": prompts, "group": group, "temperature": g.temperature,
-                 "max_new_tokens": g.max_new_tokens, "seconds": time.perf_counter() - t0, "arms": {}, "families": {}}
-    for arm, d in data.items():
-        rec = per_arm[arm]
-        out["arms"][arm] = {**{s: float(d[s].mean()) for s in STATISTICS},
+    data = {k: torch.cat(v) for k, v in rec.items() if isinstance(v, list)}
+    data.update(calls=done, seconds=time.perf_counter() - t0,
+                acceptance_length=1 + rec["accepted"] / rec["verify"] if rec["verify"] else None)
+    return data
+
+
+def compare(fam: dict, ref: dict, *, max_new_tokens: int, alpha: float) -> dict:
+    """A family's completions against the no-draft arm's: each statistic's stratified difference and the length
+    law's two-sample chi-square; ``passed`` when every p-value exceeds ``alpha``."""
+    res = {s: stratified_difference(fam[s], ref[s], ref["prompt"]) for s in STATISTICS}
+    top = int(max_new_tokens) + 1
+    res["length_law_p"] = two_sample_chi2_pvalue(torch.bincount(fam["length"].long(), minlength=top),
+                                                 torch.bincount(ref["length"].long(), minlength=top))
+    res["passed"] = min([res[s]["p"] for s in STATISTICS] + [res["length_law_p"]]) > alpha
+    return res
+
+
+def workload_law(prof: dict, artifact: str, families: list[str], *, warm_start: str, prompts: int, group: int,
+                 calls: int, budget_s: float, alpha: float, seed: int, workdir: Path,
+                 progress: Callable[[dict], None] | None = None) -> dict:
+    """The arms one after another (one trainer on the device at a time): ``none`` samples for its share of
+    ``budget_s``, each family then takes the same calls. ``progress`` gets the report after every arm."""
+    rows = _rows(prof, artifact, families)
+    out: dict = {"artifact": artifact, "rows": rows, "prompts_per_call": prompts, "group": group, "arms": {},
+                 "families": {}, "complete": False}
+    data: dict[str, dict] = {}
+    for arm, row in rows.items():
+        cfg = run_config_from_profile(prof, artifact, row, out=str(workdir / arm), seed=0, warm_start=warm_start)
+        if cfg.workload.name != "math":
+            raise ValueError(f"{artifact}'s workload is {cfg.workload.name!r}; this check samples the math workload")
+        tr = CoTrainer(cfg, tokenizer_for_run(cfg, out=workdir / "tok", seed=0, warm_start=warm_start))
+        g = cfg.grpo
+        out.update(temperature=g.temperature, max_new_tokens=g.max_new_tokens)
+        n = calls if arm == "none" else data["none"]["calls"]
+        d = data[arm] = _sample_arm(tr, prompts=prompts, group=group, calls=n, seed=seed,
+                                    budget_s=budget_s / len(rows) if arm == "none" else math.inf)
+        del tr
+        _release_device_memory()
+        out["arms"][arm] = {**{s: float(d[s].mean()) for s in STATISTICS}, "calls": d["calls"],
+                            "completions": len(d["reward"]), "seconds": d["seconds"],
                             "hit_max_new_tokens": float((d["length"] >= g.max_new_tokens).double().mean()),
-                            "acceptance_length": 1 + rec["accepted"] / rec["verify"] if rec["verify"] else None}
-    ref = data["none"]
-    top = int(g.max_new_tokens) + 1
-    for fam in families:
-        d = data[fam]
-        res = {s: stratified_difference(d[s], ref[s], ref["prompt"]) for s in STATISTICS}
-        res["length_law_p"] = two_sample_chi2_pvalue(torch.bincount(d["length"].long(), minlength=top),
-                                                     torch.bincount(ref["length"].long(), minlength=top))
-        res["passed"] = min([res[s]["p"] for s in STATISTICS] + [res["length_law_p"]]) > alpha
-        out["families"][fam] = res
-        print(f"[workload_law] {fam}: " + ", ".join(f"{s} {res[s]['difference']:+.4g} (p {res[s]['p']:.3g})"
-                                                    for s in STATISTICS)
-              + f", length law p {res['length_law_p']:.3g}", flush=True)
+                            "acceptance_length": d["acceptance_length"]}
+        print(f"[workload_law] {arm}: {out['arms'][arm]}", flush=True)
+        if arm != "none":
+            res = out["families"][arm] = compare(d, data["none"], max_new_tokens=g.max_new_tokens, alpha=alpha)
+            print(f"[workload_law] {arm} vs none: " + ", ".join(
+                f"{s} {res[s]['difference']:+.4g} (p {res[s]['p']:.3g})" for s in STATISTICS)
+                + f", length law p {res['length_law_p']:.3g}", flush=True)
+        if progress is not None:
+            progress(out)
+    out["complete"] = True
     out["passed"] = all(f["passed"] for f in out["families"].values())
-    del trainers, base, scorer
-    _release_device_memory()
     return out
 
 
@@ -158,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default=",".join(FAMILIES), help="keys of the profile's rl.drafts")
     ap.add_argument("--prompts", type=int, default=16, help="training problems per call")
     ap.add_argument("--group", type=int, default=64, help="completions per problem per call")
-    ap.add_argument("--calls", type=int, default=1000, help="at most this many calls per arm")
-    ap.add_argument("--budget-s", type=float, default=120.0, help="no call starts after this many seconds")
+    ap.add_argument("--calls", type=int, default=1000, help="at most this many calls per arm (the none arm's count is every arm's)")
+    ap.add_argument("--budget-s", type=float, default=120.0, help="sampling time of all arms together: the none arm stops making calls after its share")
     ap.add_argument("--alpha", type=float, default=1e-3, help="a family fails when any p-value is below this")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -181,12 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.artifact not in prof:
         ap.error(f"--artifact {args.artifact!r}: profile {args.profile!r} has no such section")
     _device(prof)
+    prov = provenance({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})
+
+    def write(report: dict) -> Path:        # after every arm, so a killed run still leaves its finished arms
+        return write_json_atomic(args.out / "workload_law.json", {**report, "provenance": prov})
+
     with tempfile.TemporaryDirectory(prefix="workload_law_") as tmp:
         report = workload_law(prof, args.artifact, families, warm_start=args.warm_start, prompts=args.prompts,
                               group=args.group, calls=args.calls, budget_s=args.budget_s, alpha=args.alpha,
-                              seed=args.seed, workdir=Path(tmp))
-    report["provenance"] = provenance({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})
-    path = write_json_atomic(args.out / "workload_law.json", report)
+                              seed=args.seed, workdir=Path(tmp), progress=write)
+    path = write(report)
     print(f"workload_law: passed={report['passed']} -> {path}")
     return 0 if report["passed"] else 1
 

@@ -23,14 +23,15 @@ def _one_thread():
 
 def _run(tmp_path, *extra):
     rc = workload_law.main(["--out", str(tmp_path), "--profile", "cpu-tiny", "--warm-start", WARM,
-                            "--prompts", "8", "--group", "32", "--calls", "3", *extra])
+                            "--prompts", "8", "--group", "32", "--calls", "3", "--budget-s", "100000", *extra])
     return rc, json.loads((tmp_path / "workload_law.json").read_text())
 
 
 @pytest.mark.timeout(300)
 def test_every_family_draws_plain_samplings_completions(tmp_path):
     rc, rep = _run(tmp_path)
-    assert rc == 0 and rep["passed"] and rep["completions_per_arm"] == 768
+    assert rc == 0 and rep["passed"] and rep["complete"]
+    assert rep["arms"]["none"]["completions"] == rep["arms"]["dspark"]["completions"] == 768
     assert set(rep["families"]) == {"eagle3", "dflash", "dspark"}
     for fam in ("eagle3", "dflash", "dspark"):
         assert rep["arms"][fam]["acceptance_length"] > 1.2          # the warm drafts' proposals are accepted
@@ -86,3 +87,15 @@ def test_two_sample_chi2():
     assert two_sample_chi2_pvalue(x, z) < 1e-6
     with pytest.raises(ValueError, match="different cells"):
         two_sample_chi2_pvalue(x, y[:3])
+
+
+@pytest.mark.timeout(120)
+def test_progress_after_every_arm(tmp_path):
+    from repro.rl.config import load_run_profile
+    seen = []
+    rep = workload_law.workload_law(load_run_profile("cpu-tiny"), "fig3", ["eagle3"], warm_start=WARM, prompts=2,
+                                    group=4, calls=1, budget_s=60, alpha=1e-3, seed=0, workdir=tmp_path,
+                                    progress=lambda r: seen.append(json.loads(json.dumps(r))))
+    assert [sorted(r["arms"]) for r in seen] == [["none"], ["eagle3", "none"]]
+    assert not seen[0]["complete"] and not seen[0]["families"] and "eagle3" in seen[1]["families"]
+    assert rep["complete"] and rep["arms"]["eagle3"]["calls"] == rep["arms"]["none"]["calls"] == 1
