@@ -25,6 +25,7 @@ moves the log-probability first (it is the most sensitive of the statistics). Wr
 arm (``complete: false`` until the last), so a run stopped by a time limit keeps the arms it finished.
 
     python -m repro.bench.workload_law --out $OUT/wl --profile h200 --warm-start .cache/sft_job0/dense-math-<hash>
+    python -m repro.bench.workload_law ... --from-run <a fig3 EAGLE-3 run folder>     # the trained policy and draft
     python -m repro.bench.workload_law --out /tmp/wl --profile cpu-tiny \\
         --warm-start results/cpu-2c/cpu-tiny/sft/dense-math --prompts 4 --group 16 --calls 2      # CPU, ~1 min
 """
@@ -42,6 +43,7 @@ import torch
 
 from repro.bench.cotrain_checks import FAMILIES, _device, _release_device_memory
 from repro.report.provenance import provenance, write_json_atomic
+from repro.rl.checkpoint import CKPT
 from repro.rl.config import load_run_profile, run_config_from_profile
 from repro.rl.episodes import RolloutBatch, math_rollout
 from repro.rl.grpo import token_logprobs
@@ -129,20 +131,49 @@ def compare(fam: dict, ref: dict, *, max_new_tokens: int, alpha: float) -> dict:
     return res
 
 
+def load_run_state(run_dir: str | Path) -> dict:
+    """A co-training run's last checkpoint (``repro.rl.checkpoint``): its step, its policy, its draft and the
+    draft's family."""
+    path = Path(run_dir) / CKPT
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir}: no checkpoint {CKPT} there (a run folder of repro.rl.run is expected)")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    draft = (state.get("config") or {}).get("draft") or {}
+    return {"path": str(path), "step": int(state["step"]), "policy": state["policy"], "draft": state.get("draft"),
+            "draft_family": draft.get("family")}
+
+
+def _load_state(tr: CoTrainer, run: dict) -> bool:
+    """The run's policy into ``tr`` (and its draft when ``tr``'s draft is of the run's family), pushed to the
+    rollout engine; returns whether the draft was loaded."""
+    tr.policy.model.load_state_dict(run["policy"])
+    loaded = tr.draft is not None and run["draft"] is not None and tr.cfg.draft.family == run["draft_family"]
+    if loaded:
+        tr.draft.load_state_dict(run["draft"])
+    tr.push()
+    return loaded
+
+
 def workload_law(prof: dict, artifact: str, families: list[str], *, warm_start: str, prompts: int, group: int,
-                 calls: int, budget_s: float, alpha: float, seed: int, workdir: Path,
+                 calls: int, budget_s: float, alpha: float, seed: int, workdir: Path, from_run: str = "",
                  progress: Callable[[dict], None] | None = None) -> dict:
     """The arms one after another (one trainer on the device at a time): ``none`` samples for its share of
-    ``budget_s``, each family then takes the same calls. ``progress`` gets the report after every arm."""
+    ``budget_s``, each family then takes the same calls. ``progress`` gets the report after every arm. With
+    ``from_run``, every arm starts from that run's checkpoint instead: its policy, and its draft for its family
+    (the other families keep their warm-start drafts: the sampler must be exact for any draft)."""
     rows = _rows(prof, artifact, families)
+    run = load_run_state(from_run) if from_run else None
     out: dict = {"artifact": artifact, "rows": rows, "prompts_per_call": prompts, "group": group, "arms": {},
-                 "families": {}, "complete": False}
+                 "families": {}, "complete": False,
+                 "from_run": {"checkpoint": run["path"], "step": run["step"], "draft_family": run["draft_family"]}
+                 if run else None}
     data: dict[str, dict] = {}
     for arm, row in rows.items():
         cfg = run_config_from_profile(prof, artifact, row, out=str(workdir / arm), seed=0, warm_start=warm_start)
         if cfg.workload.name != "math":
             raise ValueError(f"{artifact}'s workload is {cfg.workload.name!r}; this check samples the math workload")
         tr = CoTrainer(cfg, tokenizer_for_run(cfg, out=workdir / "tok", seed=0, warm_start=warm_start))
+        draft_from_run = _load_state(tr, run) if run else False
         g = cfg.grpo
         out.update(temperature=g.temperature, max_new_tokens=g.max_new_tokens)
         n = calls if arm == "none" else data["none"]["calls"]
@@ -153,7 +184,7 @@ def workload_law(prof: dict, artifact: str, families: list[str], *, warm_start: 
         out["arms"][arm] = {**{s: float(d[s].mean()) for s in STATISTICS}, "calls": d["calls"],
                             "completions": len(d["reward"]), "seconds": d["seconds"],
                             "hit_max_new_tokens": float((d["length"] >= g.max_new_tokens).double().mean()),
-                            "acceptance_length": d["acceptance_length"]}
+                            "acceptance_length": d["acceptance_length"], "draft_from_run": draft_from_run}
         print(f"[workload_law] {arm}: {out['arms'][arm]}", flush=True)
         if arm != "none":
             res = out["families"][arm] = compare(d, data["none"], max_new_tokens=g.max_new_tokens, alpha=alpha)
@@ -174,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="h200", help="profile name or .yaml file (default h200)")
     ap.add_argument("--artifact", default="fig3", help="the artifact whose rows (policy, drafts, sampling) are used")
     ap.add_argument("--warm-start", required=True, help="SFT warm-start folder (policy.pt and the drafts' weights)")
+    ap.add_argument("--from-run", default="",
+                    help="a run folder of the artifact: every arm starts from its last checkpoint's policy (and, for "
+                         "its family, draft), e.g. a co-trained run at the steps where its reward fell behind")
     ap.add_argument("--families", default=",".join(FAMILIES), help="keys of the profile's rl.drafts")
     ap.add_argument("--prompts", type=int, default=16, help="training problems per call")
     ap.add_argument("--group", type=int, default=64, help="completions per problem per call")
@@ -193,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (Path(args.warm_start) / "policy.pt").is_file():
         ap.error(f"--warm-start {args.warm_start!r}: no policy.pt there; build it with the workflow's SFT "
                  "(e.g. snakemake -c2 fig3) or scripts/device/warm_sft.sh")
+    if args.from_run and not (Path(args.from_run) / CKPT).is_file():
+        ap.error(f"--from-run {args.from_run!r}: no checkpoint {CKPT} there; expected a run folder of repro.rl.run")
     prof = load_run_profile(args.profile)
     bad = [f for f in families if f not in prof["rl"]["drafts"]]
     if not families or bad:
@@ -208,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="workload_law_") as tmp:
         report = workload_law(prof, args.artifact, families, warm_start=args.warm_start, prompts=args.prompts,
                               group=args.group, calls=args.calls, budget_s=args.budget_s, alpha=args.alpha,
-                              seed=args.seed, workdir=Path(tmp), progress=write)
+                              seed=args.seed, workdir=Path(tmp), from_run=args.from_run, progress=write)
     path = write(report)
     print(f"workload_law: passed={report['passed']} -> {path}")
     return 0 if report["passed"] else 1

@@ -99,3 +99,28 @@ def test_progress_after_every_arm(tmp_path):
     assert [sorted(r["arms"]) for r in seen] == [["none"], ["eagle3", "none"]]
     assert not seen[0]["complete"] and not seen[0]["families"] and "eagle3" in seen[1]["families"]
     assert rep["complete"] and rep["arms"]["eagle3"]["calls"] == rep["arms"]["none"]["calls"] == 1
+
+
+@pytest.mark.timeout(180)
+def test_from_run_starts_every_arm_from_the_runs_checkpoint(tmp_path):
+    from repro.rl.config import load_run_profile, run_config_from_profile
+    from repro.rl.hf_tokenizer import tokenizer_for_run
+    from repro.rl.trainer import CoTrainer
+    prof = load_run_profile("cpu-tiny")
+    cfg = run_config_from_profile(prof, "fig3", "EAGLE-3", out=str(tmp_path / "run"), seed=0, warm_start=WARM)
+    tr = CoTrainer(cfg, tokenizer_for_run(cfg, out=tmp_path / "tok", seed=0, warm_start=WARM))
+    with torch.no_grad():                       # a policy and draft that differ from the warm start's
+        for p in [*tr.policy.model.parameters(), *tr.draft.parameters()]:
+            p.mul_(0.98)
+    tr.save(7)
+    rep = workload_law.workload_law(prof, "fig3", ["eagle3", "dflash"], warm_start=WARM, prompts=2, group=4,
+                                    calls=1, budget_s=60, alpha=1e-3, seed=0, workdir=tmp_path / "wl",
+                                    from_run=str(tmp_path / "run"))
+    assert rep["from_run"]["step"] == 7 and rep["from_run"]["draft_family"] == "eagle3"
+    assert rep["arms"]["eagle3"]["draft_from_run"] and not rep["arms"]["dflash"]["draft_from_run"]
+    plain = workload_law.workload_law(prof, "fig3", ["eagle3"], warm_start=WARM, prompts=2, group=4, calls=1,
+                                      budget_s=60, alpha=1e-3, seed=0, workdir=tmp_path / "wl2")
+    assert plain["arms"]["none"]["token_logprob"] != rep["arms"]["none"]["token_logprob"]   # another policy
+    with pytest.raises(SystemExit):
+        workload_law.main(["--out", str(tmp_path / "o"), "--profile", "cpu-tiny", "--warm-start", WARM,
+                           "--from-run", str(tmp_path / "nothing")])
