@@ -143,3 +143,8 @@ def test_draft_controls_plan_frozen_and_cotrained_sweeps_and_refuse_paper_profil
                                             r"--profile cpu-tiny", cc.stdout), cc.stdout + cc.stderr
     paper = snakemake("-n", "-p", "cotrain_checks", "--config", "profile=paper-h100")
     assert paper.returncode == 0 and "cannot run cotrain_checks: engine nemo-rl" in paper.stdout, paper.stdout
+    wl = snakemake("-n", "-p", "--forceall", "workload_law", "--config", "profile=cpu-tiny")
+    assert wl.returncode == 0 and re.search(r"repro\.bench\.workload_law --out \S+/cpu-tiny/workload_law "
+                                           r"--profile cpu-tiny --warm-start \S+/sft/dense-math", wl.stdout), wl.stdout
+    paper = snakemake("-n", "-p", "workload_law", "--config", "profile=paper-h100")
+    assert paper.returncode == 0 and "cannot run workload_law: engine nemo-rl" in paper.stdout, paper.stdout

@@ -9,8 +9,11 @@
 #   cotrain_checks   on this machine, in the profile's dtype and rollout mode: speculative sampling draws the
 #                    policy's law (chi-square per family and a no-draft control) and the joint update leaves the policy
 #                    bit-identical to the no-draft update: repro.bench.cotrain_checks (fails when a check fails).
+#   workload_law     from fig3's SFT warm start, the rollout with each draft against no draft on the math workload
+#                    (reward, teacher-forced token log-probability, length): repro.bench.workload_law.
 # Outputs in results/<hw>/<profile>/draft_{frozen,offdomain}/: sweep.json per sweep, report.{md,png,json};
-# results/<hw>/<profile>/exchangeability/report.{md,json}; results/<hw>/<profile>/cotrain_checks/cotrain_checks.json.
+# results/<hw>/<profile>/exchangeability/report.{md,json}; results/<hw>/<profile>/cotrain_checks/cotrain_checks.json;
+# results/<hw>/<profile>/workload_law/workload_law.json.
 # The suite trains these rows in single processes, so profiles whose rows run on NeMo-RL or load checkpoints
 # refuse them with a message.
 if "RL_RULES_INCLUDED" not in globals():
@@ -56,6 +59,18 @@ if not controls_refusal():
     EXCHANGE = f"{RUNS}/exchangeability"
     EXCHANGE_WORK = f".cache/exchangeability/{PROFILE_NAME}"   # the run folders: outside results/, so never collected
     CHECKS = f"{RUNS}/cotrain_checks"
+    WORKLOAD_LAW = f"{RUNS}/workload_law"
+
+    rule workload_law:
+        input:
+            f"{SFT_DIR}/dense-math/policy.pt",
+        output:
+            f"{WORKLOAD_LAW}/workload_law.json",
+        log:
+            f"{WORKLOAD_LAW}/workload_law.log",
+        shell:
+            "{PY} -m repro.bench.workload_law --out {WORKLOAD_LAW} --profile {PROFILE_NAME} "
+            "--warm-start {SFT_DIR}/dense-math > {log} 2>&1"
 
     rule cotrain_checks:
         output:
@@ -126,3 +141,7 @@ else:
     rule cotrain_checks:
         shell:
             f"echo 'profile {PROFILE_NAME} cannot run cotrain_checks: {controls_refusal()}' >&2; exit 1"
+
+    rule workload_law:
+        shell:
+            f"echo 'profile {PROFILE_NAME} cannot run workload_law: {controls_refusal()}' >&2; exit 1"
