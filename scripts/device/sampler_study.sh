@@ -6,8 +6,10 @@
 #   1. the math SFT warm start (warm_sft.sh "0:fig3", JOBS=1) unless WARM names one;
 #   2. GPU 0: workload_law from the warm start; GPU 1 at once: fig3's RUN_ROW with sampling seed 1 (60 steps,
 #      checkpointed at the end) into .cache/sampler_run;
-#   3. GPU 0: workload_law from that run's checkpoint (--from-run): its policy, and its draft for its family.
-# Writes only $OUT/sampler_study.tgz (both reports and logs, the run's env/metrics/run.json and log); files are staged
+#   3. GPU 0: workload_law from that run's checkpoint (--from-run): its policy, and its draft for its family;
+#      GPU 1 at once: fig3's no-draft row with sampling seed 1 into .cache/sampler_run/nodraft, to compare step for
+#      step with the committed fig3/no_draft_sampling1 (same code path, sessions 12-13's commit).
+# Writes only $OUT/sampler_study.tgz (both reports and logs, both runs' env/metrics/run.json and log); files are staged
 # in .cache/sampler_pack. Runs in the repository root.
 #   REPRO_GIT_SHA=<sha> [BUDGET_S=80] [RUN_ROW=EAGLE-3] bash scripts/device/sampler_study.sh
 #   OUT=/tmp/o PY=.venv/bin/python PROFILE=cpu-tiny WARM=results/cpu-2c/cpu-tiny/sft/dense-math \
@@ -37,13 +39,22 @@ CUDA_VISIBLE_DEVICES=1 "$PY" -m repro.rl.run --artifact fig3 --row "$ROW" --prof
   --warm-start "$WARM" --seed 0 --sampling-seed 1 > "$RUN/run.log" 2>&1
 log "run rc=$?"
 wait "$lpid"
+# the no-draft row at this commit with the same sampling seed: equal, step for step, to the committed
+# results/1xh200/h200/fig3/no_draft_sampling1 (the study's baseline runs come from sessions 12-13's code)
+log "fig3 'no draft' sampling seed 1 (GPU 1)"
+(CUDA_VISIBLE_DEVICES=1 "$PY" -m repro.rl.run --artifact fig3 --row "no draft" --profile "$PROFILE" \
+  --out "$RUN/nodraft" --warm-start "$WARM" --seed 0 --sampling-seed 1 > "$RUN/nodraft.log" 2>&1; log "no-draft run rc=$?") &
+npid=$!
 if [ -f "$RUN/run/ckpt/latest.pt" ]; then
   log "workload_law from the run's checkpoint (GPU 0)"
   CUDA_VISIBLE_DEVICES=0 law "$W/law_trained" --from-run "$RUN/run"; log "law_trained rc=$?"
 fi
+wait "$npid"
 grep -h "^\[workload_law\]\|passed=" "$W"/law_*.log
-mkdir -p "$W/run"
-cp "$RUN/run.log" "$W/run/" 2>/dev/null
-find "$RUN/run" -maxdepth 1 -type f \( -name '*.json' -o -name '*.jsonl' \) -exec cp {} "$W/run/" \;
+for r in run nodraft; do
+  mkdir -p "$W/$r"
+  cp "$RUN/$r.log" "$W/$r/" 2>/dev/null
+  find "$RUN/$r" -maxdepth 1 -type f \( -name '*.json' -o -name '*.jsonl' \) -exec cp {} "$W/$r/" \;
+done
 (cd "$W" && find . -type f -print0 | tar czf "$OUT/sampler_study.tgz" --null -T -) \
   && log "packed $(du -h "$OUT/sampler_study.tgz" | cut -f1)"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from repro.bench import cotrain_checks
-from repro.rollout import sampling
+from tests.rollout.helpers import verify_skipping_the_residual
 
 
 @pytest.fixture(autouse=True)
@@ -35,20 +35,7 @@ def test_both_checks_pass_on_cpu(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_law_check_rejects_a_verifier_that_skips_the_residual(tmp_path, monkeypatch):
-    real = sampling.verify
-
-    def wrong(policy_logits, draft_tokens, draft_probs, *, greedy, temperature=1.0, generator=None, num_valid=None):
-        """After a rejection, resample from the policy's law instead of the residual max(0, p - q)."""
-        v = real(policy_logits, draft_tokens, draft_probs, greedy=greedy, temperature=temperature,
-                 generator=generator, num_valid=num_valid)
-        if greedy or draft_probs is None or draft_tokens.shape[1] == 0:
-            return v
-        p = sampling.probs_from_logits(policy_logits, temperature)[torch.arange(len(v.accepted)), v.accepted]
-        limit = num_valid if num_valid is not None else torch.full_like(v.accepted, draft_tokens.shape[1])
-        redraw = torch.multinomial(p, 1, generator=generator).squeeze(1)
-        return sampling.Verdict(v.accepted, torch.where(v.accepted < limit, redraw, v.next_token))
-
-    monkeypatch.setattr("repro.rollout.engine.verify", wrong)
+    monkeypatch.setattr("repro.rollout.engine.verify", verify_skipping_the_residual)
     rc = cotrain_checks.main(["--out", str(tmp_path), "--profile", "cpu-tiny", "--checks", "law",
                               "--families", "eagle3", "--samples", "3000", "--chunk", "1500"])
     law = json.loads((tmp_path / "cotrain_checks.json").read_text())["checks"]["law"]

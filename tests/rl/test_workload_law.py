@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from repro.bench import workload_law
-from repro.rollout import sampling
 from repro.rollout.law import two_sample_chi2_pvalue
+from tests.rollout.helpers import verify_skipping_the_residual
 
 WARM = "results/cpu-2c/cpu-tiny/sft/dense-math"
 
@@ -43,20 +43,7 @@ def test_every_family_draws_plain_samplings_completions(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_a_verifier_that_skips_the_residual_is_caught(tmp_path, monkeypatch):
-    real = sampling.verify
-
-    def wrong(policy_logits, draft_tokens, draft_probs, *, greedy, temperature=1.0, generator=None, num_valid=None):
-        """After a rejection, resample from the policy's law instead of the residual max(0, p - q)."""
-        v = real(policy_logits, draft_tokens, draft_probs, greedy=greedy, temperature=temperature,
-                 generator=generator, num_valid=num_valid)
-        if greedy or draft_probs is None or draft_tokens.shape[1] == 0:
-            return v
-        p = sampling.probs_from_logits(policy_logits, temperature)[torch.arange(len(v.accepted)), v.accepted]
-        limit = num_valid if num_valid is not None else torch.full_like(v.accepted, draft_tokens.shape[1])
-        redraw = torch.multinomial(p, 1, generator=generator).squeeze(1)
-        return sampling.Verdict(v.accepted, torch.where(v.accepted < limit, redraw, v.next_token))
-
-    monkeypatch.setattr("repro.rollout.engine.verify", wrong)
+    monkeypatch.setattr("repro.rollout.engine.verify", verify_skipping_the_residual)
     rc, rep = _run(tmp_path, "--families", "dflash")
     assert rc == 1 and not rep["passed"]
     # the residual-less sampler favours the draft's tokens, which the policy finds less likely

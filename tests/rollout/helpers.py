@@ -1,4 +1,5 @@
-"""Test-only proposers: an oracle that proposes the policy's own greedy tokens, and a noisy one.
+"""Test-only proposers: an oracle that proposes the policy's own greedy tokens, and a noisy one; and a wrong
+verifier, the negative control of the sampler-law checks.
 
 Both recompute the policy on the whole committed sequence without a cache, so they are independent
 of the engine's KV bookkeeping. ``NoisyProposer`` samples from ``softmax((logits + noise) / T)``, an
@@ -7,6 +8,8 @@ imperfect draft whose proposals get rejected often enough to exercise the residu
 from __future__ import annotations
 
 import torch
+
+from repro.rollout import sampling
 
 
 class OracleProposer:
@@ -62,3 +65,17 @@ class OracleProposer:
                 toks[rows, i] = t
                 cur = torch.cat([cur, t[:, None]], dim=1)
         return toks, (None if greedy else probs)
+
+
+def verify_skipping_the_residual(policy_logits, draft_tokens, draft_probs, *, greedy, temperature=1.0,
+                                 generator=None, num_valid=None):
+    """``sampling.verify``, except that after a rejection it resamples from the policy's law instead of the residual
+    max(0, p - q): a biased sampler. Patch it in as ``repro.rollout.engine.verify``."""
+    v = sampling.verify(policy_logits, draft_tokens, draft_probs, greedy=greedy, temperature=temperature,
+                        generator=generator, num_valid=num_valid)
+    if greedy or draft_probs is None or draft_tokens.shape[1] == 0:
+        return v
+    p = sampling.probs_from_logits(policy_logits, temperature)[torch.arange(len(v.accepted)), v.accepted]
+    limit = num_valid if num_valid is not None else torch.full_like(v.accepted, draft_tokens.shape[1])
+    redraw = torch.multinomial(p, 1, generator=generator).squeeze(1)
+    return sampling.Verdict(v.accepted, torch.where(v.accepted < limit, redraw, v.next_token))
