@@ -114,6 +114,8 @@ def _sample_arm(tr: CoTrainer, *, prompts: int, group: int, calls: int, budget_s
         rec["accepted"] += b.counters.accepted
         rec["verify"] += b.counters.verify_steps
         done += 1
+        print(f"[workload_law]   call {done} (at most {calls}): "
+              f"{done * prompts * group} completions, {time.perf_counter() - t0:.0f} s", flush=True)
     data = {k: torch.cat(v) for k, v in rec.items() if isinstance(v, list)}
     data.update(calls=done, seconds=time.perf_counter() - t0,
                 acceptance_length=1 + rec["accepted"] / rec["verify"] if rec["verify"] else None)
