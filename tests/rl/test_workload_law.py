@@ -13,7 +13,7 @@ from repro.bench import workload_law
 from repro.rollout.law import two_sample_chi2_pvalue
 from tests.rollout.helpers import verify_skipping_the_residual
 
-WARM = "results/cpu-2c/cpu-tiny/sft/dense-math"
+SFT = {"steps": 100, "draft_steps": 40}     # cpu-tiny's SFT shortened (150 / 60): still solves some problems
 
 
 @pytest.fixture(autouse=True)
@@ -21,15 +21,33 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
-def _run(tmp_path, *extra):
-    rc = workload_law.main(["--out", str(tmp_path), "--profile", "cpu-tiny", "--warm-start", WARM,
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """A math SFT warm start of cpu-tiny's dense policy and its three drafts, built once for this module (the
+    workflow's own, results/cpu-2c/cpu-tiny/sft/dense-math, is not committed)."""
+    import yaml
+
+    from repro.report.profiles import load_profile
+    from repro.rl.sft import main as sft_main
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("warm")
+    prof = load_profile("cpu-tiny")
+    prof["rl"]["sft"] = {**prof["rl"]["sft"], **SFT}
+    (root / "p.yaml").write_text(yaml.safe_dump(prof))
+    assert sft_main(["--profile", str(root / "p.yaml"), "--policy", "dense", "--workload", "math",
+                     "--drafts", "eagle3,dflash,dspark", "--threads", "1", "--out", str(root / "dense-math")]) == 0
+    return str(root / "dense-math")
+
+
+def _run(tmp_path, warm, *extra):
+    rc = workload_law.main(["--out", str(tmp_path), "--profile", "cpu-tiny", "--warm-start", warm,
                             "--prompts", "8", "--group", "32", "--calls", "3", "--budget-s", "100000", *extra])
     return rc, json.loads((tmp_path / "workload_law.json").read_text())
 
 
 @pytest.mark.timeout(300)
-def test_every_family_draws_plain_samplings_completions(tmp_path):
-    rc, rep = _run(tmp_path)
+def test_every_family_draws_plain_samplings_completions(tmp_path, warm):
+    rc, rep = _run(tmp_path, warm)
     assert rc == 0 and rep["passed"] and rep["complete"]
     assert rep["arms"]["none"]["completions"] == rep["arms"]["dspark"]["completions"] == 768
     assert set(rep["families"]) == {"eagle3", "dflash", "dspark"}
@@ -42,9 +60,9 @@ def test_every_family_draws_plain_samplings_completions(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_a_verifier_that_skips_the_residual_is_caught(tmp_path, monkeypatch):
+def test_a_verifier_that_skips_the_residual_is_caught(tmp_path, monkeypatch, warm):
     monkeypatch.setattr("repro.rollout.engine.verify", verify_skipping_the_residual)
-    rc, rep = _run(tmp_path, "--families", "dflash")
+    rc, rep = _run(tmp_path, warm, "--families", "dflash")
     assert rc == 1 and not rep["passed"]
     # the residual-less sampler favours the draft's tokens, which the policy finds less likely
     assert rep["families"]["dflash"]["token_logprob"]["difference"] < 0
@@ -77,10 +95,10 @@ def test_two_sample_chi2():
 
 
 @pytest.mark.timeout(120)
-def test_progress_after_every_arm(tmp_path):
+def test_progress_after_every_arm(tmp_path, warm):
     from repro.rl.config import load_run_profile
     seen = []
-    rep = workload_law.workload_law(load_run_profile("cpu-tiny"), "fig3", ["eagle3"], warm_start=WARM, prompts=2,
+    rep = workload_law.workload_law(load_run_profile("cpu-tiny"), "fig3", ["eagle3"], warm_start=warm, prompts=2,
                                     group=4, calls=1, budget_s=60, alpha=1e-3, seed=0, workdir=tmp_path,
                                     progress=lambda r: seen.append(json.loads(json.dumps(r))))
     assert [sorted(r["arms"]) for r in seen] == [["none"], ["eagle3", "none"]]
@@ -89,25 +107,25 @@ def test_progress_after_every_arm(tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_from_run_starts_every_arm_from_the_runs_checkpoint(tmp_path):
+def test_from_run_starts_every_arm_from_the_runs_checkpoint(tmp_path, warm):
     from repro.rl.config import load_run_profile, run_config_from_profile
     from repro.rl.hf_tokenizer import tokenizer_for_run
     from repro.rl.trainer import CoTrainer
     prof = load_run_profile("cpu-tiny")
-    cfg = run_config_from_profile(prof, "fig3", "EAGLE-3", out=str(tmp_path / "run"), seed=0, warm_start=WARM)
-    tr = CoTrainer(cfg, tokenizer_for_run(cfg, out=tmp_path / "tok", seed=0, warm_start=WARM))
+    cfg = run_config_from_profile(prof, "fig3", "EAGLE-3", out=str(tmp_path / "run"), seed=0, warm_start=warm)
+    tr = CoTrainer(cfg, tokenizer_for_run(cfg, out=tmp_path / "tok", seed=0, warm_start=warm))
     with torch.no_grad():                       # a policy and draft that differ from the warm start's
         for p in [*tr.policy.model.parameters(), *tr.draft.parameters()]:
             p.mul_(0.98)
     tr.save(7)
-    rep = workload_law.workload_law(prof, "fig3", ["eagle3", "dflash"], warm_start=WARM, prompts=2, group=4,
+    rep = workload_law.workload_law(prof, "fig3", ["eagle3", "dflash"], warm_start=warm, prompts=2, group=4,
                                     calls=1, budget_s=60, alpha=1e-3, seed=0, workdir=tmp_path / "wl",
                                     from_run=str(tmp_path / "run"))
     assert rep["from_run"]["step"] == 7 and rep["from_run"]["draft_family"] == "eagle3"
     assert rep["arms"]["eagle3"]["draft_from_run"] and not rep["arms"]["dflash"]["draft_from_run"]
-    plain = workload_law.workload_law(prof, "fig3", ["eagle3"], warm_start=WARM, prompts=2, group=4, calls=1,
+    plain = workload_law.workload_law(prof, "fig3", ["eagle3"], warm_start=warm, prompts=2, group=4, calls=1,
                                       budget_s=60, alpha=1e-3, seed=0, workdir=tmp_path / "wl2")
     assert plain["arms"]["none"]["token_logprob"] != rep["arms"]["none"]["token_logprob"]   # another policy
     with pytest.raises(SystemExit):
-        workload_law.main(["--out", str(tmp_path / "o"), "--profile", "cpu-tiny", "--warm-start", WARM,
+        workload_law.main(["--out", str(tmp_path / "o"), "--profile", "cpu-tiny", "--warm-start", warm,
                            "--from-run", str(tmp_path / "nothing")])
