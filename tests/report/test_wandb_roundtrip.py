@@ -54,13 +54,14 @@ def test_sidecar_matches_wandb(logged_run):
 
 def test_truncated_log_is_refused(logged_run, tmp_path):
     data = find_wandb_logs(logged_run[0])[0].read_bytes()
-    # Cut halfway through the payload of the fragment that opens the middle 32 KiB block (every block
-    # after the first starts with a fragment header <crc u32, length u16, type u8>). A fixed byte offset
-    # could land on a record boundary or in a block's zero trailer, where the file reads as a shorter log.
-    block = (len(data) // 2) // (32 * 1024) * (32 * 1024)
-    assert block > 0
-    _crc, length, _type = struct.unpack_from("<IHB", data, block)
-    assert length >= 2
+    # Cut halfway through the payload of the fragment that opens a 32 KiB block from the middle on (every
+    # block after the first starts with a fragment header <crc u32, length u16, type u8>). A fixed byte
+    # offset could land on a record boundary or in a block's zero trailer, where the file reads as a shorter
+    # log; and a block's opening fragment can be a 1-byte tail of a record (the bytes vary with timestamps),
+    # so the first block whose opening fragment has 2 or more payload bytes is taken.
+    size = 32 * 1024
+    starts = range((len(data) // 2) // size * size, len(data) - 7, size)
+    block, length = next((b, n) for b in starts if b > 0 and (n := struct.unpack_from("<IHB", data, b)[1]) >= 2)
     cut = tmp_path / "run-cut.wandb"
     cut.write_bytes(data[: block + 7 + length // 2])
     with pytest.raises(WandbLogError, match="truncated"):
