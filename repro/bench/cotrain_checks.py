@@ -140,14 +140,21 @@ def _difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict:
     return {"tensors_differing": len(differ), "tensors": len(a), "max_abs_diff": largest, "first": differ[:5]}
 
 
-def update_check(prof: dict, artifact: str, families: list[str], *, steps: int, workdir: Path) -> dict:
-    """Policy parameters after ``steps`` joint updates vs no-draft updates on the same batches, per family."""
+def family_rows(prof: dict, artifact: str, families: list[str]) -> dict[str, str]:
+    """The artifact's row per arm: ``"none"`` (its no-draft row), then each family's row."""
     rows = prof[artifact]["rows"]
-    base_row = next(r for r, s in rows.items() if not (s or {}).get("draft"))
     by_family = {(s or {}).get("draft"): r for r, s in rows.items() if (s or {}).get("draft")}
     missing = [f for f in families if f not in by_family]
     if missing:
         raise ValueError(f"{artifact} has no row with draft(s) {missing}; its drafted rows: {sorted(by_family)}")
+    base = next(r for r, s in rows.items() if not (s or {}).get("draft"))
+    return {"none": base, **{f: by_family[f] for f in families}}
+
+
+def update_check(prof: dict, artifact: str, families: list[str], *, steps: int, workdir: Path) -> dict:
+    """Policy parameters after ``steps`` joint updates vs no-draft updates on the same batches, per family."""
+    by_family = family_rows(prof, artifact, families)
+    base_row = by_family.pop("none")
 
     def trainer(row: str, name: str) -> CoTrainer:
         cfg = run_config_from_profile(prof, artifact, row, out=str(workdir / name), seed=0)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from repro.bench.cotrain_checks import FAMILIES, _device, _release_device_memory
+from repro.bench.cotrain_checks import FAMILIES, _device, _release_device_memory, family_rows
 from repro.report.provenance import provenance, write_json_atomic
 from repro.rl.checkpoint import CKPT
 from repro.rl.config import load_run_profile, run_config_from_profile
@@ -52,17 +52,6 @@ from repro.rl.trainer import CoTrainer
 from repro.rollout.law import two_sample_chi2_pvalue
 
 STATISTICS = ("reward", "token_logprob", "length")
-
-
-def _rows(prof: dict, artifact: str, families: list[str]) -> dict[str, str]:
-    """The artifact's row per arm: ``none`` (its no-draft row) and each family's row."""
-    rows = prof[artifact]["rows"]
-    by_family = {(s or {}).get("draft"): r for r, s in rows.items() if (s or {}).get("draft")}
-    missing = [f for f in families if f not in by_family]
-    if missing:
-        raise ValueError(f"{artifact} has no row with draft(s) {missing}; its drafted rows: {sorted(by_family)}")
-    base = next(r for r, s in rows.items() if not (s or {}).get("draft"))
-    return {"none": base, **{f: by_family[f] for f in families}}
 
 
 @torch.no_grad()
@@ -163,7 +152,7 @@ def workload_law(prof: dict, artifact: str, families: list[str], *, warm_start: 
     ``budget_s``, each family then takes the same calls. ``progress`` gets the report after every arm. With
     ``from_run``, every arm starts from that run's checkpoint instead: its policy, and its draft for its family
     (the other families keep their warm-start drafts: the sampler must be exact for any draft)."""
-    rows = _rows(prof, artifact, families)
+    rows = family_rows(prof, artifact, families)
     run = load_run_state(from_run) if from_run else None
     out: dict = {"artifact": artifact, "rows": rows, "prompts_per_call": prompts, "group": group, "arms": {},
                  "families": {}, "complete": False,

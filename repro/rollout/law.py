@@ -4,7 +4,8 @@ token pairs, for policies whose vocabulary is small enough to enumerate.
 ``exact_pair_laws`` runs the policy once over every two-token continuation of a prompt and returns the exact joint
 laws of (y1, y2) and (y2, y3) of a three-token completion at a temperature (logits taken to fp64 before the
 softmax). ``chi2_pvalue`` compares observed counts with such a law; cells expected below ``min_expected`` counts
-are pooled. ``two_sample_chi2_pvalue`` asks whether two samples' counts share one (unknown) law. Used by tests/rollout/test_sampling.py and repro.bench.cotrain_checks.
+are pooled. ``two_sample_chi2_pvalue`` asks whether two samples' counts share one (unknown) law. Used by
+tests/rollout/test_sampling.py, repro.bench.cotrain_checks and repro.bench.workload_law.
 
     j12, j23 = exact_pair_laws(policy, [3, 1, 4], temperature=1.0)
     chi2_pvalue(torch.bincount(toks[:, 0] * V + toks[:, 1], minlength=V * V), j12)
@@ -27,10 +28,7 @@ def chi2_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor, min_expect
         exp = torch.cat([exp[~small], exp[small].sum().view(1)])
         if exp[-1] == 0:
             obs, exp = obs[:-1], exp[:-1]
-    stat = ((obs - exp) ** 2 / exp).sum()
-    dof = obs.numel() - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
-
+    return _chi2_sf(((obs - exp) ** 2 / exp).sum(), obs.numel() - 1)
 
 
 def two_sample_chi2_pvalue(counts_a: torch.Tensor, counts_b: torch.Tensor, min_expected: float = 5.0) -> float:
@@ -52,9 +50,13 @@ def two_sample_chi2_pvalue(counts_a: torch.Tensor, counts_b: torch.Tensor, min_e
         return 1.0
     tot = a + b
     ea, eb = tot * na / (na + nb), tot * nb / (na + nb)
-    stat = ((a - ea) ** 2 / ea + (b - eb) ** 2 / eb).sum()
-    dof = a.numel() - 1
+    return _chi2_sf(((a - ea) ** 2 / ea + (b - eb) ** 2 / eb).sum(), a.numel() - 1)
+
+
+def _chi2_sf(stat: torch.Tensor, dof: int) -> float:
+    """P(X >= stat) for X chi-square with ``dof`` degrees of freedom."""
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
+
 
 @torch.no_grad()
 def exact_pair_laws(policy, prompt: Sequence[int], *, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
