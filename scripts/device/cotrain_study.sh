@@ -9,6 +9,8 @@
 # and log; never the runs' checkpoints, which filled the device's disk when copied); the files are staged in
 # .cache/study_pack. Runs in the repository root.
 #   REPRO_GIT_SHA=<sha> [ROWS=EAGLE-3,DSpark] [SEEDS=1,2,3,4,5,6] [BUDGET_S=480] [CHECKS=1] bash scripts/device/cotrain_study.sh
+# Also: JOBS (runs at a time, default 2, spread over GPUS round-robin), THREADS (torch threads per run, default 0 =
+# torch's default), RUNS_TIMEOUT_S (the runs are killed after it, so that the pack still happens inside the call).
 #   OUT=/tmp/o PY=.venv/bin/python PROFILE=cpu-tiny WARM=results/cpu-2c/cpu-tiny/sft/dense-math ROWS=EAGLE-3 SEEDS=1 \
 #     CHECK_ARGS="--samples 2000" bash scripts/device/cotrain_study.sh                                # CPU dry run
 set -uo pipefail
@@ -29,8 +31,8 @@ if [ "${CHECKS:-1}" = 1 ]; then
 fi
 log "runs: ${ROWS:-EAGLE-3,DSpark} x seeds ${SEEDS:-1,2,3,4,5,6} from $WARM into $WORK (none started after ${BUDGET_S:-480} s)"
 OUT=$W/report WORK=$WORK WARM=$WARM PY=$PY PROFILE=${PROFILE:-h200} ROWS=${ROWS:-EAGLE-3,DSpark} \
-  SEEDS=${SEEDS:-1,2,3,4,5,6} JOBS=2 GPUS=${GPUS:-0,1} THREADS=0 DEADLINE=$((T0 + ${BUDGET_S:-480})) REPORT=0 \
-  bash scripts/experiments/exchangeability.sh 2>&1 | tee "$W/runs.log"
+  SEEDS=${SEEDS:-1,2,3,4,5,6} JOBS=${JOBS:-2} GPUS=${GPUS:-0,1} THREADS=${THREADS:-0} DEADLINE=$((T0 + ${BUDGET_S:-480})) REPORT=0 \
+  timeout "${RUNS_TIMEOUT_S:-86400}" bash scripts/experiments/exchangeability.sh 2>&1 | tee "$W/runs.log"
 if [ -n "$cpid" ]; then wait "$cpid"; log "cotrain_checks rc=$?"; tail -3 "$W/cotrain_checks.log"; fi
 mkdir -p "$W/runs"
 (cd "$WORK" && find . -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \) ! -path '*/ckpt/*' \
