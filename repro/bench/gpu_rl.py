@@ -50,10 +50,9 @@ from pathlib import Path
 import yaml
 
 from repro.report.metrics import MetricsLogger
-from repro.report.profiles import load_profile
 from repro.report.provenance import provenance, write_json_atomic
 from repro.report.seed_spread import replica_run_name
-from repro.rl.config import ARTIFACTS, artifact_rows, sft_spec
+from repro.rl.config import ARTIFACTS, artifact_rows, load_run_profile, sft_spec
 from repro.rl.summary import run_dir_name, summarize
 
 
@@ -123,7 +122,8 @@ def _warm_start(py, prof, prof_file, pol, workload, names, out: Path, cache: str
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_rl_out"))
-    ap.add_argument("--profile", default="h200")
+    ap.add_argument("--profile", default="h200", help="profile name, or a path to a profile .yaml file "
+                    "(e.g. one written by repro.rl.derive_profile)")
     ap.add_argument("--artifact", default="table1", choices=ARTIFACTS, help="the RL artifact whose rows run")
     ap.add_argument("--budget-s", type=float, default=330.0, help="stop starting new rows after this many seconds")
     ap.add_argument("--deadline-s", type=float, default=0.0,
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(default: the artifact section's lockstep setting)")
     ap.add_argument("--seeds", default="",
                     help="comma-separated baseline seeds whose replicas run (default: all of the artifact's "
-                         "baseline_seeds), e.g. the ones an earlier call did not reach")
+                         "baseline_seeds), e.g. the ones an earlier call did not reach; 'none': no replicas")
     ap.add_argument("--seed-replicas-only", action="store_true",
                     help="run only the baselines' seed replicas (baseline_seeds) of the chosen rows, e.g. to add a seed "
                          "band to a figure whose main rows ran in an earlier call")
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("WANDB_MODE", "disabled")
     t0 = time.perf_counter()
     out = Path(args.out)
-    prof = load_profile(args.profile)
+    prof = load_run_profile(args.profile)
     art = args.artifact
     if args.steps:
         prof[art]["steps"] = args.steps
@@ -207,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     prof_file.write_text(yaml.safe_dump(prof, sort_keys=False))
     # a figure's baseline replicas: sampling seeds k of the main runs' seed 0 (the workflow's default seed)
     seeds = [int(k) for k in dict.fromkeys(prof[art].get("baseline_seeds") or []) if int(k) != 0]
-    if args.seeds:
+    if args.seeds.strip().lower() == "none":
+        seeds = []
+    elif args.seeds:
         try:
             wanted = [int(k) for k in args.seeds.split(",") if k.strip()]
         except ValueError:
