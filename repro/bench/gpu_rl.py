@@ -227,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [] if args.seed_replicas_only else [(r, 0, run_dir_name(r)) for r in order]
     jobs += [(b, k, replica_run_name(run_dir_name(b), k)) for k in seeds for b in bases]
     if not jobs:
-        raise SystemExit(f"nothing to run: {art} has no baseline_seeds in profile {args.profile!r}"
+        raise SystemExit(f"nothing to run: no seed replicas of {art} chosen (baseline_seeds in profile "
+                         f"{args.profile!r}: {prof[art].get('baseline_seeds')}, --seeds {args.seeds or 'all'})"
                          if args.seed_replicas_only else f"nothing to run: no rows of {art} chosen")
     lockstep = bool(args.lockstep or prof[art].get("lockstep"))
     report: dict = {"profile": args.profile, "artifact": art, "workload": workload, "rows": {},

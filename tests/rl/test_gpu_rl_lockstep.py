@@ -30,6 +30,19 @@ def test_seeds_must_be_baseline_seeds_of_the_artifact(tmp_path):
     assert not (tmp_path / "fig3").exists()
 
 
+def test_seeds_none_and_a_profile_file(tmp_path):
+    """``--seeds none`` runs no replica (so replicas alone leave nothing to run); ``--profile`` takes a .yaml file,
+    e.g. one repro.rl.derive_profile wrote, and reads its settings."""
+    with pytest.raises(SystemExit, match=r"nothing to run: no seed replicas of fig3 chosen .*--seeds none"):
+        gpu_rl.main(["--profile", "cpu-tiny", "--out", str(tmp_path), "--artifact", "fig3", "--seeds", "none",
+                     "--seed-replicas-only"])
+    from repro.rl import derive_profile
+    prof = tmp_path / "p.yaml"
+    assert derive_profile.main(["--profile", "cpu-tiny", "--out", str(prof), "fig3.baseline_seeds=[1,2,7]"]) == 0
+    with pytest.raises(SystemExit, match=r"--seeds \[9\] are not baseline_seeds of fig3 .*expected some of \[1, 2, 7\]"):
+        gpu_rl.main(["--profile", str(prof), "--out", str(tmp_path), "--artifact", "fig3", "--seeds", "9"])
+
+
 @pytest.mark.timeout(600)
 def test_sft_only_then_drafted_rows_without_their_baseline(tmp_path, monkeypatch):
     """The split device calls of a long curve run: ``--sft-only`` builds the warm start into the cache and runs no
