@@ -31,7 +31,8 @@ if [ "${CHECKS:-1}" = 1 ]; then
 fi
 log "runs: ${ROWS:-EAGLE-3,DSpark} x seeds ${SEEDS:-1,2,3,4,5,6} from $WARM into $WORK (none started after ${BUDGET_S:-480} s)"
 OUT=$W/report WORK=$WORK WARM=$WARM PY=$PY PROFILE=${PROFILE:-h200} ROWS=${ROWS:-EAGLE-3,DSpark} \
-  SEEDS=${SEEDS:-1,2,3,4,5,6} JOBS=${JOBS:-2} GPUS=${GPUS:-0,1} THREADS=${THREADS:-0} DEADLINE=$((T0 + ${BUDGET_S:-480})) REPORT=0 \
+  SEEDS=${SEEDS:-1,2,3,4,5,6} JOBS=${JOBS:-2} GPUS=${GPUS:-0,1} THREADS=${THREADS:-0} \
+  DEADLINE=$((T0 + ${BUDGET_S:-480})) REPORT=0 \
   timeout "${RUNS_TIMEOUT_S:-86400}" bash scripts/experiments/exchangeability.sh 2>&1 | tee "$W/runs.log"
 if [ -n "$cpid" ]; then wait "$cpid"; log "cotrain_checks rc=$?"; tail -3 "$W/cotrain_checks.log"; fi
 mkdir -p "$W/runs"
