@@ -219,6 +219,20 @@ def _device(prof: dict) -> str:
     return want
 
 
+def checked_profile(ap: argparse.ArgumentParser, args: argparse.Namespace, families: list[str]) -> dict:
+    """The profile of ``--profile``, with ``families`` and ``--artifact`` checked against it (``ap.error`` names a
+    bad value) and its device present: the command lines of this module and ``repro.bench.workload_law``."""
+    prof = load_run_profile(args.profile)
+    bad = [f for f in families if f not in prof["rl"]["drafts"]]
+    if bad:
+        ap.error(f"--families {bad}: not drafts of profile {args.profile!r}; expected some of "
+                 f"{sorted(prof['rl']['drafts'])}")
+    if args.artifact not in prof:
+        ap.error(f"--artifact {args.artifact!r}: profile {args.profile!r} has no such section")
+    _device(prof)
+    return prof
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -255,14 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--init-std {args.init_std!r}: expected auto or a positive number")
     if init_std is not None and init_std <= 0:
         ap.error(f"--init-std {args.init_std!r}: expected auto or a positive number")
-    prof = load_run_profile(args.profile)
-    bad = [f for f in families if f not in prof["rl"]["drafts"]]
-    if bad:
-        ap.error(f"--families {bad}: not drafts of profile {args.profile!r}; expected some of "
-                 f"{sorted(prof['rl']['drafts'])}")
-    if args.artifact not in prof:
-        ap.error(f"--artifact {args.artifact!r}: profile {args.profile!r} has no such section")
-    _device(prof)
+    prof = checked_profile(ap, args, families)
     report: dict = {"profile": args.profile, "checks": {}}
     t0 = time.perf_counter()
     runs = {"law": lambda: law_check({**prof, "dtype": args.law_dtype or prof.get("dtype", "float32")}, families,

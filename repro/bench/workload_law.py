@@ -41,10 +41,10 @@ from pathlib import Path
 
 import torch
 
-from repro.bench.cotrain_checks import FAMILIES, _device, _release_device_memory, family_rows
+from repro.bench.cotrain_checks import FAMILIES, _release_device_memory, checked_profile, family_rows
 from repro.report.provenance import provenance, write_json_atomic
 from repro.rl.checkpoint import CKPT
-from repro.rl.config import load_run_profile, run_config_from_profile
+from repro.rl.config import run_config_from_profile
 from repro.rl.episodes import RolloutBatch, math_rollout
 from repro.rl.grpo import token_logprobs
 from repro.rl.hf_tokenizer import tokenizer_for_run
@@ -220,13 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                  "(e.g. snakemake -c2 fig3) or scripts/device/warm_sft.sh")
     if args.from_run and not (Path(args.from_run) / CKPT).is_file():
         ap.error(f"--from-run {args.from_run!r}: no checkpoint {CKPT} there; expected a run folder of repro.rl.run")
-    prof = load_run_profile(args.profile)
-    bad = [f for f in families if f not in prof["rl"]["drafts"]]
-    if not families or bad:
+    prof = checked_profile(ap, args, families)
+    if not families:
         ap.error(f"--families {args.families!r}: expected some of {sorted(prof['rl']['drafts'])}")
-    if args.artifact not in prof:
-        ap.error(f"--artifact {args.artifact!r}: profile {args.profile!r} has no such section")
-    _device(prof)
     prov = provenance({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})
 
     def write(report: dict) -> Path:        # after every arm, so a killed run still leaves its finished arms
