@@ -31,7 +31,4 @@ for _artifact in PAPER_ARTIFACTS:
         include: f"workflow/rules/{_artifact}.smk"
 
 
-# Draft controls (draft_frozen, draft_offdomain, exchangeability): what co-training itself adds, and that it leaves
-# the policy's learning alone; not part of `all`.
-include: "workflow/rules/controls.smk"
 include: "workflow/rules/all.smk"

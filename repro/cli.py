@@ -11,8 +11,8 @@ import json
 import subprocess
 import sys
 
-from repro.report.profiles import ProfileError, available_profiles, load_profile, missing_hardware
-from repro.report.provenance import REPO_ROOT, provenance
+from repro.core.profile import ProfileError, available_profiles, load_profile, missing_hardware
+from repro.core.provenance import REPO_ROOT, provenance
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ samples, tokens/s, acceptance length (accepted + 1 per verify step), the speedup
 measured in the same run, and speedup / acceptance length (the engine-overhead figure of merit).
 It also checks that greedy speculative output is token-identical to plain greedy output (fp32) and
 records the fraction of identical rows. Writes ``bench.json``, ``metrics.jsonl``, ``env.json`` (and
-W&B offline logs where wandb is installed) through ``repro.bench.common.BenchRun``.
+W&B offline logs where wandb is installed) through ``repro.core.timing.BenchRun``.
 
     python -m repro.bench.decode --profile cpu-tiny                    # ~5 min on 2 CPU cores
     python -m repro.bench.decode --profile cpu-tiny --batch-sizes 1,4 --train-steps 20   # quick look
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from repro.bench.common import BenchRun, summarize, time_samples
+from repro.core.timing import BenchRun, summarize, time_samples
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dflash import DFlashDraft
 from repro.models.dspark import DSparkDraft
@@ -33,8 +33,8 @@ from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.models.policy import build_policy
 from repro.models.synthetic import MarkovLanguage, pretrain_policy
 from repro.models.train_draft import sample_sequences, train_draft
-from repro.report.profiles import load_profile
-from repro.report.provenance import hardware
+from repro.core.profile import load_profile
+from repro.core.provenance import hardware
 from repro.rollout.engine import RolloutEngine
 
 FAMILIES = ("eagle3", "dflash", "dspark")

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
-from repro.bench.common import BenchRun, summarize, time_samples
-from repro.report.profiles import load_profile
-from repro.report.provenance import hardware, write_json_atomic
+from repro.core.timing import BenchRun, summarize, time_samples
+from repro.core.profile import load_profile
+from repro.core.io import write_json_atomic
+from repro.core.provenance import hardware
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

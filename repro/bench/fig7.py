@@ -244,7 +244,7 @@ def summarize_rows(per_rank: list[dict], cfg: Fig7Config) -> list[dict]:
 
 def run(cfg: Fig7Config, out: Path, profile: str, timeout_s: float = 1800) -> list[dict]:
     from kernels.launch import spawn
-    from repro.bench.common import BenchRun
+    from repro.core.timing import BenchRun
 
     per_rank = spawn(measure_worker, cfg.pp, args=(cfg,), timeout_s=timeout_s, backend="gloo")
     records = summarize_rows(per_rank, cfg)
@@ -295,7 +295,7 @@ def run(cfg: Fig7Config, out: Path, profile: str, timeout_s: float = 1800) -> li
 
 def config_for(profile: str, overrides: dict | None = None) -> Fig7Config:
     """The ``fig7:`` section of experiments/profiles/<profile>.yaml, with command-line overrides."""
-    from repro.report.profiles import load_profile
+    from repro.core.profile import load_profile
     section = dict(load_profile(profile).get("fig7") or {})
     if not section:
         raise ValueError(f"profile {profile!r} has no fig7: section (experiments/profiles/{profile}.yaml); "
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"profile {args.profile!r} needs a CUDA device; this machine has none")
     if args.out is None:
-        from repro.report.provenance import hardware
+        from repro.core.provenance import hardware
         args.out = Path("results") / hardware()["tag"] / args.profile / "fig7"
     records = run(cfg, args.out, args.profile, args.timeout)
     print(f"{'layout':8} {'T':>6} {'transport':13} {'MB':>8} {'fan-in ms':>10} {'GB/s':>8} {'src %':>7} {'draft %':>8}")

@@ -29,7 +29,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels.attention.padded import padded_block_attention
 from kernels.attention.reference import block_mask, dense_attention
-from repro.report.provenance import provenance, write_json_atomic
+from repro.core.io import write_json_atomic
+from repro.core.provenance import provenance
 from repro.rl.sft import deterministic_algorithms
 
 MODES = ("default", "deterministic", "math")

@@ -1,7 +1,7 @@
 """Everything one NeMo-RL row needs, checked before anything is launched or submitted.
 
 One CheckError lists every missing thing, each named with what was expected:
-  - the NeMo-RL checkout (repro.report.profiles.missing_paths), its example config and entry script,
+  - the NeMo-RL checkout (repro.core.profile.missing_paths), its example config and entry script,
     and the co-training stack the row needs (read from the checkout's source, never imported):
     EAGLE-3 TTT (PR 3699), DFlash (3712), DSpark (3713), drafts under CP or with packing (4059),
     block drafts under PP (4060);
@@ -24,8 +24,8 @@ from typing import Any
 from repro.nemo_rl.config import Paths
 from repro.nemo_rl.rows import RowSpec
 from repro.nemo_rl.skeleton import SkeletonError, typed_dict_keys
-from repro.report.profiles import missing_paths
-from repro.report.provenance import hardware
+from repro.core.profile import missing_paths
+from repro.core.provenance import hardware
 
 DRAFT_DIR = "nemo_rl/models/megatron/draft"
 POLICY_INIT = "nemo_rl/models/policy/__init__.py"

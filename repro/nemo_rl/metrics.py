@@ -1,6 +1,6 @@
 """NeMo-RL's W&B metric names -> the suite's per-step names, so one set of summary, table and figure
-rules serves both engines. Importing this module registers the mapper as ``ENGINE_MAPPERS["nemo-rl"]``
-of repro.report.collect (collect imports it when it meets a run whose env.json says engine nemo-rl).
+rules serves both engines: ``nemo_rl_mapper`` is repro.report.collect's mapper of runs whose env.json says
+engine nemo-rl.
 
 NeMo-RL (NVIDIA-NeMo/RL main @ 7ea279ab: nemo_rl/algorithms/grpo.py, nemo_rl/utils/logger.py,
 nemo_rl/models/generation/vllm/utils.py, nemo_rl/algorithms/utils.py) logs one W&B history row per
@@ -23,8 +23,6 @@ from __future__ import annotations
 import math
 import re
 from typing import Any
-
-from repro.report.collect import ENGINE_MAPPERS
 
 ENGINE = "nemo-rl"
 # NeMo-RL W&B key -> the suite's per-step metric name.
@@ -87,8 +85,6 @@ def nemo_rl_mapper(entry: dict[str, Any]) -> list[tuple[str, str, float]]:
                          "it ('row'; repro.nemo_rl.run writes it)")
     return [(row, name, value) for name, value in step_metrics(entry).items()]
 
-
-ENGINE_MAPPERS[ENGINE] = nemo_rl_mapper
 
 
 if __name__ == "__main__":

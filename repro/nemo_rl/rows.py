@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro.report.profiles import ProfileError, load_profile
+from repro.core.profile import ProfileError, load_profile
 
 ARTIFACTS = ("table1", "table2", "fig3", "fig4")
 BASELINE = "no draft"

@@ -33,9 +33,10 @@ from typing import Any
 from repro.nemo_rl import checks, config, launch, skeleton
 from repro.nemo_rl.finish import finish
 from repro.nemo_rl.rows import ARTIFACTS, RowError, RowSpec, load_rows, resolve
-from repro.report.metrics import wandb_mode
-from repro.report.profiles import ProfileError, load_profile
-from repro.report.provenance import git_state, provenance, write_json_atomic
+from repro.core.metrics import wandb_mode
+from repro.core.profile import ProfileError, load_profile
+from repro.core.io import write_json_atomic
+from repro.core.provenance import git_state, provenance
 
 ENGINE = "nemo-rl"
 PAPER_PROFILES = ("paper-h100", "paper-gb200")

@@ -4,7 +4,7 @@ repro.nemo_rl.run writes env.json where the run is generated (a login node when 
 SLURM); the launch command's first step runs this module on the node that runs NeMo-RL (inside the
 NeMo-RL environment, with the suite on PYTHONPATH) and replaces the hardware, software and date with
 what it detects there. The node count of a multi-node allocation is read from SLURM and prefixed to
-the hardware tag (``8n-4xgb200``). Standard library and repro.report.provenance only, so it runs in
+the hardware tag (``8n-4xgb200``). Standard library and repro.core.provenance only, so it runs in
 NeMo-RL's environment.
 
     PYTHONPATH=/path/to/suite uv run python -m repro.nemo_rl.runtime_env results/.../table1/Qwen3-8B_DFlash
@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from repro.report.provenance import provenance, write_json_atomic
+from repro.core.io import write_json_atomic
+from repro.core.provenance import provenance
 
 
 def runtime_env(env: dict[str, Any], detected: dict[str, Any], nodes: int) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from repro.report.provenance import write_json_atomic
+from repro.core.io import write_json_atomic
 
 # The example configs the generated configs inherit from (the workloads') or follow (the online
 # EAGLE-3 recipe, the one example with a draft and vLLM speculative config); paths in a NeMo-RL checkout.

@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
-from repro.report.provenance import write_atomic
+from repro.core.io import write_atomic
+from repro.nemo_rl.metrics import ENGINE as NEMO_RL_ENGINE, nemo_rl_mapper
 from repro.report.wandb_reader import WandbLogError, find_wandb_logs, read_wandb_log
 
 TIDY_COLUMNS = ["artifact", "profile", "hardware", "hardware_label", "run", "engine", "row", "step",
@@ -54,15 +55,10 @@ def suite_mapper(entry: dict[str, Any]) -> list[tuple[str, str, float]]:
     return out
 
 
-ENGINE_MAPPERS: dict[str, Mapper] = {"suite": suite_mapper}
+ENGINE_MAPPERS: dict[str, Mapper] = {"suite": suite_mapper, NEMO_RL_ENGINE: nemo_rl_mapper}
 
 
 def _mapper(engine: str) -> Mapper:
-    if engine not in ENGINE_MAPPERS and engine == "nemo-rl":
-        try:  # registered by repro.nemo_rl when that integration is present
-            import repro.nemo_rl.metrics  # noqa: F401
-        except ImportError:
-            pass
     if engine not in ENGINE_MAPPERS:
         raise ValueError(f"no metric mapper for engine {engine!r}; known: {sorted(ENGINE_MAPPERS)}")
     return ENGINE_MAPPERS[engine]

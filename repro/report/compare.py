@@ -27,8 +27,9 @@ import yaml
 
 from repro.report.collect import read_tidy
 from repro.report.paper import ARTIFACTS, load_paper_numbers
-from repro.report.profiles import ProfileError, load_profile
-from repro.report.provenance import REPO_ROOT, write_atomic
+from repro.core.profile import ProfileError, load_profile
+from repro.core.io import write_atomic
+from repro.core.provenance import REPO_ROOT
 from repro.report.tables import to_markdown, write_table
 
 PAPER_HARDWARE = REPO_ROOT / "experiments" / "hardware" / "paper_hardware.yaml"

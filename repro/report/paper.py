@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from repro.report.profiles import ProfileError, validate
-from repro.report.provenance import REPO_ROOT
+from repro.core.profile import ProfileError, validate
+from repro.core.provenance import REPO_ROOT
 
 PAPER_NUMBERS = REPO_ROOT / "experiments" / "paper_numbers.csv"
 ARTIFACTS = ("table1", "table2", "fig3", "fig4", "fig5", "fig6", "fig7")

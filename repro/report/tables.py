@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from repro.report.provenance import write_atomic
+from repro.core.io import write_atomic
 
 
 def format_value(value, digits: int = 3) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from repro.report.provenance import write_atomic
+from repro.core.io import write_atomic
 from repro.rl.config import ConfigError
 
 CKPT = Path("ckpt") / "latest.pt"

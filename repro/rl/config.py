@@ -389,7 +389,7 @@ ENGINES = ("suite",)     # --engine: which engine runs a profile's rows when it 
 def load_run_profile(name_or_path: str) -> dict:
     """A profile by name (experiments/profiles/<name>.yaml) or, for a name ending in .yaml/.yml, from that
     file (a copy of a profile pointed elsewhere); schema-validated either way."""
-    from repro.report.profiles import ProfileError, load_profile, load_yaml, validate
+    from repro.core.profile import ProfileError, load_profile, load_yaml, validate
     if not name_or_path.endswith((".yaml", ".yml")):
         return load_profile(name_or_path)
     path = Path(name_or_path)
@@ -428,7 +428,7 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any] | None) -> dict:
 
 def checkpoint_path(profile: Mapping[str, Any], key: str, checkpoint_root: str | Path | None,
                     what: str = "policy.checkpoint") -> str:
-    """``<checkpoint_root>/<checkpoints[key]>`` (as repro.report.profiles.missing_paths and the NeMo-RL
+    """``<checkpoint_root>/<checkpoints[key]>`` (as repro.core.profile.missing_paths and the NeMo-RL
     driver resolve it); "" when no root is set (validation then says how to set it). ``what`` names the
     config key that gave ``key`` in the error."""
     ckpts = profile.get("checkpoints") or {}

@@ -10,11 +10,9 @@ transformers passes through to every attention call; RoPE uses the shard's in-se
 
 ``CPPolicyStage`` is a pipeline stage (``repro.parallel.model.PolicyStage``) that runs its layers
 this way on the shard of the microbatch it is given; ``repro.rl.mesh_update`` runs the joint GRPO +
-draft update on a PP x CP mesh of them. ``cp_update_worker`` is that update with PP = 1 (the draft,
-if any, runs its own CP attention on the same shard: ``repro.models`` drafts take the PackedShard).
+draft update on a PP x CP mesh of them (its ``cp_update_worker`` is that update with PP = 1; the draft, if
+any, runs its own CP attention on the same shard: ``repro.models`` drafts take the PackedShard).
 
-    from kernels.launch import spawn
-    out = spawn(cp_update_worker, 2, args=(payload,))      # payload: repro.rl.pp.make_payload(...)
     python -m pytest -q tests/rl/test_cp.py
 """
 from __future__ import annotations
@@ -93,13 +91,3 @@ class CPPolicyStage(PolicyStage):
             if self.is_last:
                 h = self.lm_head(self.norm(h))
         return h.float() if self.autocast_dtype is not None else h
-
-
-def cp_update_worker(rank: int, world: int, payload: dict) -> dict:
-    """One rank of a CP=world joint update (PP=1, with or without a draft); returns its updated
-    parameters (HF names), clipped gradients, the total policy loss and its local row count."""
-    from repro.rl.mesh_update import mesh_update_worker
-    out = mesh_update_worker(rank, world, [payload], 1, world)[0]
-    return {"rank": rank, "policy": out["policy"], "grads": out["grads"], "policy_loss": out["stats"]["policy_loss"],
-            "draft_loss": out["stats"]["draft_loss"], "draft_grads": out["draft_grads"],
-            "local_rows": out["stats"]["local_rows"]}

@@ -27,7 +27,6 @@ policy's ``mesh:`` suggestion.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
@@ -37,9 +36,9 @@ import torch
 import torch.distributed as dist
 
 from repro.models.policy import policy_config
-from repro.report.metrics import MetricsLogger
-from repro.report.profiles import ProfileError
-from repro.report.provenance import write_json_atomic
+from repro.core.metrics import MetricsLogger
+from repro.core.profile import ProfileError
+from repro.core.io import write_json_atomic
 from repro.rl.config import (
     ARTIFACTS,
     ENGINES,
@@ -54,7 +53,6 @@ from repro.rl.config import (
 from repro.rl.grpo import group_advantages
 from repro.rl.mesh_update import Mesh, MeshShape, MeshUpdate
 from repro.rl.trainer import CoTrainer, step_metrics
-from repro.rl.update_profile import profiled
 
 DIST_ARTIFACT = "dist"       # MetricsLogger's artifact label of these runs (results/<hw>/<profile>/dist/...)
 TRANSPORTS = ("auto", "shm", "host_staging", "gloo", "cuda_ipc")
@@ -98,9 +96,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tap-transport", default="auto", choices=TRANSPORTS,
                     help="TapChannel transport (auto: shm on CPU, cuda_ipc on GPUs of one node)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads per rank (0: torch's default)")
-    ap.add_argument("--profile-update", type=int, default=-1, metavar="STEP",
-                    help="run step STEP's update under torch.profiler on every rank: <out>/profile_update_rank<r>.txt "
-                         "and .json (repro.rl.update_profile); -1: none")
     ap.add_argument("--update-dtype", choices=("auto", "float32"), default="auto",
                     help="compute dtype of the update's forward passes: auto = the profile's dtype under autocast on "
                          "a GPU (as repro.rl.run's update), fp32 on a CPU; float32 = fp32 everywhere (the ring then "
@@ -175,15 +170,15 @@ def tap_transport(name: str, device: str) -> str:
 class DistCoTrainer(CoTrainer):
     """Rank 0's loop: ``CoTrainer``'s rollout, validation, weight push and logging around the mesh update."""
 
-    def attach(self, mesh_update: MeshUpdate, profile_step: int = -1) -> None:
-        self.mesh_update, self.profile_step = mesh_update, profile_step
+    def attach(self, mesh_update: MeshUpdate) -> None:
+        self.mesh_update = mesh_update
 
     def train_step(self, step: int):
         t0, c0 = time.perf_counter(), time.process_time()
         batch = self.rollout(step)
         c1 = time.process_time()
         adv = group_advantages(batch.rewards, self.cfg.grpo.generations_per_prompt, self.cfg.grpo.normalize_std)
-        stats = follower_step(self.mesh_update, self.cfg, step, (batch, adv), profile_step=self.profile_step)
+        stats = follower_step(self.mesh_update, self.cfg, step, (batch, adv))
         tg, cg = time.perf_counter(), time.process_time()
         policy, draft = self.mesh_update.gather_to_root()
         load_weights(self.policy.model, policy)
@@ -214,9 +209,8 @@ def load_weights(module: torch.nn.Module, state: dict) -> None:
         params[k].copy_(v)
 
 
-def follower_step(upd: MeshUpdate, cfg: RunConfig, step: int, batch_adv=None, profile_step: int = -1):
-    """One update on every rank: rank 0 passes (batch, advantages), which the others receive. At ``profile_step``
-    the update runs under torch.profiler (``repro.rl.update_profile``), its tables written into the run folder."""
+def follower_step(upd: MeshUpdate, cfg: RunConfig, step: int, batch_adv=None):
+    """One update on every rank: rank 0 passes (batch, advantages), which the others receive."""
     box = [None]
     if dist.get_rank() == 0:
         batch, adv = batch_adv
@@ -224,14 +218,7 @@ def follower_step(upd: MeshUpdate, cfg: RunConfig, step: int, batch_adv=None, pr
                 "old": batch.rollout_logp.cpu(), "adv": adv.cpu()}]
     dist.broadcast_object_list(box, src=0)
     b = box[0]
-    ctx = contextlib.nullcontext()
-    if step == profile_step:
-        rank = dist.get_rank()
-        meta = {"step": step, "rank": rank, "world": dist.get_world_size(), "pp": upd.mesh.shape.pp,
-                "cp": upd.mesh.shape.cp, "row": cfg.row, "device": str(upd.device)}
-        ctx = profiled(Path(cfg.out) / f"profile_update_rank{rank}", str(upd.device), meta)
-    with ctx:
-        return upd.step(b["ids"], b["att"], b["mask"], b["old"], b["adv"], anchor_seed=cfg.rollout_seed * 7919 + step)
+    return upd.step(b["ids"], b["att"], b["mask"], b["old"], b["adv"], anchor_seed=cfg.rollout_seed * 7919 + step)
 
 
 def _param_checksum(model: torch.nn.Module, device) -> torch.Tensor:
@@ -275,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                          transport=tap_transport(args.tap_transport, device), device=device, autocast_dtype=amp)
         del policy
         if rank == 0:
-            trainer.attach(upd, args.profile_update)
+            trainer.attach(upd)
             print(f"[{args.artifact} {args.row}] dist_run: pp={shape.pp} cp={shape.cp} ({world} ranks, "
                   f"{n_mb} microbatches of {cfg.grpo.microbatch}), {cfg.steps} steps -> {args.out}", flush=True)
             parallel = {"pp": shape.pp, "cp": shape.cp, "world": world, "microbatches": n_mb,
@@ -296,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 "parallel": parallel})
         else:
             for step in range(cfg.steps):
-                follower_step(upd, cfg, step, profile_step=args.profile_update)
+                follower_step(upd, cfg, step)
                 upd.gather_to_root()
         upd.close()
     finally:

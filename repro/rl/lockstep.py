@@ -7,8 +7,8 @@ run one after another (``repro.rl.run`` per row) compare different time windows;
 same drift (the order rotates each step) and the same process state, so a row's time against its baseline's is the
 cost of its draft. Each row still trains exactly as alone (its own models, optimizers, seeds and run folder:
 metrics.jsonl, checkpoints, run.json as ``repro.rl.run`` writes them; tests/rl/test_lockstep.py checks a lockstep
-row's values equal its separate run's), resumes from its own last checkpoint, and runs its probes (``pp_probe``,
-``ab_probe``) after the last step.
+row's values equal its separate run's), resumes from its own last checkpoint, and runs its probe (``pp_probe``) after
+the last step.
 
     python -m repro.rl.lockstep --artifact table1 --profile cpu-tiny --warm-start <sft folder> \\
         --rows "Qwen3-8B/no draft,Qwen3-8B/DFlash" --out-root /tmp/lockstep/table1
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from repro.report.profiles import ProfileError
-from repro.report.provenance import write_json_atomic
+from repro.core.profile import ProfileError
+from repro.core.io import write_json_atomic
 from repro.rl.config import ARTIFACTS, ENGINES, ConfigError
 from repro.rl.run import RESTART_HELP, build_row, row_logger, run_probes, write_run_record
 from repro.rl.summary import run_dir_name

@@ -406,3 +406,12 @@ def mesh_update_worker(rank: int, world: int, payloads: list[dict], pp: int, cp:
                      else None, "gathered": gathered})
         upd.close()
     return outs
+
+
+def cp_update_worker(rank: int, world: int, payload: dict) -> dict:
+    """One rank of a CP=world joint update (PP=1, with or without a draft); returns its updated
+    parameters (HF names), clipped gradients, the total policy loss and its local row count."""
+    out = mesh_update_worker(rank, world, [payload], 1, world)[0]
+    return {"rank": rank, "policy": out["policy"], "grads": out["grads"], "policy_loss": out["stats"]["policy_loss"],
+            "draft_loss": out["stats"]["draft_loss"], "draft_grads": out["draft_grads"],
+            "local_rows": out["stats"]["local_rows"]}

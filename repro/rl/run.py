@@ -6,9 +6,6 @@ warm start, trains, and logs one metrics row per step through the suite's ``Metr
 (W&B offline + metrics.jsonl). Re-running the same command after a crash resumes from the last
 checkpoint in the run folder, keeping every logged step.
 
-An artifact section with ``ab_probe: {rounds: N}`` (h200's table1/table2) ends each drafted run with the update
-overhead measured inside the process (repro.rl.update_ab), logged as ``ab/*`` rows after the training steps.
-
 A profile whose rows run through NeMo-RL (``engine: nemo-rl``, the paper profiles) is refused unless
 ``--engine suite`` is given: then its ``rl:`` section's policies load the real checkpoints from
 ``--checkpoint-root`` and the workloads use the checkpoint's tokenizer (repro.rl.hf_tokenizer).
@@ -27,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from repro.report.metrics import MetricsLogger
-from repro.report.profiles import ProfileError
-from repro.report.provenance import write_json_atomic
+from repro.core.metrics import MetricsLogger
+from repro.core.profile import ProfileError
+from repro.core.io import write_json_atomic
 from repro.rl.config import (
     ARTIFACTS,
     ENGINES,
@@ -40,23 +37,6 @@ from repro.rl.config import (
 )
 from repro.rl.hf_tokenizer import tokenizer_for_run
 from repro.rl.trainer import CoTrainer
-
-
-def log_ab_probe(trainer: CoTrainer, log, row: str, rounds: int, first_step: int) -> dict:
-    """After training: the update overhead inside this process (repro.rl.update_ab) on a fresh rollout batch,
-    one logged row per round (``ab/update_no_draft_s``, ``ab/update_drafted_s``) from step ``first_step``."""
-    from repro.rl.grpo import group_advantages
-    from repro.rl.update_ab import interleaved_update_ab
-    cfg = trainer.cfg
-    batch = trainer.rollout(first_step)
-    adv = group_advantages(batch.rewards, cfg.grpo.generations_per_prompt, cfg.grpo.normalize_std)
-    res = interleaved_update_ab(trainer, batch, adv, rounds, anchor_seed=first_step)
-    for i, (a, b) in enumerate(zip(res["samples"]["no_draft"], res["samples"]["drafted"])):
-        log.log({"ab/update_no_draft_s": a, "ab/update_drafted_s": b}, row=row, step=first_step + i)
-    print(f"[{cfg.artifact} {row}] A/B probe ({rounds} rounds): update overhead in-process "
-          f"{res['overhead_pct']:.1f}% (no draft {res['no_draft_s']['median']:.3f}s, drafted "
-          f"{res['drafted_s']['median']:.3f}s)", flush=True)
-    return res
 
 
 RESTART_HELP = ("a checkpoint in the run folder from another config is dropped and the run starts over, instead "
@@ -88,11 +68,10 @@ def row_logger(trainer: CoTrainer, first: int) -> MetricsLogger:
 
 
 def run_probes(prof: dict, trainer: CoTrainer, log) -> None:
-    """The artifact's after-training probes of a drafted row (pp_probe, ab_probe), logged after its steps."""
+    """The artifact's after-training probe of a drafted row (pp_probe), logged after its steps."""
     cfg, section = trainer.cfg, prof.get(trainer.cfg.artifact) or {}
     if cfg.draft is None:
         return
-    next_step = cfg.steps
     probe = section.get("pp_probe")
     if probe:
         # Table 2's tap wait: the same joint update split into pipeline stages, taps over TapChannel
@@ -103,10 +82,6 @@ def run_probes(prof: dict, trainer: CoTrainer, log) -> None:
                     row=cfg.row, step=cfg.steps + i)
             print(f"[{cfg.artifact} {cfg.row}] PP probe {i}: tap wait {r['tap_wait_s']:.4f}s "
                   f"update {r['update_time_s']:.3f}s", flush=True)
-            next_step += 1
-    ab = section.get("ab_probe")
-    if ab:
-        log_ab_probe(trainer, log, cfg.row, int(ab.get("rounds", 8)), first_step=next_step)
 
 
 def write_run_record(trainer: CoTrainer, first: int, rows: list[dict], **extra) -> None:

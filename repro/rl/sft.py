@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
-from repro.report.provenance import provenance, write_atomic, write_json_atomic
+from repro.core.io import write_atomic, write_json_atomic
+from repro.core.provenance import provenance
 from repro.rl.config import WORKLOADS, ConfigError, DraftSpec, PolicySpec, SFTSpec, sft_spec
 from repro.rl.drafts import build_draft, trainable_parameters
 from repro.rl.episodes import chat_prompt, math_rollout, workplace_rollout
@@ -229,7 +230,7 @@ def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sf
 
 
 def main(argv: list[str] | None = None) -> int:
-    from repro.report.profiles import ProfileError
+    from repro.core.profile import ProfileError
     from repro.rl.config import load_run_profile
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="cpu-tiny", help="profile name, or a path to a profile .yaml file")

@@ -19,9 +19,6 @@ the paper's "mean of the first 10 updates" after that):
 * ``update_overhead_ci95_low_pct`` / ``_high_pct``: a 95% percentile bootstrap interval of ``update_overhead_pct``
   over the steps (2,000 resamples, seeded; steps resampled in pairs when the two rows have as many, as lockstep
   rows do, whose step i share a time window). The update is launch-bound on one GPU, so the interval is wide.
-* ``update_overhead_ab_pct`` (runs whose artifact section has ``ab_probe``): the same overhead measured inside
-  the drafted run's process after training, 100 * (median over rounds of drafted / no-draft update - 1) with
-  the two updates interleaved (repro.rl.update_ab); wall seconds.
 * ``lockstep_rows``: for rows trained by ``repro.rl.lockstep``, how many rows shared the process (their steps
   interleaved; tables mark such rows "lockstep").
 * ``train_inference_kl``: mean over steps; Figure 3/4's ``all`` row gives the largest run mean.
@@ -44,14 +41,13 @@ import argparse
 import json
 import random
 import re
-import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from repro.report.metrics import MetricsLogger
-from repro.report.profiles import ProfileError, load_profile
-from repro.report.provenance import write_json_atomic
+from repro.core.metrics import MetricsLogger
+from repro.core.profile import ProfileError, load_profile
+from repro.core.io import write_json_atomic
 from repro.rl.config import ARTIFACTS, ConfigError, artifact_rows
 
 TABLE2_STEPS = 10
@@ -136,14 +132,6 @@ def _per_token(steps: list[dict], time_key: str) -> float:
     return (sum(tokens) if len(tokens) == len(steps) else len(steps)) / t
 
 
-def paired_overhead_pct(no_draft: list[float], drafted: list[float]) -> float:
-    """100 * (median over rounds of drafted / no-draft - 1): the in-process update overhead of interleaved rounds
-    (repro.rl.update_ab; adjacent updates share the process's speed, so the per-round ratio is the steady one)."""
-    if not no_draft or len(no_draft) != len(drafted):
-        raise ValueError(f"need equally many no-draft and drafted samples, got {len(no_draft)} and {len(drafted)}")
-    return 100.0 * (statistics.median(b / a for a, b in zip(no_draft, drafted)) - 1)
-
-
 def overhead_interval_pct(baseline: list[float], drafted: list[float], level: float = 0.95, resamples: int = 2000,
                           seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of 100 * (mean(drafted) / mean(baseline) - 1) over the steps. Equally many
@@ -180,16 +168,15 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
     """
     if basis not in BASES:
         raise ValueError(f"basis {basis!r} is not one of {sorted(BASES)}")
-    steps, probes, ab_rows, finals = {}, {}, {}, {}
+    steps, probes, finals = {}, {}, {}
     for row in rows:
-        steps[row], probes[row], ab_rows[row], finals[row] = [], [], [], []
+        steps[row], probes[row], finals[row] = [], [], []
         for root in (runs, *repeats):
             if root != runs:
                 check_same_config(runs / run_dir_name(row), root / run_dir_name(row))
             everything = read_steps(root / run_dir_name(row))
             probes[row] += [x for x in everything if "pp/tap_wait_s" in x]         # PP probe rows, after training
-            ab_rows[row] += [x for x in everything if "ab/update_drafted_s" in x]   # A/B probe rows, after training
-            s = [x for x in everything if "pp/tap_wait_s" not in x and "ab/update_drafted_s" not in x][skip_steps:]
+            s = [x for x in everything if "pp/tap_wait_s" not in x][skip_steps:]
             if artifact == "table2":
                 s = s[:TABLE2_STEPS]
             if not s:
@@ -218,9 +205,6 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
         lockstep = json.loads(record.read_text()).get("lockstep_rows") if record.exists() else None
         if lockstep:
             m["lockstep_rows"] = float(len(lockstep))
-        if ab_rows[row]:
-            m["update_overhead_ab_pct"] = paired_overhead_pct(_col(ab_rows[row], "ab/update_no_draft_s"),
-                                                              _col(ab_rows[row], "ab/update_drafted_s"))
         if spec.get("draft"):
             al = _col(s, "train/acceptance_length")
             m["acceptance_length"] = _mean(al)

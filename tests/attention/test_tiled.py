@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kernels.attention import backends, eagle3_ttt_attention
+from kernels.attention.backends.base import Backend
 from kernels.attention.backends.tiled import TiledBackward, tiles
 from kernels.attention.branch import _owned
 from kernels.attention.reference import dense_attention
@@ -125,6 +126,22 @@ def test_ttt_merge_overwrites_only_buffers_it_owns():
     assert out.untyped_storage()._cdata not in {t.untyped_storage()._cdata for t in (q, *ks, *vs)}
 
 
+class AnyDevice(Backend):
+    """A named backend run on a device it would refuse (the meta device): same code, no data."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+
+    def supports(self, spec, device, dtype) -> bool:
+        return True
+
+    def forward(self, q, k, v, spec, scale):
+        return self.inner.forward(q, k, v, spec, scale)
+
+    def backward(self, dout, q, k, v, out, lse, spec, scale):
+        return self.inner.backward(dout, q, k, v, out, lse, spec, scale)
+
+
 @pytest.mark.parametrize("name", ["cudnn", "sdpa_cuda"])
 @pytest.mark.parametrize("tile", [0, 64])
 def test_gpu_backends_python_paths_on_meta_tensors(name, tile):
@@ -132,7 +149,6 @@ def test_gpu_backends_python_paths_on_meta_tensors(name, tile):
     metadata, tiles) run on meta tensors: shapes and dtypes only, no values (no GPU here)."""
     from kernels.attention.backends.cudnn import CudnnBackend
     from kernels.attention.backends.sdpa_cuda import SdpaCudaBackend
-    from repro.bench.attention_memory import AnyDevice
     inner = {"cudnn": CudnnBackend, "sdpa_cuda": SdpaCudaBackend}[name]()
     b = AnyDevice(TiledBackward(inner, tile) if tile else inner)
     for cu in (torch.tensor([0, 300]), torch.tensor([0, 5, 200, 201, 300])):

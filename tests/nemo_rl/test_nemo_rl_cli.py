@@ -16,7 +16,7 @@ from repro.nemo_rl import checks
 from repro.nemo_rl.config import Paths
 from repro.nemo_rl.rows import load_rows, resolve
 from repro.nemo_rl.run import main, run_slug
-from repro.report.profiles import load_profile
+from repro.core.profile import load_profile
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -22,8 +22,8 @@ from repro.nemo_rl.metrics import nemo_rl_mapper
 from repro.nemo_rl.run import main, run_slug
 from repro.nemo_rl.runtime_env import runtime_env
 from repro.report.collect import collect
-from repro.report.metrics import MetricsLogger
-from repro.report.profiles import load_profile
+from repro.core.metrics import MetricsLogger
+from repro.core.profile import load_profile
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,7 +15,7 @@ from fake_checkout import skeleton
 from repro.nemo_rl import config
 from repro.nemo_rl import skeleton as skel
 from repro.nemo_rl.rows import RowError, load_rows
-from repro.report.profiles import load_profile
+from repro.core.profile import load_profile
 
 pytestmark = pytest.mark.timeout(60)
 

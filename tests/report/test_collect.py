@@ -6,7 +6,7 @@ disabled; broken run folders fail with an error naming the file.
 import pytest
 
 from repro.report.collect import TIDY_COLUMNS, collect, main as collect_main, read_tidy
-from repro.report.metrics import MetricsLogger
+from repro.core.metrics import MetricsLogger
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,9 +8,10 @@ import os
 
 import pytest
 
-from repro.report.profiles import (ProfileError, available_profiles, check_servable, load_profile,
+from repro.core.profile import (ProfileError, available_profiles, check_servable, load_profile,
                                    missing_hardware, missing_paths)
-from repro.report.provenance import git_state, hardware, provenance, write_json_atomic
+from repro.core.io import write_json_atomic
+from repro.core.provenance import git_state, hardware, provenance
 
 pytestmark = pytest.mark.timeout(120)
 

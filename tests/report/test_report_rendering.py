@@ -8,7 +8,7 @@ import pytest
 
 from repro.report.compare import compare_artifact, expected_ratio, write_reports
 from repro.report.paper import load_paper_numbers
-from repro.report.profiles import load_profile
+from repro.core.profile import load_profile
 from repro.report.style import apply_style, paper_style, save_figure
 from repro.report.tables import write_table
 
@@ -62,7 +62,7 @@ def test_paper_numbers_cover_every_artifact():
 
 
 def test_bad_paper_numbers_file_is_refused(tmp_path):
-    from repro.report.profiles import ProfileError
+    from repro.core.profile import ProfileError
     bad = tmp_path / "p.csv"
     bad.write_text("artifact,row,metric,stat,unit,paper_hardware,value,higher_is_better,scales_with,source\n"
                    "table9,x,m,value,x,H100,1.0,true,none,T\n")

@@ -10,7 +10,7 @@ import zlib
 
 import pytest
 
-from repro.report.metrics import MetricsLogger
+from repro.core.metrics import MetricsLogger
 from repro.report.wandb_reader import WandbLogError, find_wandb_logs, read_wandb_log
 
 pytestmark = pytest.mark.timeout(120)

@@ -5,7 +5,7 @@ import json
 import pytest
 import yaml
 
-from repro.report.profiles import load_profile
+from repro.core.profile import load_profile
 from repro.rl import lockstep, run
 from repro.rl.summary import run_dir_name
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro.report.profiles import PROFILE_DIR
+from repro.core.profile import PROFILE_DIR
 from repro.rl import dist_run, run
 from repro.rl.config import ConfigError, RunConfig, run_config_from_profile
 from repro.rl.config import main as config_main
@@ -181,7 +181,7 @@ def test_paper_profile_rows_use_paper_lengths_and_drafts(ckpt_root):
 
 @pytest.mark.parametrize("name", ["paper-h100", "paper-gb200"])
 def test_every_paper_row_has_a_suite_config_that_only_lacks_its_checkpoint(name, tmp_path):
-    from repro.report.profiles import load_profile
+    from repro.core.profile import load_profile
     prof = load_profile(name)
     n = 0
     for artifact in ("table1", "table2", "fig3", "fig4"):

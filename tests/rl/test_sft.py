@@ -10,8 +10,7 @@ import json
 import pytest
 import yaml
 
-from repro.bench import gpu_rl
-from repro.report.profiles import load_profile
+from repro.core.profile import load_profile
 from repro.rl.config import ConfigError, run_config_from_profile, sft_spec
 from repro.rl.sft import main as sft_main
 
@@ -29,8 +28,6 @@ def test_a_workload_override_changes_that_workload_only():
     over["rl"] = rl
     assert run_config_from_profile(over, "fig4", "no draft", out="x").sft.steps == 7
     assert run_config_from_profile(over, "fig3", "no draft", out="x").sft.steps == base.steps
-    assert gpu_rl.sft_cache_key(over, "dense", "workplace") != gpu_rl.sft_cache_key(prof, "dense", "workplace")
-    assert gpu_rl.sft_cache_key(over, "dense", "math") == gpu_rl.sft_cache_key(prof, "dense", "math")
     with pytest.raises(ConfigError, match=r"rl.sft.workloads has unknown workloads \['chess'\]"):
         sft_spec({"sft": {"workloads": {"chess": {"steps": 1}}}}, "math")
     with pytest.raises(ConfigError, match=r"config rl.sft is invalid .*stepz"):

@@ -63,19 +63,6 @@ def test_tap_wait_comes_from_the_pp_probe_rows(tmp_path):
     assert d["acceptance_length"] == pytest.approx(3.0)         # probe rows are not training steps
 
 
-def test_in_process_overhead_comes_from_the_ab_probe_rows(tmp_path):
-    rows = {"no draft": {}, "DFlash": {"draft": "dflash", "baseline": "no draft"}}
-    _write_run(tmp_path, "no draft", _steps(3, rollout=2.0, update=1.0, tokens=10))
-    ab = [{"step": 3 + i, "ab/update_no_draft_s": a, "ab/update_drafted_s": b}
-          for i, (a, b) in enumerate(((1.0, 1.1), (2.0, 2.1), (1.0, 1.3)))]     # ratios 1.1, 1.05, 1.3
-    _write_run(tmp_path, "DFlash", _steps(3, rollout=1.0, update=2.0, tokens=10, al=2.0) + ab)
-    d = summarize("table1", rows, tmp_path)["DFlash"]
-    assert d["update_overhead_ab_pct"] == pytest.approx(10.0)  # the median ratio (the ratio of medians: 30%)
-    assert d["update_overhead_pct"] == pytest.approx(100.0)    # the cross-run definition is unchanged
-    assert d["acceptance_length"] == pytest.approx(3.0)         # probe rows are not training steps
-    assert "update_overhead_ab_pct" not in summarize("table1", rows, tmp_path)["no draft"]
-
-
 def test_table1_summary_normalises_per_token(tmp_path):
     rows = {"A/no draft": {}, "A/DSpark": {"draft": "dspark", "baseline": "A/no draft"}}
     _write_run(tmp_path, "A/no draft", _steps(4, rollout=4.0, update=1.0, tokens=100, cpu=(2.0, 1.0)))

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from repro.report.metrics import MetricsLogger
+from repro.core.metrics import MetricsLogger
 from repro.rl.config import ConfigError, DraftSpec, GRPOSpec, RunConfig, WorkloadSpec, run_config_from_profile
 from repro.rl.episodes import workplace_rollout
 from repro.rl.grpo import group_advantages
@@ -154,7 +154,7 @@ def test_bad_configs_fail_before_training(tmp_path, tok, change, match):
 
 
 def test_profile_rows_and_cli_fail_cleanly(tmp_path, capsys):
-    from repro.report.profiles import load_profile
+    from repro.core.profile import load_profile
     from repro.rl.run import main
     prof = load_profile("cpu-tiny")
     with pytest.raises(ConfigError, match="row='Qwen3-9B/DFlash' is invalid"):
@@ -201,7 +201,7 @@ def test_workplace_rollout_masks_observations_and_scores_final_state(tok):
 
 @pytest.mark.parametrize("profile", ["cpu-tiny", "h200"])
 def test_every_profile_row_is_a_valid_config(profile, tmp_path):
-    from repro.report.profiles import load_profile
+    from repro.core.profile import load_profile
     from repro.rl.config import ARTIFACTS, artifact_rows
     prof = load_profile(profile)
     for artifact in ARTIFACTS:

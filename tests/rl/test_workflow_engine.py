@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.report.profiles import load_profile
-from repro.report.provenance import hardware
+from repro.core.profile import load_profile
+from repro.core.provenance import hardware
 
 from .test_paper_profile_suite import CKPT_DIR, EAGLE3_DIR, ckpt_root  # noqa: F401 (fixture)
 

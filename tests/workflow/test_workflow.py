@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from repro.report.paper import ARTIFACTS
-from repro.report.profiles import available_profiles
-from repro.report.provenance import hardware
+from repro.core.profile import available_profiles
+from repro.core.provenance import hardware
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +89,7 @@ def test_baseline_seed_replicas_are_planned_with_their_seeds(artifact):
 
 
 def test_profile_schema_refuses_bad_baseline_seeds():
-    from repro.report.profiles import ProfileError, load_profile, validate
+    from repro.core.profile import ProfileError, load_profile, validate
     profile = load_profile("cpu-tiny")
     profile["fig3"] = {**profile["fig3"], "baseline_seeds": [1, -2]}
     with pytest.raises(ProfileError, match=r"fig3\.baseline_seeds\.1: -2 is less than the minimum of 0"):
@@ -112,39 +112,10 @@ def test_lockstep_sections_plan_one_job_per_policy():
 
 
 def test_profile_schema_refuses_a_non_boolean_lockstep():
-    from repro.report.profiles import ProfileError, load_profile, validate
+    from repro.core.profile import ProfileError, load_profile, validate
     profile = load_profile("cpu-tiny")
     profile["table2"] = {**profile["table2"], "lockstep": "yes"}
     with pytest.raises(ProfileError, match=r"table2\.lockstep: 'yes' is not of type 'boolean'"):
         validate(profile, "profile.schema.yaml", "cpu-tiny")
 
 
-def test_draft_controls_plan_frozen_and_cotrained_sweeps_and_refuse_paper_profiles():
-    out = snakemake("-n", "-p", "--forceall", "draft_frozen", "draft_offdomain", "--config", "profile=cpu-tiny")
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text
-    for artifact, workload in (("fig3", "math"), ("fig4", "workplace")):
-        assert re.search(rf"repro\.rl\.draft_sweep --profile cpu-tiny --artifact {artifact} "
-                         rf"--rows 'EAGLE-3,DFlash,DSpark' --key loss_weight --values 0,1 "
-                         rf"--warm-start \S+/sft/dense-{workload} .*--out \S+/draft_frozen/{artifact}", text), text
-    assert re.search(r"OUT=\S+/draft_offdomain PROFILE=cpu-tiny .*scripts/experiments/draft_offdomain\.sh", text)
-    assert text.count("repro.report.sweep_report") == 2
-    ex = snakemake("-n", "-p", "--forceall", "exchangeability", "--config", "profile=cpu-tiny")
-    assert ex.returncode == 0, ex.stdout + ex.stderr
-    assert re.search(r"rm -rf \.cache/exchangeability/cpu-tiny && OUT=\S+/exchangeability PROFILE=cpu-tiny .*"
-                     r"WARM=\S+/sft/dense-math .*scripts/experiments/exchangeability\.sh", ex.stdout), ex.stdout
-    # the paper profiles' rows run on NeMo-RL from checkpoints: the targets say why instead of planning sweeps
-    paper = snakemake("-n", "-p", "draft_frozen", "--config", "profile=paper-h100")
-    assert paper.returncode == 0 and "cannot run draft_frozen: engine nemo-rl" in paper.stdout, paper.stdout
-    paper = snakemake("-n", "-p", "exchangeability", "--config", "profile=paper-h100")
-    assert paper.returncode == 0 and "cannot run exchangeability: engine nemo-rl" in paper.stdout, paper.stdout
-    cc = snakemake("-n", "-p", "--forceall", "cotrain_checks", "--config", "profile=cpu-tiny")
-    assert cc.returncode == 0 and re.search(r"repro\.bench\.cotrain_checks --out \S+/cpu-tiny/cotrain_checks "
-                                            r"--profile cpu-tiny", cc.stdout), cc.stdout + cc.stderr
-    paper = snakemake("-n", "-p", "cotrain_checks", "--config", "profile=paper-h100")
-    assert paper.returncode == 0 and "cannot run cotrain_checks: engine nemo-rl" in paper.stdout, paper.stdout
-    wl = snakemake("-n", "-p", "--forceall", "workload_law", "--config", "profile=cpu-tiny")
-    assert wl.returncode == 0 and re.search(r"repro\.bench\.workload_law --out \S+/cpu-tiny/workload_law "
-                                           r"--profile cpu-tiny --warm-start \S+/sft/dense-math", wl.stdout), wl.stdout
-    paper = snakemake("-n", "-p", "workload_law", "--config", "profile=paper-h100")
-    assert paper.returncode == 0 and "cannot run workload_law: engine nemo-rl" in paper.stdout, paper.stdout

@@ -5,8 +5,8 @@ import sys
 from snakemake.exceptions import WorkflowError
 
 from repro.report.paper import ARTIFACTS as PAPER_ARTIFACTS
-from repro.report.profiles import ProfileError, check_servable, load_profile, validate
-from repro.report.provenance import hardware
+from repro.core.profile import ProfileError, check_servable, load_profile, validate
+from repro.core.provenance import hardware
 
 # A bad --config value fails here, before the DAG is built, naming the key and the allowed values.
 try:

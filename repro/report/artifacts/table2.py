@@ -20,7 +20,7 @@ METRICS = (("acceptance_length", "AL"), ("rollout_time_s", "rollout s"), ("rollo
            ("update_time_s", "update s"), ("update_overhead_pct", "update overhead %"),
            ("update_overhead_ci95_low_pct", "overhead 95% CI low %"),
            ("update_overhead_ci95_high_pct", "overhead 95% CI high %"),
-           ("update_overhead_ab_pct", "update overhead in-process %"), ("tap_wait_s", "tap wait s"),
+           ("tap_wait_s", "tap wait s"),
            ("e2e_speedup", "E2E x"))
 ROWS = ["no draft", "EAGLE-3", "DFlash", "DSpark"]
 
@@ -30,9 +30,6 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     notes = ["Mean of the first 10 policy updates after the warm-up step(s) the profile skips.",
              "Overhead 95% CI: percentile bootstrap of the update overhead over the steps, lockstep steps "
              "resampled in pairs (repro.rl.summary; '-' for summaries written before it existed).",
-             "Update overhead in-process: drafted and no-draft updates interleaved inside the drafted run's process "
-             "after training (ab_probe; repro.rl.update_ab), median ratio over rounds; the paper reports only the "
-             "cross-run overhead.",
              "Tap wait is logged only by runs whose policy is split into pipeline stages with a TapChannel; "
              "single-process runs show '-'.",
              "Seconds, speedups and update overhead are wall time on GPUs and process CPU time (+ tool latency) "

@@ -1,0 +1,170 @@
+"""Shared timing, memory and output discipline for the suite's benchmark programs.
+
+Timing: warm-up first, then repeated samples; CUDA events on GPUs, ``perf_counter`` on CPUs; a
+distributed run synchronises ranks before each sample and reports the slowest rank. Results are
+summarised as median with a p20/p80 spread, and the raw samples are always kept.
+
+Output: ``BenchRun`` owns a run folder. Each measured point goes to ``bench.json`` (raw samples,
+config, provenance; written atomically when the run ends) and, as summary metrics, through the
+suite's ``MetricsLogger`` (W&B + metrics.jsonl) so ``collect`` sees it like any other experiment.
+
+    with BenchRun(out_dir, artifact="fig5", profile="cpu-tiny", config=cfg) as bench:
+        samples = time_samples(step, warmup=2, repeats=5)
+        bench.record("zigzag cp=2", {"cp": 2}, samples, extra={"peak_mem_gb": 1.2})
+"""
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from repro.core.metrics import MetricsLogger
+from repro.core.io import write_json_atomic
+from repro.core.provenance import provenance
+
+
+def summarize(samples: list[float]) -> dict[str, float]:
+    """Median with p20/p80 spread (nearest-rank quantiles) of a non-empty list of samples."""
+    if not samples:
+        raise ValueError("summarize() needs at least one sample")
+    s = sorted(samples)
+
+    def q(p: float) -> float:
+        return s[min(len(s) - 1, max(0, round(p * (len(s) - 1))))]
+
+    return {"median": statistics.median(s), "p20": q(0.2), "p80": q(0.8), "min": s[0], "max": s[-1],
+            "n": len(s)}
+
+
+def _sync(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_samples(fn: Callable[[], Any], *, warmup: int = 2, repeats: int = 5,
+                 device: torch.device | str | None = None, group=None) -> list[float]:
+    """Seconds per call of ``fn`` over ``repeats`` calls after ``warmup`` calls.
+
+    With a process ``group``, ranks meet at a barrier before each call and every rank returns the
+    slowest rank's time (a collective step is as slow as its slowest rank).
+    """
+    import torch.distributed as dist
+    device = torch.device(device) if device is not None else None
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    samples = []
+    for _ in range(repeats):
+        if group is not None:
+            dist.barrier(group=group)
+        if device is not None and device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            fn()
+            seconds = time.perf_counter() - t0
+        if group is not None:
+            t = torch.tensor([seconds], dtype=torch.float64,
+                             device=device if device is not None and device.type == "cuda" else "cpu")
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+            seconds = float(t.item())
+        samples.append(seconds)
+    return samples
+
+
+class PeakMemory:
+    """Peak memory of a region, in GB.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` after a reset (tensors only, as the paper reports).
+    CPU: the process's resident-set high-water mark (``ru_maxrss``) minus the resident set at entry;
+    meaningful in a fresh process per configuration, which is how the CPU benchmarks run.
+    """
+
+    def __init__(self, device: torch.device | str | None = None):
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.peak_gb = float("nan")
+
+    @staticmethod
+    def _rss_gb() -> float:
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+        except OSError:
+            return 0.0
+
+    def __enter__(self) -> "PeakMemory":
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = 0.0
+        else:
+            self._base = self._rss_gb()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_gb = torch.cuda.max_memory_allocated(self.device) / 1e9
+        else:
+            scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 1e9
+            self.peak_gb = max(0.0, peak - self._base)
+
+
+class BenchRun:
+    """A benchmark run folder: bench.json with raw samples + the suite's metrics logger."""
+
+    def __init__(self, out_dir: str | os.PathLike, *, artifact: str, profile: str,
+                 config: Mapping[str, Any], log_metrics: bool = True):
+        self.out_dir = Path(out_dir)
+        self.artifact, self.profile, self.config = artifact, profile, dict(config)
+        self.records: list[dict[str, Any]] = []
+        self._logger = (MetricsLogger(self.out_dir, artifact=artifact, profile=profile, config=config)
+                        if log_metrics else None)
+
+    def __enter__(self) -> "BenchRun":
+        if self._logger is not None:
+            self._logger.__enter__()
+        return self
+
+    def record(self, row: str, params: Mapping[str, Any], samples_s: list[float] | None = None,
+               extra: Mapping[str, float] | None = None) -> dict[str, Any]:
+        """One measured point: its row label, parameters, raw time samples and other metrics."""
+        rec: dict[str, Any] = {"row": row, "params": dict(params)}
+        metrics: dict[str, float] = {}
+        if samples_s:
+            stats = summarize(samples_s)
+            rec["samples_s"] = list(samples_s)
+            rec["time_s"] = stats
+            metrics.update({"time_s": stats["median"], "time_s_p20": stats["p20"],
+                            "time_s_p80": stats["p80"]})
+        for k, v in (extra or {}).items():
+            metrics[k] = float(v)
+        rec["metrics"] = metrics
+        self.records.append(rec)
+        if self._logger is not None and metrics:
+            self._logger.log(metrics, row=row)
+        print(f"[{self.artifact}] {row}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()),
+              flush=True)
+        return rec
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                write_json_atomic(self.out_dir / "bench.json", {
+                    "artifact": self.artifact, "profile": self.profile, "config": self.config,
+                    "provenance": provenance(self.config), "records": self.records})
+        finally:
+            if self._logger is not None:
+                self._logger.__exit__(exc_type, exc, tb)
