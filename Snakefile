@@ -1,17 +1,16 @@
-# Reproduction suite for "Online Draft Co-Training for Speculative Decoding in Large-Scale,
-# Long-Context RL Post-Training" (arXiv 2609.07108).
+# Reproduction suite for "Online Draft Co-Training for Speculative Decoding in Large-Scale, Long-Context RL
+# Post-Training" (arXiv 2609.07108).
 #
-#   snakemake -c2 all                                  # every artifact on the embedded default (cpu-tiny)
-#   snakemake -c2 envcheck compare                     # machine ceilings + comparison reports
-#   snakemake -c2 fig5 --config profile=h200           # one artifact on one GPU
-#   snakemake --list-target-rules
+#   snakemake -c2 table1                             # one artifact on the embedded default (cpu-tiny), measured here
+#   snakemake -c2 all                                # every artifact, then collect and compare
+#   snakemake -c16 fig6 --config profile=h200        # on one GPU
+#   snakemake -n -p table1                           # the plan and its commands, nothing run
+#   python -m repro.plan --profile h200              # the same plan, job by job
 #
-# Rules: workflow/rules/ (one file per artifact); config schema: workflow/schemas/; profiles:
-# experiments/profiles/. Outputs: results/<hw>/<profile>/<artifact>/ (runs), results/tidy/ (collected),
-# paper_figures/<profile>/ (tables, figures, comparison reports).
-from pathlib import Path
-
-from snakemake.utils import min_version
+# The planner (repro/plan.py) decides the jobs; workflow/rules/ match files to them. Config: workflow/config.yaml
+# (checked by workflow/schemas/config.schema.yaml); profiles: experiments/profiles/ (repro/core/profile.py).
+# Outputs: results/<machine>/<profile>/<artifact>/ (this machine's runs), results/tidy/, paper_figures/<profile>/.
+from snakemake.utils import min_version, validate
 
 min_version("9.0")
 
@@ -19,16 +18,10 @@ min_version("9.0")
 configfile: "workflow/config.yaml"
 
 
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
 include: "workflow/rules/common.smk"
-include: "workflow/rules/envcheck.smk"
-include: "workflow/rules/collect.smk"
-
-
-# One rule file per paper artifact, added by the issue that builds its experiment.
-for _artifact in PAPER_ARTIFACTS:
-    if Path(workflow.basedir, "workflow", "rules", f"{_artifact}.smk").is_file():
-
-        include: f"workflow/rules/{_artifact}.smk"
-
-
-include: "workflow/rules/all.smk"
+include: "workflow/rules/jobs.smk"
+include: "workflow/rules/report.smk"
+include: "workflow/rules/targets.smk"

@@ -1,12 +1,11 @@
 """envcheck: record this machine and measure its ceilings (matmul FLOP/s, copy bandwidth, GPU-to-GPU bandwidth).
 
 The comparison reports divide the paper hardware's datasheet ceilings by these measured ones to
-print an "expected ratio" next to every measured ratio. Writes, in the run folder:
-    env.json     provenance (detected CPU/GPUs, versions, git) + "ceilings"
-    bench.json   raw samples of every measurement
-and logs the ceilings through the suite's metrics logger (row "ceilings").
+print an "expected ratio" next to every measured ratio; the decode benchmark draws its floor from the copy
+bandwidth. Writes, in the run folder, bench.json: provenance (detected CPU/GPUs, versions, git), the raw samples
+of every measurement, and ``summary.ceilings``; the values also go through the suite's metrics logger.
 
-    python -m repro.bench.envcheck --profile cpu-tiny --out results/cpu-2c/cpu-tiny/envcheck
+    python -m repro.bench.envcheck --profile cpu-tiny --out results/<machine>/cpu-tiny/envcheck
 """
 from __future__ import annotations
 
@@ -17,10 +16,9 @@ from pathlib import Path
 
 import torch
 
-from repro.core.timing import BenchRun, summarize, time_samples
 from repro.core.profile import load_profile
-from repro.core.io import write_json_atomic
 from repro.core.provenance import hardware
+from repro.core.timing import BenchRun, summarize, time_samples
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -67,9 +65,9 @@ def run(profile_name: str, out: Path) -> dict:
     dtype = DTYPES[profile["dtype"]]
     if device.type == "cpu" and dtype != torch.float32:
         dtype = torch.float32   # CPU ceilings are measured in fp32 whatever the profile asks for
-    config = {"profile": profile_name, "device": str(device), "dtype": str(dtype).replace("torch.", ""), **cfg}
+    config = {"profile": profile["name"], "device": str(device), "dtype": str(dtype).replace("torch.", ""), **cfg}
     ceilings: dict[str, float | str | None] = {"dtype": config["dtype"], "device": device.type}
-    with BenchRun(out, artifact="envcheck", profile=profile_name, config=config) as bench:
+    with BenchRun(out, artifact="envcheck", profile=profile["name"], config=config) as bench:
         n = cfg["matmul_size"]
         samples = matmul_tflops(n, dtype, device, cfg["matmul_repeats"])
         flops = 2 * n**3
@@ -86,10 +84,8 @@ def run(profile_name: str, out: Path) -> dict:
             rec = bench.record("p2p", {"megabytes": cfg["copy_mb"]}, samples,
                                extra={"p2p_bw_gbps": nbytes / summarize(samples)["median"] / 1e9})
             ceilings["p2p_bw_gbps"] = rec["metrics"]["p2p_bw_gbps"]
-    env = json.loads((out / "env.json").read_text())
-    env["ceilings"] = ceilings
-    write_json_atomic(out / "env.json", env)
-    return env
+        bench.summary["ceilings"] = ceilings
+    return json.loads((out / "bench.json").read_text())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = args.out or Path("results") / hardware()["tag"] / args.profile / "envcheck"
     env = run(args.profile, out)
-    print(json.dumps({"hardware": env["hardware"]["tag"], **env["ceilings"]}, indent=1))
+    print(json.dumps({"hardware": env["provenance"]["hardware"]["tag"], **env["summary"]["ceilings"]}, indent=1))
     return 0
 
 

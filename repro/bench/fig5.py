@@ -46,8 +46,8 @@ from kernels.attention import eagle3_ttt_attention, make_layout
 from kernels.attention.ring import RingStats
 from kernels.attention.usp import UspBatch, make_usp_groups, usp_eagle3_ttt_attention, usp_splits
 from kernels.launch import spawn
-from repro.core.timing import BenchRun, PeakMemory, summarize, time_samples
 from repro.core.provenance import hardware
+from repro.core.timing import BenchRun, PeakMemory, summarize, time_samples
 
 LONGEST = 20480
 FRACTIONS = (1.0, 0.70, 0.52, 0.42, 0.32, 0.25, 0.20, 0.145)     # mean 0.444 -> 2.25x padding

@@ -25,9 +25,9 @@ import torch.distributed as dist
 
 from kernels.attention import block_draft_attention, eagle3_ttt_attention, make_layout
 from kernels.launch import spawn
-from repro.core.timing import BenchRun, PeakMemory, summarize
 from repro.bench.fig5 import consumed_leaf, critical_path, timed_samples
 from repro.core.provenance import hardware
+from repro.core.timing import BenchRun, PeakMemory, summarize
 
 DEFAULTS = {
     "cpu-tiny": {"tokens": [1024, 2048, 4096], "cp": [1, 2, 4], "heads": 8, "kv_heads": 2, "head_dim": 32,

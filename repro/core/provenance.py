@@ -153,11 +153,19 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
+def cpu_slug(model: str) -> str:
+    """A CPU model as a short name: ``Intel(R) Xeon(R) Platinum 8488C`` -> ``intel-xeon-platinum-8488c``."""
+    text = re.sub(r"(?i)\((r|tm)\)|\b(cpu|processor|\d+-core|with radeon graphics)\b|@\s*[\d.]+\s*ghz", " ", model)
+    return _slug(text)
+
+
 def hardware_tag(cpu: dict[str, Any], gpus: dict[str, Any]) -> str:
-    """``1xh200`` / ``8xh100-80gb-hbm3`` on GPU machines, ``cpu-2c`` on CPU-only ones."""
+    """The machine's name in result paths: GPU count and model, or CPU cores, then the CPU model, so two machines
+    that differ in any of them never share a folder (``1xh200-intel-xeon``, ``cpu-2c-amd-epyc``)."""
+    host = cpu_slug(cpu.get("model", ""))
     if gpus["count"]:
-        return f"{gpus['count']}x{_slug(gpus['devices'][0]['name'])}"
-    return f"cpu-{cpu['usable_cores']}c"
+        return f"{gpus['count']}x{_slug(gpus['devices'][0]['name'])}-{host}"
+    return f"cpu-{cpu['usable_cores']}c-{host}"
 
 
 def provenance(config: dict[str, Any] | None = None) -> dict[str, Any]:

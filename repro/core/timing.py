@@ -24,8 +24,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from repro.core.metrics import MetricsLogger
 from repro.core.io import write_json_atomic
+from repro.core.metrics import MetricsLogger
 from repro.core.provenance import provenance
 
 
@@ -130,6 +130,8 @@ class BenchRun:
         self.out_dir = Path(out_dir)
         self.artifact, self.profile, self.config = artifact, profile, dict(config)
         self.records: list[dict[str, Any]] = []
+        self.summary: dict[str, Any] = {}      # run-level results written beside the records (e.g. ceilings)
+        self._start = time.monotonic()
         self._logger = (MetricsLogger(self.out_dir, artifact=artifact, profile=profile, config=config)
                         if log_metrics else None)
 
@@ -155,7 +157,9 @@ class BenchRun:
         self.records.append(rec)
         if self._logger is not None and metrics:
             self._logger.log(metrics, row=row)
-        print(f"[{self.artifact}] {row}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()),
+        elapsed = time.strftime("%H:%M:%S", time.gmtime(time.monotonic() - self._start))
+        print(f"[{self.artifact} {elapsed}, record {len(self.records)}] {row}: "
+              + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()),
               flush=True)
         return rec
 
@@ -164,7 +168,7 @@ class BenchRun:
             if exc_type is None:
                 write_json_atomic(self.out_dir / "bench.json", {
                     "artifact": self.artifact, "profile": self.profile, "config": self.config,
-                    "provenance": provenance(self.config), "records": self.records})
+                    "provenance": provenance(self.config), "summary": self.summary, "records": self.records})
         finally:
             if self._logger is not None:
                 self._logger.__exit__(exc_type, exc, tb)

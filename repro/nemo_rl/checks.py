@@ -21,11 +21,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from repro.core.profile import missing_paths
+from repro.core.provenance import hardware
 from repro.nemo_rl.config import Paths
 from repro.nemo_rl.rows import RowSpec
 from repro.nemo_rl.skeleton import SkeletonError, typed_dict_keys
-from repro.core.profile import missing_paths
-from repro.core.provenance import hardware
 
 DRAFT_DIR = "nemo_rl/models/megatron/draft"
 POLICY_INIT = "nemo_rl/models/policy/__init__.py"

@@ -19,10 +19,10 @@ from typing import Any
 
 import yaml
 
-from repro.nemo_rl.rows import RowSpec
-from repro.core.metrics import DEFAULT_PROJECT
 from repro.core.io import write_atomic
+from repro.core.metrics import DEFAULT_PROJECT
 from repro.core.provenance import git_state
+from repro.nemo_rl.rows import RowSpec
 
 CONFIG_NAME = "nemo_rl_config.yaml"
 LOG_DIR_NAME = "nemo_rl_logs"        # NeMo-RL's logger.log_dir inside the run folder

@@ -30,13 +30,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from repro.core.io import write_json_atomic
+from repro.core.metrics import wandb_mode
+from repro.core.profile import ProfileError, load_profile
+from repro.core.provenance import git_state, provenance
 from repro.nemo_rl import checks, config, launch, skeleton
 from repro.nemo_rl.finish import finish
 from repro.nemo_rl.rows import ARTIFACTS, RowError, RowSpec, load_rows, resolve
-from repro.core.metrics import wandb_mode
-from repro.core.profile import ProfileError, load_profile
-from repro.core.io import write_json_atomic
-from repro.core.provenance import git_state, provenance
 
 ENGINE = "nemo-rl"
 PAPER_PROFILES = ("paper-h100", "paper-gb200")

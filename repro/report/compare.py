@@ -10,8 +10,11 @@ datasheet ceiling (experiments/hardware/paper_hardware.yaml) to this machine's m
 inverted for times; on a profile whose workload is scaled down (cpu-tiny, h200) absolute times have no
 expected ratio and say so. Artifacts without a measurement yet say so plainly.
 
-    python -m repro.report.compare --profile cpu-tiny --tidy results/tidy/metrics.csv \
-        --env results/cpu-2c/cpu-tiny/envcheck/env.json --out paper_figures/cpu-tiny/comparison
+The index opens with how this machine stands against the paper, artifact by artifact: how many of the paper's
+numbers it measured, and how many meet, are within 10% of, or fall short of the paper (ranges: within or not).
+
+    python -m repro.report.compare --profile cpu-tiny --tidy results/tidy/metrics.csv --machine cpu-2c-amd-epyc \
+        --env results/cpu-2c-amd-epyc/cpu-tiny/envcheck/bench.json --out paper_figures/cpu-tiny/comparison
 """
 from __future__ import annotations
 
@@ -25,11 +28,11 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from repro.core.io import write_atomic
+from repro.core.profile import ProfileError, load_profile
+from repro.core.provenance import REPO_ROOT
 from repro.report.collect import read_tidy
 from repro.report.paper import ARTIFACTS, load_paper_numbers
-from repro.core.profile import ProfileError, load_profile
-from repro.core.io import write_atomic
-from repro.core.provenance import REPO_ROOT
 from repro.report.tables import to_markdown, write_table
 
 PAPER_HARDWARE = REPO_ROOT / "experiments" / "hardware" / "paper_hardware.yaml"
@@ -115,8 +118,10 @@ def compare_artifact(artifact: str, tidy: pd.DataFrame, paper: pd.DataFrame, pro
 
 
 def machine_line(env: dict[str, Any] | None) -> str:
+    """The machine the envcheck run (bench.json) measured, and its ceilings."""
     if not env:
         return "Machine: unknown (no envcheck run)"
+    env = {**env["provenance"], "ceilings": env.get("summary", {}).get("ceilings", {})}
     hw, sw = env["hardware"], env["software"]
     gpus = hw["gpus"]["devices"]
     gpu = f"{len(gpus)}x {gpus[0]['name']}" if gpus else "no GPU (cpu-emulated)"
@@ -128,16 +133,36 @@ def machine_line(env: dict[str, Any] | None) -> str:
             f"{ceil}")
 
 
+def standing(tables: dict[str, pd.DataFrame], machine: str | None) -> pd.DataFrame:
+    """How this machine stands against the paper, artifact by artifact (its rows only when ``machine`` is given)."""
+    lines = []
+    for artifact, table in tables.items():
+        mine = table[table["measured_value"].notna()]
+        if machine:
+            mine = mine[mine["measured_hardware"].str.startswith(machine)]
+        count = mine["status"].value_counts()
+        lines.append({"artifact": artifact, "paper numbers": len(table.drop_duplicates(["row", "metric"])),
+                      "measured here": len(mine),
+                      "meets or beats": int(count.get("meets or beats paper", 0)),
+                      "within 10%": int(count.get("within 10% of paper", 0)),
+                      "short": int(count.get("short of paper", 0)),
+                      "in / out of paper range": f"{int(count.get('within paper range', 0))} / "
+                                                 f"{int(count.get('above paper range', 0) + count.get('below paper range', 0))}",
+                      "no expected ratio": int(mine["status"].str.startswith("measured (no expected").sum())})
+    return pd.DataFrame(lines)
+
+
 def write_reports(profile_name: str, tidy: pd.DataFrame, env: dict[str, Any] | None, out: Path,
-                  artifacts: tuple[str, ...] = ARTIFACTS) -> list[Path]:
+                  artifacts: tuple[str, ...] = ARTIFACTS, machine: str | None = None) -> list[Path]:
     profile = load_profile(profile_name)
     paper = load_paper_numbers()
     paper_hw = yaml.safe_load(PAPER_HARDWARE.read_text())
-    ceilings = (env or {}).get("ceilings")
+    ceilings = (env or {}).get("summary", {}).get("ceilings")
     header = machine_line(env)
-    written, index = [], []
+    written, index, tables = [], [], {}
     for artifact in artifacts:
         table = compare_artifact(artifact, tidy, paper, profile, ceilings, paper_hw)
+        tables[artifact] = table
         n_measured = int(table["measured_value"].notna().sum())
         notes = [header, "",
                  "ratio = measured / paper. expected ratio = the ratio if only the hardware differed "
@@ -153,9 +178,14 @@ def write_reports(profile_name: str, tidy: pd.DataFrame, env: dict[str, Any] | N
         index.append({"artifact": artifact, "paper_numbers": len(table), "compared": n_measured,
                       "values_logged": logged, "state": state})
     idx = pd.DataFrame(index)
-    written.append(write_atomic(out / "index.md", to_markdown(
-        idx, title=f"Comparison with the paper, profile {profile_name}",
-        notes=[header, "", "Per-artifact reports: <artifact>.md / <artifact>.csv beside this file."])))
+    where = f"this machine ({machine})" if machine else "every machine"
+    summary = to_markdown(standing(tables, machine), title=f"How {where} stands against the paper, profile "
+                          f"{profile_name}", notes=[header, "", "Statuses account for the hardware through the "
+                          "expected ratio (README, compare); scaled workloads compare dimensionless numbers only."])
+    detail = to_markdown(idx, title="Every machine's measurements",
+                         notes=["Per-artifact reports: <artifact>.md / <artifact>.csv beside this file; reference "
+                                "machines' rows are labelled 'reference'."])
+    written.append(write_atomic(out / "index.md", summary + "\n" + detail))
     return written
 
 
@@ -163,14 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Write comparison reports (measured vs paper) per artifact.")
     ap.add_argument("--profile", required=True, help="profile the measurements were made with")
     ap.add_argument("--tidy", type=Path, required=True, help="collected metrics (results/tidy/metrics.csv)")
-    ap.add_argument("--env", type=Path, help="envcheck env.json with this machine's ceilings")
+    ap.add_argument("--env", type=Path, help="this machine's envcheck bench.json (its ceilings)")
+    ap.add_argument("--machine", help="this machine's tag: the index opens with its standing")
     ap.add_argument("--out", type=Path, required=True, help="output folder for the reports")
     ap.add_argument("--artifacts", nargs="*", default=list(ARTIFACTS), choices=ARTIFACTS)
     args = ap.parse_args(argv)
     try:
         tidy = read_tidy(args.tidy)
         env = json.loads(args.env.read_text()) if args.env else None
-        paths = write_reports(args.profile, tidy, env, args.out, tuple(args.artifacts))
+        paths = write_reports(args.profile, tidy, env, args.out, tuple(args.artifacts), args.machine)
     except (FileNotFoundError, ValueError, ProfileError) as exc:
         print(f"compare: error: {exc}", file=sys.stderr)
         return 2

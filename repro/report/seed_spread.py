@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+
 REPLICA_SUFFIX = re.compile(r"_(seed|sampling)(\d+)$")
 SAMPLING, FULL = "sampling", "seed"       # replica kinds, as their folder suffixes spell them
 SMOOTH = {"train/reward": 4, "val/accuracy": 1}
@@ -55,13 +56,6 @@ RISES, FALLS, UNRESOLVED = "yes", "falls", "not resolved"
 TABLE_COLUMNS = ["row", "baseline", "baseline runs", "replicas", "reward in band", "val accuracy in band", "verdict",
                  "out of band: above/below", "run means [baseline runs]", "acceptance slope/step", "slope 95% CI",
                  "acceptance rises", "measured on"]
-
-
-def replica_run_name(run_dir: str, seed: int) -> str:
-    """Run folder of a sampling-seed replica: ``replica_run_name("no_draft", 1) -> "no_draft_sampling1"``."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"baseline seed {seed!r}: expected an integer >= 0")
-    return f"{run_dir}_{SAMPLING}{seed}"
 
 
 def replica_of_run(run: str) -> tuple[str, int] | None:

@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from repro.core.io import write_atomic# noqa: E402
+from repro.core.io import write_atomic  # noqa: E402
 
 STYLE_FILE = Path(__file__).with_name("paper.mplstyle")
 PAPER_COLOR = "0.35"

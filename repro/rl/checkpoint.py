@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from repro.core.io import write_atomic
-from repro.rl.config import ConfigError
+from repro.core.specs import ConfigError
 
 CKPT = Path("ckpt") / "latest.pt"
 _IGNORED_KEYS = ("steps", "out", "ckpt_every")   # a resumed run may extend or relocate itself

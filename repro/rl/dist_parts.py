@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from kernels.transport import TapChannel, sequence_stamp
 from kernels.transport import TapSpec as ChannelTapSpec
+from repro.core.specs import GRPOSpec
 from repro.parallel.taps import tap_name
-from repro.rl.config import GRPOSpec
 from repro.rl.grpo import clipped_policy_loss, kl_k3
 
 

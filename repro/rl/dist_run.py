@@ -35,19 +35,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from repro.models.policy import policy_config
+from repro.core.io import write_json_atomic
 from repro.core.metrics import MetricsLogger
 from repro.core.profile import ProfileError
-from repro.core.io import write_json_atomic
+from repro.core.specs import ARTIFACTS, ConfigError, read_checkpoint_config
+from repro.models.policy import policy_config
 from repro.rl.config import (
-    ARTIFACTS,
     ENGINES,
-    ConfigError,
     RunConfig,
     check_engine,
     load_run_profile,
     policy_mesh,
-    read_checkpoint_config,
     run_config_from_profile,
 )
 from repro.rl.grpo import group_advantages

@@ -21,19 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.attention.backends import NAMES as ATTENTION_BACKENDS
+from repro.core.specs import ConfigError, DraftSpec
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dflash import DFlashDraft
 from repro.models.dspark import DSparkDraft
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.models.eagle3_import import build_eagle3_from_checkpoint
-from repro.rl.config import ConfigError, DraftSpec
-
-# attn_backend (every family): the kernels.attention backend of the draft's training attention
-# ("auto" by default; e.g. "flex" to try flex_attention for the block drafts' masks on a GPU)
-EAGLE3_OPTIONS = ("ttt_steps", "decay", "pass_weights", "attn_backend")
-BLOCK_OPTIONS = ("num_layers", "block_size", "num_anchors", "decay_gamma", "attn_backend")
-DSPARK_OPTIONS = BLOCK_OPTIONS + ("markov_rank",)
 
 
 class _StopGradEmbedding(nn.Module):
@@ -71,37 +64,12 @@ class StopGradParts:
         self.lm_head = _StopGradLinear(policy.lm_head)
 
 
-def _options(spec: DraftSpec, allowed: tuple[str, ...]) -> dict:
-    bad = sorted(set(spec.options) - set(allowed))
-    if bad:
-        raise ConfigError(f"config draft.options {bad} are invalid for family {spec.family!r}: expected keys "
-                          f"among {list(allowed)}")
-    backend = spec.options.get("attn_backend", "auto")
-    if backend not in ATTENTION_BACKENDS:
-        raise ConfigError(f"config draft.options.attn_backend={backend!r} is invalid: expected one of "
-                          f"{list(ATTENTION_BACKENDS)}")
-    return dict(spec.options)
-
-
-def check_draft_spec(spec: DraftSpec) -> None:
-    """Options and proposal count consistent with the family (raises ConfigError before any model exists)."""
-    if spec.family == "eagle3":
-        _options(spec, EAGLE3_OPTIONS)
-        return
-    opts = _options(spec, DSPARK_OPTIONS if spec.family == "dspark" else BLOCK_OPTIONS)
-    bs = int(opts.get("block_size", 8))
-    k = bs if spec.family == "dspark" else bs - 1
-    if spec.num_proposals != k:
-        raise ConfigError(f"config draft.num_proposals={spec.num_proposals} is invalid for {spec.family} with "
-                          f"block_size={bs}: expected {k} (one block per verify step)")
-
-
 def build_draft(spec: DraftSpec, policy, *, mask_token_id: int, train: bool = False) -> nn.Module:
     """The draft of ``spec`` for ``policy`` (taps set on the policy); ``train`` attaches stop-gradient parts."""
-    check_draft_spec(spec)
+    spec.validate()          # options and proposal count fit the family, before any model exists
     backend = spec.options.get("attn_backend", "auto")
     if spec.family == "eagle3":
-        opts = _options(spec, EAGLE3_OPTIONS)
+        opts = dict(spec.options)
         opts.pop("attn_backend", None)
         if "pass_weights" in opts and opts["pass_weights"] is not None:
             opts["pass_weights"] = tuple(opts["pass_weights"])
@@ -111,7 +79,7 @@ def build_draft(spec: DraftSpec, policy, *, mask_token_id: int, train: bool = Fa
             draft = Eagle3Draft(Eagle3Config.from_policy(policy, **opts))
             draft.init_from_policy(policy)
     else:
-        opts = _options(spec, DSPARK_OPTIONS if spec.family == "dspark" else BLOCK_OPTIONS)
+        opts = dict(spec.options)
         opts.pop("attn_backend", None)
         markov_rank = opts.pop("markov_rank", 32)
         num_layers = opts.pop("num_layers", 2)

@@ -20,7 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from repro.rl.config import ConfigError, RunConfig, read_checkpoint_config
+from repro.core.specs import ConfigError, read_checkpoint_config
+from repro.rl.config import RunConfig
 
 ROLES = ("pad", "eos", "mask", "user", "assistant", "call", "call_end", "obs", "obs_end")
 FALLBACK_ATTR = {"pad": "pad_token_id", "eos": "eos_token_id", "mask": "mask_token_id"}

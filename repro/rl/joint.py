@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from repro.core.specs import DraftSpec, GRPOSpec
 from repro.models.sdpa_choice import no_cudnn_sdpa
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
-from repro.rl.config import DraftSpec, GRPOSpec
 from repro.rl.draft_graph import DraftTrainStep
 from repro.rl.drafts import trainable_parameters
 from repro.rl.episodes import RolloutBatch

@@ -41,12 +41,13 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 from kernels.transport import ChannelLayout, TapChannel, sequence_stamp
+from repro.core.specs import ConfigError
 from repro.parallel.cp_batch import PackedShard, grpo_targets, padded_length
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.parallel.harness import LastStage
 from repro.parallel.model import split_layers, stage_of_tap
 from repro.parallel.taps import TapRouter
-from repro.rl.config import ConfigError, RunConfig
+from repro.rl.config import RunConfig
 from repro.rl.cp import CPPolicyStage
 from repro.rl.dist_parts import (
     allreduce_grads,

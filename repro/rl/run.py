@@ -24,20 +24,13 @@ from pathlib import Path
 
 import torch
 
+from repro.core.io import write_json_atomic
 from repro.core.metrics import MetricsLogger
 from repro.core.profile import ProfileError
-from repro.core.io import write_json_atomic
-from repro.rl.config import (
-    ARTIFACTS,
-    ENGINES,
-    ConfigError,
-    check_engine,
-    load_run_profile,
-    run_config_from_profile,
-)
+from repro.core.specs import ARTIFACTS, ConfigError
+from repro.rl.config import ENGINES, check_engine, load_run_profile, run_config_from_profile
 from repro.rl.hf_tokenizer import tokenizer_for_run
 from repro.rl.trainer import CoTrainer
-
 
 RESTART_HELP = ("a checkpoint in the run folder from another config is dropped and the run starts over, instead "
                 "of refused (the workflow passes it: its reruns after a profile change regenerate the run anyway)")
@@ -63,7 +56,7 @@ def build_row(profile: str, artifact: str, row: str, *, out: str, seed: int = 0,
 def row_logger(trainer: CoTrainer, first: int) -> MetricsLogger:
     cfg = trainer.cfg
     return MetricsLogger(cfg.out, artifact=cfg.artifact, profile=cfg.profile, config=cfg.to_dict(),
-                         name=Path(cfg.out).name, resume=first > 0,
+                         name=Path(cfg.out).name, resume_at=first or None,
                          extra_tags=[f"row:{cfg.row}", f"draft:{cfg.draft.family if cfg.draft else 'none'}"])
 
 

@@ -33,10 +33,11 @@ from pathlib import Path
 
 import torch
 
-from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.core.io import write_atomic, write_json_atomic
+from repro.core.progress import Progress
 from repro.core.provenance import provenance
-from repro.rl.config import WORKLOADS, ConfigError, DraftSpec, PolicySpec, SFTSpec, sft_spec
+from repro.core.specs import WORKLOADS, ConfigError, DraftSpec, PolicySpec, SFTSpec, sft_spec
+from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.rl.drafts import build_draft, trainable_parameters
 from repro.rl.episodes import chat_prompt, math_rollout, workplace_rollout
 from repro.rl.grpo import token_logprobs
@@ -103,6 +104,7 @@ def sft_policy(policy, tok, workload: str, spec: SFTSpec, seed: int, log_every: 
     opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / spec.steps))
     losses = []
+    bar = Progress(spec.steps, f"[sft {workload}] policy")
     for step in range(spec.steps):
         ids, att, mask = demo_batch(tok, _items(workload, seed, spec.batch, draw=10_000 + step), policy.device)
         out = policy.forward_train(ids, want_taps=False, attention_mask=att)
@@ -114,6 +116,7 @@ def sft_policy(policy, tok, workload: str, spec: SFTSpec, seed: int, log_every: 
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))
+        bar.update(info=f"loss {losses[-1]:.4f}")
         if log_every and step % log_every == 0:
             print(f"[sft] step {step}: loss {losses[-1]:.4f}", flush=True)
         if heldout_every and (step + 1) % heldout_every == 0 and heldout_curve is not None:
@@ -147,6 +150,7 @@ def warm_start_drafts(policy, tok, workload: str, specs: list[DraftSpec], spec: 
     from repro.models.taps import TapSpec
     policy.set_taps(TapSpec(tuple(layers), "output", policy.num_layers))
     losses: dict[str, list[float]] = {f: [] for f in drafts}
+    bar = Progress(spec.draft_steps, f"[sft {workload}] drafts {','.join(drafts)}")
     for step in range(spec.draft_steps):
         ids, att, mask = demo_batch(tok, _items(workload, seed, spec.batch, draw=20_000 + step), policy.device)
         with torch.no_grad():
@@ -161,6 +165,7 @@ def warm_start_drafts(policy, tok, workload: str, specs: list[DraftSpec], spec: 
             torch.nn.utils.clip_grad_norm_(trainable_parameters(d), 1.0)
             opts[fam].step()
             losses[fam].append(float(loss.detach()))
+        bar.update(info=", ".join(f"{f} {l[-1]:.3f}" for f, l in losses.items()))
         if step % 50 == 0:
             print(f"[sft] draft step {step}: " + ", ".join(f"{f} {l[-1]:.3f}" for f, l in losses.items()), flush=True)
     return drafts, losses

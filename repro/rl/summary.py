@@ -40,58 +40,29 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from repro.core.metrics import MetricsLogger
-from repro.core.profile import ProfileError, load_profile
 from repro.core.io import write_json_atomic
-from repro.rl.config import ARTIFACTS, ConfigError, artifact_rows
+from repro.core.layout import run_dir_name
+from repro.core.metrics import SIDECAR, MetricsLogger, read_sidecar
+from repro.core.profile import ProfileError, load_profile
+from repro.core.specs import ARTIFACTS, ConfigError
+from repro.rl.config import artifact_rows
 
 TABLE2_STEPS = 10
 
 
-def run_dir_name(row: str) -> str:
-    """Folder name of a row's run: ``"Qwen3-8B/DFlash"`` -> ``"qwen3-8b_dflash"``."""
-    return re.sub(r"[^a-z0-9.-]+", "_", row.lower()).strip("_")
-
-
-# per-step names other engines' collect mappers give (repro/nemo_rl/metrics.py) -> the suite's run names
-ENGINE_ALIASES = {"reward": "train/reward", "rollout_time_s": "train/rollout_time_s",
-                  "update_time_s": "train/update_time_s", "step_time_s": "train/step_time_s",
-                  "train_inference_kl": "train/train_inference_kl", "acceptance_length": "train/acceptance_length",
-                  "draft_loss": "train/draft_loss", "validation_accuracy": "val/accuracy",
-                  "throughput_tokens_per_s": "train/throughput_tok_s"}
-
-
-def _steps_from_engine_logs(run_dir: Path) -> list[dict]:
-    """Per-step rows of a run logged by another engine (W&B logs read through collect's mapper)."""
-    from repro.report.collect import collect_run
-    rows, _ = collect_run(run_dir, run_dir.parent)
-    steps: dict[int, dict] = {}
-    for r in rows:
-        name = ENGINE_ALIASES.get(r["metric"])
-        if name is not None:
-            steps.setdefault(int(r["step"]), {"step": int(r["step"])})[name] = r["value"]
-    return [steps[s] for s in sorted(steps)]
-
-
 def read_steps(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
+    """A run's per-step rows from its metrics.jsonl (NeMo-RL runs get one under the suite's names from
+    repro.nemo_rl.finish); a step logged twice (a resumed run) keeps its later row."""
+    path = run_dir / SIDECAR
     if not path.is_file():
-        if (run_dir / "env.json").is_file():
-            return _steps_from_engine_logs(run_dir)
         raise FileNotFoundError(f"{path}: missing; run the row first (python -m repro.rl.run ...)")
     latest: dict[int, dict] = {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from exc
-            latest[int(rec["step"])] = rec            # a resumed run re-logs a step: the later row wins
+    for rec in read_sidecar(path):
+        latest[int(rec["step"])] = rec
     return [latest[s] for s in sorted(latest)]
 
 
@@ -297,12 +268,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"summary: error: {exc}", file=sys.stderr)
         return 2
     out = args.out or args.runs / "summary"
-    with MetricsLogger(out, artifact=args.artifact, profile=args.profile, measured_on=measured_on,
+    with MetricsLogger(out, artifact=args.artifact, profile=prof["name"], measured_on=measured_on,
                        config={"rows": rows, "skip_steps": skip, "runs": str(args.runs), "basis": basis,
                                "repeats": [str(r) for r in args.repeat]}) as log:
         for row, metrics in result.items():
             log.log(metrics, row=row, step=0)
-    write_json_atomic(out / "summary.json", {"artifact": args.artifact, "profile": args.profile,
+    write_json_atomic(out / "summary.json", {"artifact": args.artifact, "profile": prof["name"],
                                              "skip_steps": skip, "basis": basis,
                                              "repeats": [str(r) for r in args.repeat], "rows": result})
     width = max(len(r) for r in result)

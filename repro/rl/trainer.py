@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from repro.core.progress import Progress
 from repro.rl.checkpoint import load_checkpoint, save_checkpoint, warm_start_digest
 from repro.rl.config import RunConfig
 from repro.rl.drafts import build_draft, make_proposer
@@ -151,6 +152,7 @@ class CoTrainer:
         self.workplace = WorkplaceTaskSet(cfg.seed) if cfg.workload.name == "workplace" else None
         self._pool: ThreadPoolExecutor | None = None      # the workplace tools' thread pool, made on first use
         self.start_step = 0
+        self.progress: Progress | None = None        # steps of this run, shown as they finish
         self.push()
 
     # -- pieces of a step --------------------------------------------------------------------------------
@@ -275,10 +277,12 @@ class CoTrainer:
             self.save(step)
         if on_step is not None:
             on_step(step, m)
-        print(f"[{cfg.artifact} {cfg.row}] step {step}: reward {m['train/reward']:.3f} "
-              + (f"AL {m['train/acceptance_length']:.2f} " if "train/acceptance_length" in m else "")
-              + f"rollout {m['train/rollout_time_s']:.2f}s update {m['train/update_time_s']:.2f}s "
-              f"kl {m['train/train_inference_kl']:.2e}", flush=True)
+        if self.progress is None:
+            self.progress = Progress(cfg.steps, f"[{cfg.artifact} {cfg.row}]", done=step, every_s=0)
+        self.progress.update(info=f"reward {m['train/reward']:.3f} "
+                             + (f"AL {m['train/acceptance_length']:.2f} " if "train/acceptance_length" in m else "")
+                             + f"rollout {m['train/rollout_time_s']:.2f}s update {m['train/update_time_s']:.2f}s "
+                             f"kl {m['train/train_inference_kl']:.2e}")
         return m
 
     def close(self) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
+from repro.core.specs import DraftSpec, PolicySpec
 from repro.models.policy import Policy, build_policy
-from repro.rl.config import DraftSpec, PolicySpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

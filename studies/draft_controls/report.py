@@ -1,4 +1,4 @@
-"""Report of a draft sweep (``repro.rl.draft_sweep``'s sweep.json): a Markdown table, a figure, the table as JSON.
+"""Report of a draft sweep (``studies.draft_controls.sweep``'s sweep.json): a Markdown table, a figure, the table as JSON.
 
 For each (row, value of the swept ``DraftSpec`` field) one table line: acceptance length (AL) at steps 0 and 1,
 its mean over all steps and over the last 4, its final value, the draft loss first -> last, the mean reward, the
@@ -12,10 +12,10 @@ provenance; e.g. scripts/device/shared_warmstart.sh's arms, a frozen arm and sev
 lines are labelled KEY=VALUE in input order, and each setting gets a difference line per row against the first
 input's setting: its last-4 and all-steps mean AL minus the reference's.
 
-    python -m repro.report.sweep_report results/cpu-2c/cpu-tiny/draft_frozen/fig3/sweep.json \\
+    python -m studies.draft_controls.report results/cpu-2c/cpu-tiny/draft_frozen/fig3/sweep.json \\
         results/cpu-2c/cpu-tiny/draft_frozen/fig4/sweep.json --out-dir results/cpu-2c/cpu-tiny/draft_frozen \\
         --name report        # -> report.md, report.png, report.json (written atomically)
-    python -m repro.report.sweep_report --merge D/loss_weight_0/sweep.json D/lr_5e-5/sweep.json \\
+    python -m studies.draft_controls.report --merge D/loss_weight_0/sweep.json D/lr_5e-5/sweep.json \\
         D/lr_5e-4/sweep.json --out-dir D --name report      # frozen first: the reference
 
 NAME defaults to the folder of the first sweep.json. Exit status 2 when an input is missing or is not a sweep.json.
@@ -37,7 +37,7 @@ from repro.report.seed_spread import slope_interval
 LAST = 4  # steps averaged for "AL last 4"
 MERGED_KEY = "setting"  # the label column of merged sweeps: KEY=VALUE
 SAME_START = ("profile", "artifact", "warm_start", "seed", "steps")  # provenance config fields merged sweeps share
-EXPECTED = 'a JSON object with "key" (the swept DraftSpec field) and a non-empty "runs" list (repro.rl.draft_sweep)'
+EXPECTED = 'a JSON object with "key" (the swept DraftSpec field) and a non-empty "runs" list (studies.draft_controls.sweep)'
 COLUMNS = ["row", None, "AL step 0", "AL step 1", "AL mean", f"AL last {LAST}", "AL final",
            "AL slope/step [95% CI]", "draft loss first -> last", "mean reward", "final val acc", "rollout s (steps >= 1)"]
 
@@ -50,7 +50,7 @@ def load_sweep(path: str) -> dict:
     """The sweep.json at ``path``, checked to have what the report reads; SweepError naming the file if not."""
     p = Path(path)
     if not p.is_file():
-        raise SweepError(f"{path}: no such file; expected a sweep.json written by repro.rl.draft_sweep")
+        raise SweepError(f"{path}: no such file; expected a sweep.json written by studies.draft_controls.sweep")
     try:
         sweep = json.loads(p.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -214,9 +214,9 @@ def figure_png(inputs: list[tuple[str, dict, list[dict]]]) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m repro.report.sweep_report", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m studies.draft_controls.report", description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("sweeps", nargs="+", metavar="SWEEP_JSON", help="sweep.json files of repro.rl.draft_sweep")
+    ap.add_argument("sweeps", nargs="+", metavar="SWEEP_JSON", help="sweep.json files of studies.draft_controls.sweep")
     ap.add_argument("--out-dir", required=True, help="folder for NAME.md, NAME.png and NAME.json")
     ap.add_argument("--name", default="", help="file stem of the report (default: folder of the first sweep.json)")
     ap.add_argument("--merge", action="store_true",

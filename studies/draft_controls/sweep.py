@@ -8,9 +8,9 @@ the first update's change (AL at step 1 over step 0), with provenance. It is rew
 says whether all did), so a sweep cut short keeps what it finished. The run folders stay out of ``results/`` (their
 env.json would join the artifact's own report).
 
-    python -m repro.rl.draft_sweep --profile cpu-tiny --artifact fig3 --rows EAGLE-3,DFlash,DSpark \
-        --key lr_warmup_steps --values 0,5,10,20 --warm-start results/cpu-2c/cpu-tiny/sft/dense-math --steps 16 \
-        --out results/cpu-2c/cpu-tiny/draft_warmup
+    python -m studies.draft_controls.sweep --profile cpu-tiny --artifact fig3 --rows EAGLE-3,DFlash,DSpark \
+        --key lr_warmup_steps --values 0,5,10,20 --warm-start results/<machine>/cpu-tiny/sft/dense-math --steps 16 \
+        --out results/<machine>/cpu-tiny/draft_warmup
 """
 from __future__ import annotations
 
@@ -26,11 +26,12 @@ from statistics import mean
 
 import yaml
 
-from repro.core.profile import ProfileError
 from repro.core.io import write_json_atomic
+from repro.core.profile import ProfileError
 from repro.core.provenance import provenance
-from repro.rl.config import ConfigError, DraftSpec, load_run_profile, run_config_from_profile
-from repro.rl.summary import run_dir_name
+from repro.core.specs import ConfigError, DraftSpec
+from repro.rl.config import load_run_profile, run_config_from_profile
+from repro.core.layout import run_dir_name
 
 SWEEPABLE = sorted(f.name for f in dataclasses.fields(DraftSpec)
                    if f.name not in ("family", "options", "checkpoint", "path", "cuda_graph"))

@@ -1,13 +1,12 @@
-"""The draft sweep report (repro.report.sweep_report) on two synthetic sweep.json files, one with the newer
+"""The draft sweep report (studies.draft_controls.report) on two synthetic sweep.json files, one with the newer
 fields and one old-style; a missing or malformed input exits 2 naming the file and writes nothing.
 
-    .venv/bin/python -m pytest -q tests/report/test_sweep_report.py
+    .venv/bin/python -m pytest -q studies/draft_controls/test_report.py
 """
 import json
 
 import pytest
-
-from repro.report.sweep_report import main
+from studies.draft_controls.report import main
 
 pytestmark = pytest.mark.timeout(60)
 

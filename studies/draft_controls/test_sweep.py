@@ -1,14 +1,14 @@
-"""repro.rl.draft_sweep: the derived profiles differ from the profile only in the swept draft setting (and the
+"""studies.draft_controls.sweep: the derived profiles differ from the profile only in the swept draft setting (and the
 artifact's steps), and bad arguments are refused before any run starts.
 
-    .venv/bin/python -m pytest -q tests/rl/test_draft_sweep.py
+    .venv/bin/python -m pytest -q studies/draft_controls/test_sweep.py
 """
 import copy
 
 import pytest
+from studies.draft_controls.sweep import derived_profile, main, run_record
 
 from repro.rl.config import load_run_profile
-from repro.rl.draft_sweep import derived_profile, main, run_record
 
 
 def _without(prof, key):

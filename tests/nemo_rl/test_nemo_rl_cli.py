@@ -12,11 +12,11 @@ import shlex
 import pytest
 from fake_checkout import make_checkout, make_data
 
+from repro.core.profile import load_profile
 from repro.nemo_rl import checks
 from repro.nemo_rl.config import Paths
 from repro.nemo_rl.rows import load_rows, resolve
 from repro.nemo_rl.run import main, run_slug
-from repro.core.profile import load_profile
 
 pytestmark = pytest.mark.timeout(120)
 

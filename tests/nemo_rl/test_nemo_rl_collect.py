@@ -17,13 +17,13 @@ import pytest
 import yaml
 from fake_checkout import make_checkout, make_data
 
+from repro.core.metrics import MetricsLogger
+from repro.core.profile import load_profile
 from repro.nemo_rl.finish import main as finish_main
 from repro.nemo_rl.metrics import nemo_rl_mapper
 from repro.nemo_rl.run import main, run_slug
 from repro.nemo_rl.runtime_env import runtime_env
 from repro.report.collect import collect
-from repro.core.metrics import MetricsLogger
-from repro.core.profile import load_profile
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -114,7 +114,8 @@ def results(tmp_path, monkeypatch):
 
 
 def test_nemo_rl_logs_collect_like_the_suites(results):
-    tidy, runs = collect(results)
+    tidy, runs, bad = collect(results)
+    assert not bad, bad
     assert set(runs["engine"]) == {"nemo-rl", "suite"} and runs["finished"].all()
     key = ["artifact", "profile", "hardware", "row", "step", "metric"]
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from fake_checkout import skeleton
 
+from repro.core.profile import load_profile
 from repro.nemo_rl import config
 from repro.nemo_rl import skeleton as skel
 from repro.nemo_rl.rows import RowError, load_rows
-from repro.core.profile import load_profile
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,9 +8,15 @@ import os
 
 import pytest
 
-from repro.core.profile import (ProfileError, available_profiles, check_servable, load_profile,
-                                   missing_hardware, missing_paths)
 from repro.core.io import write_json_atomic
+from repro.core.profile import (
+    ProfileError,
+    available_profiles,
+    check_servable,
+    load_profile,
+    missing_hardware,
+    missing_paths,
+)
 from repro.core.provenance import git_state, hardware, provenance
 
 pytestmark = pytest.mark.timeout(120)
@@ -95,8 +101,9 @@ def test_write_atomic_leaves_nothing_half_written(tmp_path):
 
 
 def test_kernels_package_does_not_collide_with_transformers():
-    import kernels
     import transformers.utils.import_utils as iu
+
+    import kernels
     assert not iu.is_kernels_available(), "transformers mistook the suite's kernels/ for HF kernels"
     assert not hasattr(kernels, "__version__")
     from transformers import Qwen3Config, Qwen3ForCausalLM

@@ -6,9 +6,9 @@ numbers file, and the comparison report's ratios, expected ratios and statuses.
 import pandas as pd
 import pytest
 
+from repro.core.profile import load_profile
 from repro.report.compare import compare_artifact, expected_ratio, write_reports
 from repro.report.paper import load_paper_numbers
-from repro.core.profile import load_profile
 from repro.report.style import apply_style, paper_style, save_figure
 from repro.report.tables import write_table
 
@@ -66,7 +66,7 @@ def test_bad_paper_numbers_file_is_refused(tmp_path):
     bad = tmp_path / "p.csv"
     bad.write_text("artifact,row,metric,stat,unit,paper_hardware,value,higher_is_better,scales_with,source\n"
                    "table9,x,m,value,x,H100,1.0,true,none,T\n")
-    with pytest.raises(ProfileError, match="line 2: artifact: 'table9' is not one of"):
+    with pytest.raises(ProfileError, match="line 2: artifact: 'table9' is invalid: input should be 'table1'"):
         load_paper_numbers(bad)
 
 

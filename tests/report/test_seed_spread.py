@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from repro.core.layout import replica_run_name
 from repro.report import seed_spread as ss
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,13 +36,13 @@ def _frame(draft_reward, draft_val, draft_al=None, base_seeds=True):
 
 
 def test_replica_run_names_round_trip_and_reject_bad_seeds():
-    assert ss.replica_run_name("no_draft", 2) == "no_draft_sampling2"
+    assert replica_run_name("no_draft", 2) == "no_draft_sampling2"
     assert ss.replica_of_run("cpu-2c/cpu-tiny/fig3/no_draft_sampling2") == ("sampling", 2)
-    assert ss.replica_of_run("cpu-2c/cpu-tiny/fig3/no_draft_seed3") == ("seed", 3)       # before session 7
+    assert ss.replica_of_run("cpu-2c/cpu-tiny/fig3/no_draft_seed3") == ("seed", 3)       # the older replica naming
     assert ss.seed_of_run("cpu-2c/cpu-tiny/fig3/no_draft_seed2") == 2
     assert ss.seed_of_run("cpu-2c/cpu-tiny/fig3/no_draft") is None
     with pytest.raises(ValueError, match=r"baseline seed -1: expected an integer >= 0"):
-        ss.replica_run_name("no_draft", -1)
+        replica_run_name("no_draft", -1)
 
 
 def test_sampling_replicas_are_banded_instead_of_whole_seed_ones():

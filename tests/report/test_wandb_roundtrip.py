@@ -11,7 +11,7 @@ import zlib
 import pytest
 
 from repro.core.metrics import MetricsLogger
-from repro.report.wandb_reader import WandbLogError, find_wandb_logs, read_wandb_log
+from repro.core.wandb_reader import WandbLogError, find_wandb_logs, read_wandb_log
 
 pytestmark = pytest.mark.timeout(120)
 

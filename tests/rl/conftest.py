@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro.rl.config import DraftSpec, GRPOSpec, PolicySpec, RunConfig, SFTSpec, WorkloadSpec
+from repro.core.specs import DraftSpec, GRPOSpec, PolicySpec, SFTSpec, WorkloadSpec
+from repro.rl.config import RunConfig
 from repro.rl.tokenizer import train_tokenizer, workload_corpus
 
 TINY_POLICY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 8, "num_attention_heads": 2,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from kernels.launch import spawn
-from repro.rl.mesh_update import cp_update_worker
 from repro.rl.grpo import group_advantages
+from repro.rl.mesh_update import cp_update_worker
 from repro.rl.pp import make_payload
 from repro.rl.trainer import CoTrainer
 from tests.rl.conftest import tiny_config

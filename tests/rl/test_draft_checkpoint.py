@@ -21,8 +21,9 @@ import pytest
 import torch
 import yaml
 
+from repro.core.specs import ConfigError, DraftSpec
 from repro.rl import run
-from repro.rl.config import ConfigError, DraftSpec, RunConfig, run_config_from_profile
+from repro.rl.config import RunConfig, run_config_from_profile
 from repro.rl.drafts import build_draft
 
 from .test_paper_profile_suite import _no_models, ckpt_root, profile_file  # noqa: F401 (fixtures)
@@ -158,10 +159,11 @@ def test_checkpoint_key_family_and_config_round_trip(draft_profile, ckpt_root): 
     prof["rl"]["drafts"]["eagle3"]["checkpoint"] = "no-such-key"
     with pytest.raises(ConfigError, match=r"rl.drafts.eagle3.checkpoint='no-such-key' is invalid: expected one of"):
         _cfg(prof, ckpt_root)
+    prof["rl"]["drafts"]["eagle3"]["checkpoint"] = "qwen3-8b-eagle3"
     prof["rl"]["drafts"]["dflash"]["checkpoint"] = "qwen3-8b-dflash"
     with pytest.raises(ConfigError, match=r"no checkpoint for family 'dflash'"):
         run_config_from_profile(prof, "table1", "Qwen3-8B/DFlash", out="o", checkpoint_root=ckpt_root)
-    prof["rl"]["drafts"]["eagle3"]["checkpoint"] = "qwen3-8b-eagle3"
+    prof["rl"]["drafts"]["dflash"].pop("checkpoint")
     with pytest.raises(ConfigError, match=r"checkpoint_root is not set"):
         prof["rl"]["policies"]["Qwen3-8B"].pop("checkpoint")          # a random-init policy, no root
         prof["rl"]["policies"]["Qwen3-8B"].pop("tokens")

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
+from repro.core.specs import ConfigError, DraftSpec
 from repro.models.policy import build_policy
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
-from repro.rl.config import ConfigError, DraftSpec
-from repro.rl.drafts import build_draft, check_draft_spec
+from repro.rl.drafts import build_draft
 from repro.rl.joint import draft_loss_mask
 
 SPECS = {"eagle3": DraftSpec(family="eagle3", num_proposals=2, options={"ttt_steps": 2}),
@@ -40,4 +40,4 @@ def test_attn_backend_option_reaches_the_draft_and_changes_nothing_numerically(f
 def test_bad_attn_backend_is_refused_with_the_choices():
     spec = dataclasses.replace(SPECS["dflash"], options={"block_size": 4, "attn_backend": "triton"})
     with pytest.raises(ConfigError, match="attn_backend='triton'.*flex"):
-        check_draft_spec(spec)
+        spec.validate()

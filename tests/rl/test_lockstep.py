@@ -7,7 +7,7 @@ import yaml
 
 from repro.core.profile import load_profile
 from repro.rl import lockstep, run
-from repro.rl.summary import run_dir_name
+from repro.core.layout import run_dir_name
 
 ROWS = ["Qwen3-8B/no draft", "Qwen3-8B/DFlash"]
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernels.launch import spawn
-from repro.rl.config import ConfigError, DraftSpec
+from repro.core.specs import ConfigError, DraftSpec
 from repro.rl.grpo import group_advantages
 from repro.rl.mesh_update import MeshShape, mesh_update_worker
 from repro.rl.pp import make_payload

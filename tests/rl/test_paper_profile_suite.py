@@ -22,8 +22,9 @@ import pytest
 import yaml
 
 from repro.core.profile import PROFILE_DIR
+from repro.core.specs import ConfigError
 from repro.rl import dist_run, run
-from repro.rl.config import ConfigError, RunConfig, run_config_from_profile
+from repro.rl.config import RunConfig, run_config_from_profile
 from repro.rl.config import main as config_main
 from repro.rl.hf_tokenizer import CheckpointTokenizer, tokenizer_for_run
 

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from repro.core.profile import load_profile
-from repro.rl.config import ConfigError, run_config_from_profile, sft_spec
+from repro.core.specs import ConfigError, sft_spec
+from repro.rl.config import run_config_from_profile
 from repro.rl.sft import main as sft_main
 
 pytestmark = pytest.mark.timeout(300)
@@ -102,7 +103,7 @@ def test_deterministic_draft_training_is_the_same_training_on_cpu(tmp_path, monk
     assert runs[True]["sft"]["deterministic"] is True
     assert runs[True]["drafts"] == runs[False]["drafts"] and runs[True]["sft_losses"] == runs[False]["sft_losses"]
     assert sft.os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
-    with pytest.raises(ConfigError, match="sft.deterministic='yes'"):
+    with pytest.raises(ConfigError, match=r"rl.sft is invalid \(deterministic: Input should be a valid boolean"):
         sft_spec({"sft": {"deterministic": "yes"}}, "math").validate()
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from repro.report.artifacts import fig3, table1
 from repro.report.paper import load_paper_numbers
-from repro.rl.summary import run_dir_name, summarize
+from repro.core.layout import run_dir_name
+from repro.rl.summary import summarize
 
 
 def _write_run(root, row, steps):

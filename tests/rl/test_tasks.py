@@ -8,7 +8,7 @@ import time
 import pytest
 
 from repro.rl.tasks.math import HELDOUT_SIZE, MathTaskSet, dapo_reward
-from repro.rl.tasks.workplace import WorkplaceEnv, WorkplaceTaskSet, execute, parse_call, ToolError
+from repro.rl.tasks.workplace import ToolError, WorkplaceEnv, WorkplaceTaskSet, execute, parse_call
 from repro.rl.tokenizer import SPECIAL_TOKENS, WorkloadTokenizer
 
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from repro.core.metrics import MetricsLogger
-from repro.rl.config import ConfigError, DraftSpec, GRPOSpec, RunConfig, WorkloadSpec, run_config_from_profile
+from repro.core.specs import ConfigError, DraftSpec, GRPOSpec, WorkloadSpec
+from repro.rl.config import RunConfig, run_config_from_profile
 from repro.rl.episodes import workplace_rollout
 from repro.rl.grpo import group_advantages
 from repro.rl.tasks.workplace import WorkplaceTaskSet
@@ -67,7 +68,7 @@ def _train(cfg, tok, crash_at=None):
     def on_step(step, _):
         if step == crash_at:
             raise Crash(f"injected crash after step {step}")
-    with MetricsLogger(cfg.out, artifact="table1", profile="cpu-tiny", config=cfg.to_dict(), resume=first > 0) as log:
+    with MetricsLogger(cfg.out, artifact="table1", profile="cpu-tiny", config=cfg.to_dict(), resume_at=first or None) as log:
         tr.run(log, on_step=on_step)
     return tr, first
 
@@ -142,7 +143,7 @@ def test_restart_on_config_change_drops_the_checkpoint_and_starts_over(tmp_path,
     (dict(workload=WorkloadSpec(val_size=31)), "val_size=31"),
     (dict(draft=DraftSpec("medusa")), "draft.family='medusa'"),
     (dict(draft=DraftSpec("dflash", num_proposals=5, options={"block_size": 4})), "num_proposals=5"),
-    (dict(draft=DraftSpec("eagle3", options={"block_size": 4})), r"draft.options \['block_size'\]"),
+    (dict(draft=DraftSpec("eagle3", options={"block_size": 4})), r"draft.options=\['block_size'\] is invalid"),
     (dict(draft=DraftSpec("eagle3", loss_weight=-1)), "loss_weight=-1"),
 ])
 def test_bad_configs_fail_before_training(tmp_path, tok, change, match):
@@ -202,7 +203,8 @@ def test_workplace_rollout_masks_observations_and_scores_final_state(tok):
 @pytest.mark.parametrize("profile", ["cpu-tiny", "h200"])
 def test_every_profile_row_is_a_valid_config(profile, tmp_path):
     from repro.core.profile import load_profile
-    from repro.rl.config import ARTIFACTS, artifact_rows
+    from repro.core.specs import ARTIFACTS
+    from repro.rl.config import artifact_rows
     prof = load_profile(profile)
     for artifact in ARTIFACTS:
         rows = artifact_rows(prof, artifact)

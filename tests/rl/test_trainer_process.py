@@ -8,7 +8,7 @@ import gc
 
 import pytest
 
-from repro.rl.config import ConfigError
+from repro.core.specs import ConfigError
 from repro.rl.trainer import CoTrainer
 from tests.rl.conftest import tiny_config
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro.rl.config import ConfigError, RunConfig
+from repro.core.specs import ConfigError
+from repro.rl.config import RunConfig
 from repro.rollout.engine import RolloutEngine
 from repro.rollout.vllm_backend import vllm_version
 

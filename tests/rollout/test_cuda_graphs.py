@@ -253,8 +253,9 @@ def test_bad_values_fail_clearly(trained):
 
 
 def test_rl_config_switch():
-    from repro.rl.config import CUDA_GRAPH_MODES as CFG_MODES
-    from repro.rl.config import ConfigError, load_run_profile, run_config_from_profile
+    from repro.core.specs import CUDA_GRAPH_MODES as CFG_MODES
+    from repro.core.specs import ConfigError
+    from repro.rl.config import load_run_profile, run_config_from_profile
     assert CFG_MODES == CUDA_GRAPH_MODES
     h200 = run_config_from_profile(load_run_profile("h200"), "table1", "Qwen3-8B/EAGLE-3", out="o")
     tiny = run_config_from_profile(load_run_profile("cpu-tiny"), "table1", "Qwen3-8B/EAGLE-3", out="o")
@@ -265,7 +266,7 @@ def test_rl_config_switch():
         tiny.validate()
     prof = load_run_profile("cpu-tiny")
     prof["rl"]["rollout"] = {"cuda_graph": "draft"}
-    with pytest.raises(ConfigError, match=r"rl.rollout has unknown keys \['cuda_graph'\]"):
+    with pytest.raises(ConfigError, match=r"rl.rollout.cuda_graph: unknown key 'cuda_graph'; expected one of bucket_batch, cuda_graphs"):
         run_config_from_profile(prof, "table1", "Qwen3-8B/EAGLE-3", out="o")
     # bucket_batch: off unless asked (and then left out of the config, as before it existed); needs cuda_graphs draft
     assert h200.bucket_batch is False and "bucket_batch" not in h200.to_dict()

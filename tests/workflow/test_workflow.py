@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from repro.report.paper import ARTIFACTS
 from repro.core.profile import available_profiles
 from repro.core.provenance import hardware
+from repro.report.paper import ARTIFACTS
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
