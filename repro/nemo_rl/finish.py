@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from repro.nemo_rl.metrics import step_metrics
 from repro.core.io import write_atomic, write_json_atomic
+from repro.nemo_rl.metrics import step_metrics
 from repro.report.wandb_reader import WandbLogError, find_wandb_logs, read_wandb_log
 
 

@@ -20,9 +20,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from repro.core.provenance import REPO_ROOT
 from repro.nemo_rl.config import CONFIG_NAME, Paths
 from repro.nemo_rl.rows import RowSpec
-from repro.core.provenance import REPO_ROOT
 
 LAUNCHERS = ("local", "ray-sub")
 RAY_LOG_DIR_NAME = "ray_logs"

@@ -12,18 +12,19 @@ identical tidy rows.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
-from fake_checkout import make_checkout, make_data
+from fake_checkout import fake_uv, make_checkout, make_data
 
+from repro.core.metrics import MetricsLogger
+from repro.core.profile import load_profile
 from repro.nemo_rl.finish import main as finish_main
 from repro.nemo_rl.metrics import nemo_rl_mapper
 from repro.nemo_rl.run import main, run_slug
 from repro.nemo_rl.runtime_env import runtime_env
 from repro.report.collect import collect
-from repro.core.metrics import MetricsLogger
-from repro.core.profile import load_profile
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -95,6 +96,7 @@ def fake_nemo_rl_run(run_dir, drafts: float) -> None:
 def results(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("PATH", f"{fake_uv(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}")
     profile = load_profile("paper-h100")
     data, nemo = make_data(tmp_path / "d", profile), make_checkout(tmp_path / "RL")
     root = tmp_path / "results"
