@@ -29,14 +29,15 @@ from repro.nemo_rl.skeleton import SkeletonError, typed_dict_keys
 
 DRAFT_DIR = "nemo_rl/models/megatron/draft"
 POLICY_INIT = "nemo_rl/models/policy/__init__.py"
-TRAIN_PY = "nemo_rl/models/megatron/train.py"
-# Refusals the co-training stack raises today; present in a checkout = that checkout lacks the PR.
+LM_POLICY = "nemo_rl/models/policy/lm_policy.py"
+# Refusals the co-training stack raises today (where to look, the text); present in a checkout = that
+# checkout lacks the PR. Packing is refused at policy start-up (lm_policy.py) and in the draft modules.
 REFUSALS = {
-    "pp_block": (f"{DRAFT_DIR}/utils.py", "requires pipeline_model_parallel_size",
+    "pp_block": ((f"{DRAFT_DIR}/utils.py",), "requires pipeline_model_parallel_size",
                  "NVIDIA-NeMo/RL PR 4060 (block drafts, DFlash/DSpark, under pipeline parallelism)"),
-    "cp": (DRAFT_DIR, "requires context_parallel_size == 1",
+    "cp": ((DRAFT_DIR,), "requires context_parallel_size == 1",
            "NVIDIA-NeMo/RL PR 4059 (drafts under context parallelism)"),
-    "packing": (TRAIN_PY, "not supported with sequence packing",
+    "packing": ((LM_POLICY, DRAFT_DIR), "does not support sequence packing",
                 "NVIDIA-NeMo/RL PR 4059 (draft training on packed sequences)"),
 }
 
@@ -74,11 +75,16 @@ def checkout_problems(spec: RowSpec, nemo: Path, launcher: str) -> list[str]:
                        f"DraftConfig.method; NVIDIA-NeMo/RL PR {pr})")
     elif int(fam.settings.get("ttt_steps", 1)) > 1 and "ttt_steps" not in draft_cfg:
         out.append(f"multi-pass EAGLE-3 in the NeMo-RL checkout {nemo} (DraftConfig.ttt_steps; NVIDIA-NeMo/RL PR 3699)")
-    uses = {"pp_block": fam.method in ("dflash", "dspark") and lay.pp > 1, "cp": lay.cp > 1, "packing": True}
-    for key, (rel, text, what) in REFUSALS.items():
-        if uses[key] and text in _read(nemo / rel):
-            out.append(f"{what} in the NeMo-RL checkout {nemo} ({rel} still raises '...{text}...'); row "
-                       f"{spec.row!r} needs TP/PP/CP = {lay.tp}/{lay.pp}/{lay.cp} with packed sequences")
+    uses = {"pp_block": fam.method in ("dflash", "dspark") and lay.pp > 1, "cp": lay.cp > 1,
+            "packing": spec.sequence_packing}
+    packed = "packed" if spec.sequence_packing else "unpacked"
+    for key, (rels, text, what) in REFUSALS.items():
+        raising = [rel for rel in rels if text in _read(nemo / rel)]
+        if uses[key] and raising:
+            out.append(f"{what} in the NeMo-RL checkout {nemo} ({', '.join(raising)} still raises '...{text}...'); "
+                       f"row {spec.row!r} needs TP/PP/CP = {lay.tp}/{lay.pp}/{lay.cp} with {packed} sequences"
+                       + (" (--layout upstream-today runs PP = CP = 1 unpacked: not the paper's layout)"
+                          if spec.is_paper_layout else ""))
     return out
 
 

@@ -10,6 +10,7 @@ reads and checks that data into RowSpecs; config.py turns a RowSpec into a NeMo-
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,12 @@ from typing import Any
 from repro.core.profile import ProfileError, load_profile
 
 ARTIFACTS = ("table1", "table2", "fig3", "fig4")
+PAPER_LAYOUT = "paper"
+# The layout NeMo-RL's co-training stack (PR 3713 head: PRs 3699/3712/3713 on main) runs today: no
+# pipeline or context parallelism for the drafts (PRs 4059/4060 are not public) and no sequence
+# packing (lm_policy.py refuses it with a draft). Not the paper's layout: its runs are labelled so.
+UPSTREAM_LAYOUT = "upstream-today"
+LAYOUTS = (PAPER_LAYOUT, UPSTREAM_LAYOUT)
 BASELINE = "no draft"
 FAMILY_METHODS = {"eagle3", "dflash", "dspark"}
 
@@ -55,6 +62,8 @@ class Workload:
     example: str                    # NeMo-RL example config the run inherits from (path in the checkout)
     entry: str                      # NeMo-RL entry script (path in the checkout)
     settings: dict[str, Any]
+    # merged last into the generated config: keys NeMo-RL's MasterConfig requires that the example lacks
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -75,10 +84,27 @@ class RowSpec:
     block_size: int | None = None
     baseline_row: str | None = None  # the matching no-draft row (None for a baseline)
     checkpoints: dict[str, str] = field(default_factory=dict)
+    layout_name: str = PAPER_LAYOUT
+    sequence_packing: bool = True   # the paper trains on packed sequences
 
     @property
     def is_baseline(self) -> bool:
         return self.family is None
+
+    @property
+    def is_paper_layout(self) -> bool:
+        return self.layout_name == PAPER_LAYOUT
+
+
+def with_layout(spec: RowSpec, name: str) -> RowSpec:
+    """The row in layout ``name``: ``paper`` as the profile says, or ``upstream-today`` (PP = CP = 1,
+    packing off, TP/EP and the GPU count kept: data parallelism takes the freed GPUs)."""
+    if name not in LAYOUTS:
+        raise RowError(f"layout {name!r}; expected one of {', '.join(LAYOUTS)}")
+    if name == PAPER_LAYOUT:
+        return spec
+    return dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, pp=1, cp=1), layout_name=name,
+                               sequence_packing=False)
 
 
 def _need(mapping: Any, key: str, where: str, kind: type | tuple = object) -> Any:
@@ -143,8 +169,12 @@ def _workload(name: str, spec: Any, where: str) -> Workload:
             _positive(spec, key, where)
         else:
             _need(spec, key, where, kind)
+    overrides = spec.get("config_overrides") or {}
+    if not isinstance(overrides, dict):
+        raise RowError(f"{where}.config_overrides: {overrides!r} is not a mapping of NeMo-RL config keys")
     return Workload(name=name, example=_need(spec, "example", where, str), entry=_need(spec, "entry", where, str),
-                    settings={k: v for k, v in spec.items() if k not in ("example", "entry")})
+                    settings={k: v for k, v in spec.items() if k not in ("example", "entry", "config_overrides")},
+                    overrides=overrides)
 
 
 def section(profile: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,12 @@ own example configs; before launching, what this machine needs (GPUs for a local
                   collect does not see a run that never ran); machine problems are printed, not fatal
   --launcher      local (default for one-node rows: ``uv run`` in the checkout) or ray-sub (default
                   for multi-node rows: NeMo-RL's ray.sub through ``sbatch --wait``)
+  --layout        paper (default) or upstream-today: PP = CP = 1, sequence packing off, the layout the
+                  PR 3713 head runs now; NOT the paper's layout, and labelled so (config header, env.json,
+                  W&B tags and name)
+Every generated config is validated by the checkout itself before it is kept: NeMo-RL's load_config and
+MasterConfig through the checkout's ``uv run``, plus every policy.draft key against its DraftConfig
+(repro.nemo_rl.upstream); --no-upstream-check skips that (the header then says so).
 Paths and SLURM settings may also come from the environment (--help names the variables).
 """
 from __future__ import annotations
@@ -34,9 +40,18 @@ from repro.core.io import write_json_atomic
 from repro.core.metrics import wandb_mode
 from repro.core.profile import ProfileError, load_profile
 from repro.core.provenance import git_state, provenance
-from repro.nemo_rl import checks, config, launch, skeleton
+from repro.nemo_rl import checks, config, launch, skeleton, upstream
 from repro.nemo_rl.finish import finish
-from repro.nemo_rl.rows import ARTIFACTS, RowError, RowSpec, load_rows, resolve
+from repro.nemo_rl.rows import (
+    ARTIFACTS,
+    LAYOUTS,
+    PAPER_LAYOUT,
+    RowError,
+    RowSpec,
+    load_rows,
+    resolve,
+    with_layout,
+)
 
 ENGINE = "nemo-rl"
 PAPER_PROFILES = ("paper-h100", "paper-gb200")
@@ -53,19 +68,38 @@ def check_against_checkout(cfg: dict[str, Any], spec: RowSpec, nemo: Path) -> No
     examples = (spec.workload.example,) + ((skeleton.EAGLE3_RECIPE,) if spec.family else ())
     sha = git_state(nemo)["sha"]
     skel = skeleton.record(nemo, sha, examples=examples)
-    skeleton.check(cfg, skel, list(examples))
+    skeleton.check(config.without_overrides(cfg, spec), skel, list(examples))
+
+
+def validated_config(cfg: dict[str, Any], spec: RowSpec, run_dir: Path, nemo: Path, upstream_check: bool,
+                     timeout_s: float) -> Path:
+    """Write the config where NeMo-RL reads it, once the checkout's own loader and MasterConfig (and the
+    strict DraftConfig key check) accept it; a rejected config is left beside it as *.rejected.yaml."""
+    sha = git_state(nemo)["sha"]
+    if not upstream_check:
+        return config.write_config(cfg, spec, run_dir, f"the example configs' keys of the NeMo-RL checkout {nemo} "
+                                   f"(commit {sha}); NOT validated by its MasterConfig (--no-upstream-check)")
+    trial = config.write_config(cfg, spec, run_dir, "nothing yet", name=config.TRIAL_NAME)
+    try:
+        upstream.check_in_checkout([trial], nemo, timeout_s)
+    except upstream.UpstreamError:
+        trial.replace(run_dir / config.REJECTED_NAME)
+        raise
+    trial.unlink()
+    return config.write_config(cfg, spec, run_dir, f"NeMo-RL's load_config + MasterConfig and DraftConfig of "
+                               f"the checkout {nemo} (commit {sha}), run in its environment")
 
 
 def write_env(run_dir: Path, spec: RowSpec, paths: config.Paths, launcher: str, cmd: str) -> Path:
     """env.json as the suite's MetricsLogger writes it, plus engine and row, which collect reads."""
-    run_cfg = {"row": spec.row, "launcher": launcher, "command": cmd,
+    run_cfg = {"row": spec.row, "launcher": launcher, "command": cmd, "layout": spec.layout_name,
                "nemo_rl_config": str(run_dir / config.CONFIG_NAME),
                "nemo_rl_commit": git_state(paths.nemo_rl_dir)["sha"] if paths.nemo_rl_dir else None}
     prov = provenance(run_cfg)
     tags = config.wandb_names(spec)["tags"]
     return write_json_atomic(run_dir / "env.json", {
         "artifact": spec.artifact, "profile": spec.profile, "run": run_dir.name, "row": spec.row,
-        "engine": ENGINE, "wandb_mode": wandb_mode(), "tags": tags, **prov})
+        "engine": ENGINE, "layout": spec.layout_name, "paper_layout": spec.is_paper_layout, "wandb_mode": wandb_mode(), "tags": tags, **prov})
 
 
 def fresh_start(run_dir: Path, spec: RowSpec) -> None:
@@ -78,12 +112,14 @@ def fresh_start(run_dir: Path, spec: RowSpec) -> None:
         shutil.rmtree(run_dir / config.LOG_DIR_NAME, ignore_errors=True)
 
 
-def list_rows(profiles: list[str], paths: config.Paths, out_root: Path) -> int:
+def list_rows(profiles: list[str], paths: config.Paths, out_root: Path, layout: str = PAPER_LAYOUT) -> int:
     for name in profiles:
         for artifact, rows in load_rows(load_profile(name)).items():
             for row, spec in rows.items():
+                spec = with_layout(spec, layout)
                 lay, launcher = spec.layout, launch.default_launcher(spec)
-                run_dir = out_root / name / artifact / run_slug(row)
+                suffix = "" if spec.is_paper_layout else f"__{layout}"
+                run_dir = out_root / name / artifact / (run_slug(row) + suffix)
                 what = spec.family.name if spec.family else f"no draft (baseline of {artifact})"
                 base = f", baseline {spec.baseline_row!r}" if spec.baseline_row else ""
                 print(f"[{name}] {artifact} {row!r}: {spec.model}, {what}{base}; "
@@ -117,6 +153,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dataset-root", type=Path, default=_env_path("REPRO_DATASET_ROOT"),
                     help="folder holding workplace_assistant/{train,validation}.jsonl (default: $REPRO_DATASET_ROOT)")
     ap.add_argument("--launcher", choices=launch.LAUNCHERS, help="default: local for 1 node, ray-sub for more")
+    ap.add_argument("--layout", choices=LAYOUTS, default=PAPER_LAYOUT,
+                    help="paper (default), or upstream-today: PP = CP = 1 unpacked, not the paper's layout")
+    ap.add_argument("--no-upstream-check", action="store_true",
+                    help="skip validating the config with the checkout's own load_config + MasterConfig")
+    ap.add_argument("--upstream-timeout", type=float, default=upstream.DEFAULT_TIMEOUT_S,
+                    help="seconds the checkout's `uv run` may take (its first run syncs the environment)")
     ap.add_argument("--container", default=os.environ.get("REPRO_NEMO_RL_CONTAINER"),
                     help="ray-sub: the NeMo-RL container image (default: $REPRO_NEMO_RL_CONTAINER)")
     ap.add_argument("--slurm-account", default=os.environ.get("REPRO_SLURM_ACCOUNT"),
@@ -147,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.list:
             return list_rows([args.profile] if args.profile else list(PAPER_PROFILES), paths,
-                             args.out or Path("results") / "<hw>")
-        spec = resolve(args.profile, args.artifact, args.row)
+                             args.out or Path("results") / "<hw>", args.layout)
+        spec = with_layout(resolve(args.profile, args.artifact, args.row), args.layout)
         profile = load_profile(args.profile)
         if wandb_mode() == "disabled":
             raise checks.CheckError("WANDB_MODE=disabled: NeMo-RL runs are collected from their W&B logs; "
@@ -166,9 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config.build_config(spec, paths, run_dir)
         check_against_checkout(cfg, spec, paths.nemo_rl_dir)
         cmd = launch.command(spec, paths, run_dir, launcher, slurm)
-        sha = git_state(paths.nemo_rl_dir)["sha"]
-        written = config.write_config(cfg, spec, run_dir, f"the example configs of the NeMo-RL checkout "
-                                      f"{paths.nemo_rl_dir} (commit {sha})")
+        written = validated_config(cfg, spec, run_dir, paths.nemo_rl_dir, not args.no_upstream_check,
+                                   args.upstream_timeout)
         if args.dry_run:
             print(f"# {written}")
             print(cmd)
@@ -189,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             return done.returncode
         print(f"wrote {finish(run_dir, done.returncode)}")
         return 0
-    except (RowError, ProfileError, checks.CheckError, skeleton.SkeletonError, ValueError, OSError) as exc:
+    except (RowError, ProfileError, checks.CheckError, skeleton.SkeletonError, upstream.UpstreamError, ValueError,
+            OSError) as exc:
         print(f"repro.nemo_rl.run: error: {exc}", file=sys.stderr)
         return 2
 

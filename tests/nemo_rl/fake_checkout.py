@@ -1,24 +1,70 @@
-"""Test helpers: a stand-in NeMo-RL checkout rebuilt from the recorded skeleton, and the local files
+"""Test helpers: a stand-in NeMo-RL checkout rebuilt from a recorded NeMo-RL commit, and the local files
 (checkpoints, HF cache, Workplace Assistant JSONL) a paper profile names.
 
-The stand-in holds what repro.nemo_rl reads from a checkout: the example configs (every key of the
-recorded skeleton, with a value of its recorded type), DraftConfig as a TypedDict with the recorded
-keys and types, ray.sub as an empty file, the draft modules, optionally carrying the refusals
-NeMo-RL's co-training stack raises without PRs 4059/4060 (the texts checks.py looks for), and an
-examples/run_grpo.py that only logs to W&B as NeMo-RL does (FAKE_ENTRY), for launch tests.
+The stand-in holds what repro.nemo_rl reads from a checkout: the example configs (the recorded resolved
+examples, tests/nemo_rl/fixtures/nemo_rl-<commit>/recorded.json), DraftConfig as an importable TypedDict
+with the recorded keys and types, ray.sub as an empty file, the draft modules, optionally carrying the
+refusals NeMo-RL's co-training stack raises without PRs 4059/4060 (the texts checks.py looks for), an
+examples/run_grpo.py that only logs to W&B as NeMo-RL does (FAKE_ENTRY), for launch tests, and a
+stand-in of NeMo-RL's config API (load_config; MasterConfig replaying the recorded JSON schema and
+raising pydantic's ValidationError as the real one does) that repro/nemo_rl/upstream_check.py runs
+under ``fake_uv``: a ``uv`` whose ``uv run CMD`` runs CMD with this venv's Python.
 """
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import yaml
 
+from repro.core.provenance import REPO_ROOT
 from repro.nemo_rl import checks
 from repro.nemo_rl.skeleton import DRAFT_PATH, POLICY_INIT
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SKELETON = FIXTURES / "nemo_rl_skeleton.json"
+RECORDED_MAIN = FIXTURES / "nemo_rl-7ea279a" / "recorded.json"      # NeMo-RL main
+RECORDED_PR3713 = FIXTURES / "nemo_rl-2b69e2b" / "recorded.json"    # the co-training stack's head
+
+# Stand-ins of NeMo-RL's config API, as upstream_check.py calls it.
+FAKE_LOAD_CONFIG = """from repro.nemo_rl.skeleton import load_with_defaults as load_config
+def register_omegaconf_resolvers():
+    pass
+"""
+FAKE_OMEGACONF = """class OmegaConf:
+    @staticmethod
+    def to_container(cfg, resolve=True):
+        return cfg
+"""
+FAKE_GRPO = """import json
+from pydantic import ValidationError
+from pydantic_core import PydanticCustomError
+from repro.nemo_rl.upstream import schema_errors
+SCHEMA = json.load(open(RECORDED))["master_config"]
+class MasterConfig:
+    def __init__(self, **cfg):
+        errors = schema_errors(cfg, SCHEMA)
+        if errors:
+            lines = []
+            for e in errors:
+                keys = tuple(e["key"].split("."))
+                loc = keys[:-1] + ((e["branch"],) if e["branch"] else ()) + keys[-1:]
+                kind = "missing" if e["error"] == "Field required" else PydanticCustomError("schema", e["error"])
+                lines.append({"type": kind, "loc": loc, "input": cfg})
+            raise ValidationError.from_exception_data("MasterConfig", lines)
+"""
+
+
+def fake_uv(bin_dir: Path) -> Path:
+    """A ``uv`` for tests: ``uv run CMD...`` runs CMD with this venv's Python and the suite importable."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "uv").write_text(f'#!/bin/bash\n[ "$1" = run ] || exit 64\nshift\n'
+                                f'export PYTHONPATH={REPO_ROOT}${{PYTHONPATH:+:$PYTHONPATH}}\nexec "$@"\n')
+    (bin_dir / "python").write_text(f'#!/bin/bash\nexec {sys.executable} "$@"\n')
+    for name in ("uv", "python"):
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
 _VALUES = {"int": 1, "float": 0.5, "str": "x", "bool": False, "null": None, "list": [], "dict": {},
            "interp": "${policy.max_total_sequence_length}"}
 _ANNOTATIONS = {"int": "int", "float": "float", "str": "str", "bool": "bool", "null": "None", "list": "list",
@@ -67,25 +113,31 @@ def unflatten(flat: dict[str, object]) -> dict:
 
 
 def make_checkout(root: Path, *, refusals: tuple[str, ...] = (), missing: tuple[str, ...] = (),
-                  drop_draft_keys: tuple[str, ...] = ()) -> Path:
-    """A stand-in checkout at ``root``. ``refusals``: keys of checks.REFUSALS whose refusal text the
-    draft code carries (a checkout without that PR); ``missing``: relative files to leave out;
-    ``drop_draft_keys``: DraftConfig keys it lacks (an older stack)."""
-    skel = skeleton()
-    files: dict[str, str] = {}
+                  drop_draft_keys: tuple[str, ...] = (), recorded: Path = RECORDED_PR3713) -> Path:
+    """A stand-in checkout at ``root`` of the ``recorded`` NeMo-RL commit. ``refusals``: keys of
+    checks.REFUSALS whose refusal text the draft code carries (a checkout without that PR); ``missing``:
+    relative files to leave out; ``drop_draft_keys``: DraftConfig keys it lacks (an older stack)."""
+    skel, rec = skeleton(), json.loads(Path(recorded).read_text())
+    files: dict[str, str] = {example: yaml.safe_dump(cfg) for example, cfg in rec["examples"].items()}
     for example, keys in skel["examples"].items():
-        files[example] = yaml.safe_dump(unflatten({k: _VALUES[t] for k, t in keys.items()}))
-    fields = "\n".join(f"    {k}: NotRequired[{' | '.join(_ANNOTATIONS[t] for t in tags)}]"
-                       for k, tags in skel["typed_dicts"][DRAFT_PATH].items() if k not in drop_draft_keys)
-    files[POLICY_INIT] = f"class DraftConfig(TypedDict):\n{fields}\n"
+        files.setdefault(example, yaml.safe_dump(unflatten({k: _VALUES[t] for k, t in keys.items()})))
+    tags = skel["typed_dicts"][DRAFT_PATH]
+    fields = "\n".join(f"    {k}: NotRequired[{' | '.join(_ANNOTATIONS[t] for t in tags.get(k, ['any']))}]"
+                       for k in rec["draft_keys"] if k not in drop_draft_keys)
+    files[POLICY_INIT] = f"from typing import Any, NotRequired, TypedDict\nclass DraftConfig(TypedDict):\n{fields}\n"
+    files["nemo_rl/utils/__init__.py"] = files["nemo_rl/algorithms/__init__.py"] = ""
+    files["nemo_rl/models/__init__.py"] = ""
+    files["nemo_rl/utils/config.py"] = FAKE_LOAD_CONFIG
+    files["nemo_rl/algorithms/grpo.py"] = f"RECORDED = {str(recorded)!r}\n" + FAKE_GRPO
+    files["omegaconf.py"] = FAKE_OMEGACONF
     files["examples/run_grpo.py"] = FAKE_ENTRY
     for rel in ("examples/nemo_gym/run_grpo_nemo_gym.py", "ray.sub",
                 "nemo_rl/__init__.py", f"{checks.DRAFT_DIR}/dflash.py", f"{checks.DRAFT_DIR}/dspark.py",
-                f"{checks.DRAFT_DIR}/utils.py", checks.TRAIN_PY):
+                f"{checks.DRAFT_DIR}/utils.py", checks.LM_POLICY):
         files.setdefault(rel, "")
     for key in refusals:   # written as NeMo-RL writes them: one message split over two string literals
-        rel, text, _ = checks.REFUSALS[key]
-        rel = rel if rel.endswith(".py") else f"{rel}/utils.py"
+        rels, text, _ = checks.REFUSALS[key]
+        rel = rels[0] if rels[0].endswith(".py") else f"{rels[0]}/utils.py"
         head, tail = text.rsplit(" ", 1)
         files[rel] += f'raise ValueError(\n    "... {head} "\n    "{tail} ..."\n)\n'
     for rel, text in files.items():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 
 import pytest
-from fake_checkout import make_checkout, make_data
+from fake_checkout import fake_uv, make_checkout, make_data
 
 from repro.core.profile import load_profile
 from repro.nemo_rl import checks
@@ -29,10 +29,14 @@ def n_rows() -> int:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """A stand-in checkout with the whole co-training stack, and every file both profiles name."""
+    """A stand-in checkout with the whole co-training stack, every file both profiles name, and a ``uv``
+    on PATH that runs the checkout's (stand-in) config check with this venv's Python."""
+    import os
     root = tmp_path_factory.mktemp("world")
     data = {p: make_data(root / p, load_profile(p)) for p in PROFILES}
-    return {"nemo": make_checkout(root / "RL"), "data": data, "root": root}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{fake_uv(root / 'bin')}{os.pathsep}{os.environ['PATH']}")
+        yield {"nemo": make_checkout(root / "RL"), "data": data, "root": root}
 
 
 def argv(world, profile, artifact, row, out, *extra, nemo=None, data=None):
@@ -186,13 +190,7 @@ def test_a_local_launch_runs_the_printed_command_and_finishes(world, tmp_path, m
     folder gets the suite's metrics.jsonl and, last, run.json."""
     import json
     import os
-    import sys
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "uv").write_text('#!/bin/bash\n[ "$1" = run ] || exit 64\nshift\nexec "$@"\n')
-    (bin_dir / "uv").chmod(0o755)
-    (bin_dir / "python").write_text(f'#!/bin/bash\nexec {sys.executable} "$@"\n')   # this venv's Python
-    (bin_dir / "python").chmod(0o755)
+    bin_dir = fake_uv(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setattr(checks, "gpu_problems", lambda spec, profile, machine: [])

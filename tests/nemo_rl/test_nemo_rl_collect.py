@@ -12,10 +12,11 @@ identical tidy rows.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
-from fake_checkout import make_checkout, make_data
+from fake_checkout import fake_uv, make_checkout, make_data
 
 from repro.core.metrics import MetricsLogger
 from repro.core.profile import load_profile
@@ -95,6 +96,7 @@ def fake_nemo_rl_run(run_dir, drafts: float) -> None:
 def results(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("PATH", f"{fake_uv(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}")
     profile = load_profile("paper-h100")
     data, nemo = make_data(tmp_path / "d", profile), make_checkout(tmp_path / "RL")
     root = tmp_path / "results"

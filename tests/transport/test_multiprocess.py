@@ -54,7 +54,7 @@ def fanin_worker(rank, world, transport, device="cpu"):
     return {"mismatches": mismatches, "report": rep}
 
 
-FANIN_CASES = [("shm", "cpu"), ("gloo", "cpu"), ("host_staging", "cpu"),
+FANIN_CASES = [("shm", "cpu"), ("gloo", "cpu"), ("p2p", "cpu"), ("host_staging", "cpu"),
                pytest.param("cuda_ipc", "cuda", marks=pytest.mark.gpu),
                pytest.param("host_staging", "cuda", marks=pytest.mark.gpu)]
 
@@ -71,6 +71,40 @@ def test_fanin_bit_exact(transport, device):
         assert r["report"]["put"]["bytes"]["n"] == STEPS * N_MB * len(layout(4).sources[rank])
         # back-pressure: with depth-2 rings, every source waited for credit behind the slow consumer
         assert r["report"]["put"]["credit_wait_s"]["max"] > 0.01, r["report"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 4], ids=["PP=2", "PP=4"])
+def test_p2p_over_gloo_fanin_bit_exact(world):
+    """The point-to-point transport (one driver thread per rank, pre-posted receives on the draft's rank)
+    over gloo at PP=2 and PP=4: every tap bit-exact, slots reused through credits, a slow consumer
+    back-pressuring every source."""
+    out = spawn(fanin_worker, world, args=("p2p", "cpu"), timeout_s=100, backend="gloo")
+    lay = layout(world)
+    assert out[-1]["mismatches"] == 0
+    assert out[-1]["report"]["get"]["bytes"]["n"] == STEPS * N_MB * len(lay.rings)
+    for rank, r in enumerate(out[:-1]):
+        assert r["report"]["put"]["bytes"]["n"] == STEPS * N_MB * len(lay.sources[rank])
+        assert r["report"]["put"]["credit_wait_s"]["max"] > 0.01, r["report"]
+
+
+def p2p_order_worker(rank, world):
+    lay = layout(world)
+    ch = TapChannel.setup(lay, "p2p", get_timeout_s=10, put_timeout_s=10)
+    msg = "no error"
+    if rank == 0:
+        ch.put(0, "embed", 0, tap_value(0, "embed", 0))
+        try:
+            ch.put(0, "L1", 1, tap_value(0, "L1", 1))      # skips seq 0 of L1
+        except Exception as exc:  # noqa: BLE001 - the message is the result
+            msg = f"{type(exc).__name__}: {exc}"
+    return msg
+
+
+@pytest.mark.timeout(60)
+def test_p2p_refuses_a_skipped_stamp():
+    out = spawn(p2p_order_worker, 2, timeout_s=40, backend="gloo")
+    assert "StampMismatchError" in out[0] and "put seq 1, expected seq 0" in out[0], out[0]
 
 
 def death_worker(rank, world, who_dies, result_path):

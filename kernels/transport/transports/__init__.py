@@ -3,13 +3,15 @@
     shm           CPU, colocated: one-sided writes into a shared-memory arena
     host_staging  baseline: device -> pinned host -> shared host memory -> host -> device
     gloo          CPU stand-in for remote sources: tagged isend/irecv on the channel's own group
+    p2p           remote sources over torch.distributed point-to-point, gloo (CPU) or NCCL (GPU): pre-posted
+                  receives on the draft's rank, one driver thread per rank in one canonical order
     cuda_ipc      colocated GPUs: one-sided device copies into the consumer's IPC-exported arena
 """
 from __future__ import annotations
 
 from kernels.transport.transports.base import Transport
 
-TRANSPORTS = ("shm", "host_staging", "gloo", "cuda_ipc")
+TRANSPORTS = ("shm", "host_staging", "gloo", "p2p", "cuda_ipc")
 
 
 def make_transport(name: str) -> Transport:
@@ -22,6 +24,9 @@ def make_transport(name: str) -> Transport:
     if name == "gloo":
         from kernels.transport.transports.gloo import GlooTransport
         return GlooTransport()
+    if name == "p2p":
+        from kernels.transport.transports.p2p import P2PTransport
+        return P2PTransport()
     if name == "cuda_ipc":
         from kernels.transport.transports.cuda_ipc import CudaIpcTransport
         return CudaIpcTransport()
