@@ -157,11 +157,13 @@ class Plan:
             if section is None:
                 continue
             extra = ["--envcheck", self.envcheck] if a == "decode" else []
+            # processes: one per CP rank (one GPU each), or fig7's pipeline stages (sharing one GPU)
             ranks = max(section.cp) if a in ("fig5", "fig6") else section.pp if a == "fig7" else 1
+            gpus = (1 if a in ("fig7", "decode") else ranks) if self.gpu else 0
             self._add(Job("bench", a, (f"{self.runs}/{a}/bench.json",), f"{self.runs}/{a}.log",
                           self._py(f"repro.bench.{a}", *prof, "--out", f"{self.runs}/{a}", *extra),
                           inputs=tuple(check if a in ("fig5", "fig6") else [self.envcheck] if a == "decode" else []),
-                          threads=ranks if not self.gpu else 1, gpus=ranks if self.gpu else 0,
+                          threads=ranks, gpus=gpus,
                           settings=_digest([section.model_dump(), p.dtype]), what=f"the {a} benchmark"))
             self._report(a, [f"{self.runs}/{a}/bench.json"])
         for a in RL_ARTIFACTS:
@@ -279,17 +281,18 @@ class Plan:
         if policy.get("checkpoint"):
             mesh = policy.get("mesh")
             if not mesh:
-                raise ProfileError(f"profile {self.profile.name}: rl.policies.{getattr(self.profile, a).rows[row].policy}"
-                                   " loads a checkpoint but has no mesh: {pp, cp}, the layout of its torchrun run "
-                                   "(repro.rl.dist_run)")
+                name = getattr(self.profile, a).rows[row].policy
+                raise ProfileError(f"profile {self.profile.name}: rl.policies.{name} loads a checkpoint but has no "
+                                   "mesh: {pp, cp}, the layout of its torchrun run (repro.rl.dist_run)")
             world = mesh["pp"] * mesh["cp"]
-            cmd = " ".join([shlex.quote(self.python), "-m", "torch.distributed.run", "--standalone",
-                            "--nproc-per-node", str(world), "-m", "repro.rl.dist_run", "--artifact", a, "--row", row_q,
-                            "--profile", shlex.quote(self.profile_arg), *engine, "--checkpoint-root",
-                            self.config["checkpoint_root"], "--pp", str(mesh["pp"]), "--cp", str(mesh["cp"]),
-                            "--out", out_dir, *seed, "--log-artifact", "artifact"])
-            self._add(Job("rl", a, (out,), log, cmd, gpus=world, threads=1, settings=self._row_settings(a, row),
-                          what=f"{a} {row} under torchrun"))
+            per_node = self.gpus_per_node()
+            nodes = -(-world // per_node)
+            args = ["-m", "repro.rl.dist_run", "--artifact", a, "--row", row_q, "--profile",
+                    shlex.quote(self.profile_arg), *engine, "--checkpoint-root", self.config["checkpoint_root"],
+                    "--pp", str(mesh["pp"]), "--cp", str(mesh["cp"]), "--out", out_dir, *seed,
+                    "--log-artifact", "artifact"]
+            self._add(Job("rl", a, (out,), log, " ".join(self._torchrun(world, nodes) + args), gpus=world,
+                          nodes=nodes, settings=self._row_settings(a, row), what=f"{a} {row} under torchrun"))
             return out
         sft = self._sft(a, getattr(self.profile, a).rows[row].policy)
         warm = sft.rsplit("/", 1)[0]
@@ -311,6 +314,28 @@ class Plan:
                       gpus=int(self.gpu), settings=_digest([self._row_settings(a, r) for r in rows]),
                       what=f"{a} rows of {policy} in lockstep"))
         return out
+
+    def gpus_per_node(self) -> int:
+        """GPUs of one node: the NeMo-RL section's gpus_per_node, else the profile's whole machine."""
+        nemo = self.profile.nemo_rl
+        return nemo.gpus_per_node if nemo is not None else max(1, self.profile.hardware.gpus)
+
+    def _torchrun(self, world: int, nodes: int) -> list[str]:
+        """torchrun on one node (--standalone), or one torchrun per node started by srun inside the job's SLURM
+        allocation, meeting at a c10d rendezvous on the allocation's first node."""
+        py = shlex.quote(self.python)
+        if nodes == 1:
+            return [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world)]
+        head = "$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)"
+        return ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", py, "-m", "torch.distributed.run",
+                f"--nnodes={nodes}", f"--nproc-per-node={world // nodes}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={head}:29500", '--rdzv-id="$SLURM_JOB_ID"']
+
+    def local_runs(self) -> list[str]:
+        """Run folders whose job runs where snakemake runs: multi-node NeMo-RL rows, which submit NeMo-RL's
+        ray.sub to SLURM themselves (a job inside an allocation must not wait on another allocation)."""
+        return sorted({o.rsplit("/", 2)[-2] for j in self.jobs.values() if j.kind == "rl" and j.local
+                       for o in j.outputs})
 
     def _nemo_layout(self, a: str, row: str) -> tuple[int, int]:
         """(nodes, GPUs) of a NeMo-RL row: its model's node count x the profile's GPUs per node."""

@@ -61,6 +61,12 @@ rule rl_sft:
         "{params.cmd}"
 
 
+import re as _re
+
+# multi-node NeMo-RL rows submit NeMo-RL's ray.sub from where snakemake runs (rl_submit), never from inside a job
+LOCAL_RUNS = "|".join(_re.escape(r) for r in PLAN.local_runs()) or "(?!x)x"
+
+
 rule rl_run:
     # one co-training row (or a baseline's sampling-seed replica); run.json is written last, so a killed run
     # leaves its checkpoints and logged steps and the rerun resumes
@@ -70,13 +76,27 @@ rule rl_run:
         f"{RUNS}/{{artifact}}/{{run}}/run.json",
     wildcard_constraints:
         artifact="|".join(RL_ARTIFACTS),
-        run="[^/]+",
+        run=f"(?!(?:{LOCAL_RUNS})/)[^/]+",
     params:
         cmd=lambda wc: of(f"{RUNS}/{{artifact}}/{{run}}/run.json")(wc).shell,
         settings=lambda wc: of(f"{RUNS}/{{artifact}}/{{run}}/run.json")(wc).settings,
     resources:
         gpu=lambda wc: of(f"{RUNS}/{{artifact}}/{{run}}/run.json")(wc).gpus,
         nodes=lambda wc: of(f"{RUNS}/{{artifact}}/{{run}}/run.json")(wc).nodes,
+    shell:
+        "{params.cmd}"
+
+
+rule rl_submit:
+    # a multi-node NeMo-RL row: submitted to SLURM (NeMo-RL's ray.sub, sbatch --wait) from where snakemake runs
+    localrule: True
+    output:
+        f"{RUNS}/{{artifact}}/{{run}}/run.json",
+    wildcard_constraints:
+        artifact="|".join(RL_ARTIFACTS),
+        run=LOCAL_RUNS,
+    params:
+        cmd=lambda wc: of(f"{RUNS}/{{artifact}}/{{run}}/run.json")(wc).shell,
     shell:
         "{params.cmd}"
 

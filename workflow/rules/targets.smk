@@ -2,6 +2,11 @@
 # (a killed job, a deleted run) is remade, not skipped. A profile without the artifact's section says so.
 
 
+localrules:
+    envcheck,
+    all,
+
+
 def target(artifact):
     return PLAN.targets(artifact) if not PLAN.missing(artifact) else []
 
@@ -20,6 +25,7 @@ for _artifact in ARTIFACTS:
     rule:
         name:
             _artifact
+        localrule: True
         input:
             target(_artifact),
         params:
