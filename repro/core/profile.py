@@ -200,10 +200,29 @@ class Fig7(Section):
 
 
 class Decode(Section):
-    """Decoding speed of the rollout engine, plain and with each draft, and its peers (repro.bench.decode)."""
-    model_config = ConfigDict(extra="allow", frozen=True)   # the benchmark's own settings, checked by it
+    """Decoding speed of the rollout engine, plain and with each draft, and its peers (repro.bench.decode): a
+    policy pre-trained briefly on a synthetic Markov language, drafts trained on its samples, then timed."""
     scale: Literal["tiny", "gpu"]
+    vocab_size: PosInt
+    lang_tokens: PosInt
+    pretrain_steps: NonNegInt
+    pretrain_batch: PosInt
+    pretrain_len: PosInt
+    pretrain_lr: PosFloat
+    train_prompts: PosInt
+    prompt_len: PosInt
+    sample_tokens: PosInt
+    train_steps: NonNegInt
+    train_batch: PosInt
+    lr: PosFloat
+    new_tokens: PosInt
+    temperature: PosFloat
     batch_sizes: list[PosInt]
+    repeats: PosInt
+    eagle_k: PosInt
+    block_size: Annotated[StrictInt, Field(ge=2)]
+    block_layers: PosInt
+    draft_dtype: DType = "float32"
 
 
 # -- paper scale through NeMo-RL --------------------------------------------------------------------------------
@@ -289,8 +308,8 @@ class Profile(Section):
             fields = dict(entry)
             mesh = fields.pop("mesh", None)     # dist_run's default layout (--pp/--cp) of this policy
             if mesh is not None:
-                _build(Mesh.model_validate, mesh, f"{key}.mesh")
-            spec = _build(lambda d: PolicySpec(**d), fields, key)
+                _build(Mesh, mesh, f"{key}.mesh")
+            spec = _build(PolicySpec, fields, key, also=("mesh",))
             if spec.checkpoint:
                 self._check_checkpoint_key(spec.checkpoint, f"{key}.checkpoint")
             spec.validate(key, paths=False)             # the checkpoint's files are checked when a run starts
@@ -329,26 +348,25 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any] | None) -> dict:
     return out
 
 
-def _build(make, data: Mapping[str, Any], key: str):
-    """``make(data)``, its type errors as one ConfigError naming ``key``."""
+def _build(cls, data: Mapping[str, Any], key: str, also: tuple[str, ...] = ()):
+    """``cls`` built from ``data`` (a model or a spec); its first key or type error as one ConfigError naming
+    ``key`` and, for an unknown key, the keys ``cls`` accepts (and ``also``)."""
     try:
-        return make(data)
+        return cls.model_validate(data) if isinstance(cls, type) and issubclass(cls, BaseModel) else cls(**data)
     except ValidationError as exc:
-        raise ConfigError(f"{key}: {_spec_problem(exc)}") from None
+        err = exc.errors()[0]
+        field = ".".join(str(x) for x in err["loc"])
+        if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+            keys = sorted({*(_fields_of(cls) or {}), *also})
+            raise ConfigError(f"{key}.{field}: unknown key {field!r}; expected one of {', '.join(keys)}") from None
+        raise ConfigError(f"{key}.{field}: {err.get('input')!r} is invalid: "
+                          f"{err['msg'][:1].lower() + err['msg'][1:]}") from None
 
 
 def _spec(cls, data: Mapping[str, Any], key: str):
-    spec = _build(lambda d: cls(**d), data, key)
+    spec = _build(cls, data, key)
     spec.validate(key)
     return spec
-
-
-def _spec_problem(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    field = ".".join(str(x) for x in err["loc"])
-    if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
-        return f"unknown key {field!r}"
-    return f"{field}={err.get('input')!r} is invalid: {err['msg']}"
 
 
 def effective_specs(profile: Profile, artifact: str, row: str) -> dict[str, Any]:
@@ -371,11 +389,11 @@ def effective_specs(profile: Profile, artifact: str, row: str) -> dict[str, Any]
             raise ConfigError(f"config {where}.draft={spec.draft!r} is invalid: expected one of {sorted(rl.drafts)}"
                               " (rl.drafts)")
         merged = _merge(dataclasses.asdict(rl.drafts[spec.draft]), spec.draft_overrides)
-        draft = _build(lambda d: DraftSpec(**d), merged, f"{where}.draft_overrides")
+        draft = _build(DraftSpec, merged, f"{where}.draft_overrides")
         draft.validate(f"{where}.draft_overrides", paths=False)
     workload = _spec(WorkloadSpec, _merge(dataclasses.asdict(rl.workload), section.workload), f"{artifact}.workload")
     grpo = _spec(GRPOSpec, _merge(dataclasses.asdict(rl.grpo), section.grpo), f"{artifact}.grpo")
-    rollout = _build(Rollout.model_validate, _merge(rl.rollout.model_dump(), section.rollout), f"{artifact}.rollout")
+    rollout = _build(Rollout, _merge(rl.rollout.model_dump(), section.rollout), f"{artifact}.rollout")
     return {"policy": dict(rl.policies[spec.policy]), "policy_name": spec.policy, "draft": draft, "grpo": grpo,
             "workload": workload, "sft": sft_spec({"sft": rl.sft.model_dump()}, workload.name), "rollout": rollout,
             "steps": spec.steps or section.steps,

@@ -279,8 +279,12 @@ def sft_spec(rl: Mapping[str, Any], workload: str) -> SFTSpec:
     try:
         return SFTSpec(**{**base, **(per.get(workload) or {})})
     except ValidationError as exc:
-        raise ConfigError(f"config rl.sft is invalid ({spec_error(exc)}): expected keys of "
-                          f"{sorted(vars(SFTSpec()))}") from None
+        err = exc.errors()[0]
+        field = ".".join(str(x) for x in err["loc"])
+        if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+            raise ConfigError(f"config rl.sft.{field}: unknown key {field!r}; expected one of "
+                              f"{', '.join(sorted(vars(SFTSpec())))}, workloads") from None
+        raise ConfigError(f"config rl.sft is invalid ({spec_error(exc)})") from None
 
 
 def spec_error(exc: ValidationError) -> str:

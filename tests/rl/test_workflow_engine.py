@@ -12,6 +12,7 @@ without a nemo_rl: section fail before planning, naming the value; the default (
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def snakemake(*args):
-    return subprocess.run([sys.executable, "-m", "snakemake", "--nolock", *args], check=False, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "snakemake", *args], check=False, cwd=ROOT,
                           capture_output=True, text=True, timeout=110)
 
 
@@ -60,7 +61,7 @@ def test_suite_engine_plans_the_paper_rows_as_torchrun_commands(paper_root):
         mesh = {"Qwen3-8B": "--pp 4 --cp 2", "Qwen3.5-35B-A3B": "--pp 8 --cp 1"}[row.split("/")[0]]
         folder = re.sub(r"[^a-z0-9.-]+", "_", row.lower()).strip("_")
         want = (f"-m torch.distributed.run --standalone --nproc-per-node 8 -m repro.rl.dist_run --artifact table1 "
-                f"--row '{row}' --profile paper-h100 --engine suite --checkpoint-root {paper_root} {mesh} "
+                f"--row {shlex.quote(row)} --profile paper-h100 --engine suite --checkpoint-root {paper_root} {mesh} "
                 f"--out {runs}/{folder} --seed 0 --log-artifact artifact")
         assert any(want in c for c in cmds), f"{want}\nnot among\n" + "\n".join(cmds)
     assert "rl_sft" not in text and "repro.nemo_rl" not in text and "--warm-start" not in text
@@ -74,7 +75,7 @@ def test_suite_engine_plans_the_paper_rows_as_torchrun_commands(paper_root):
 
 
 @pytest.mark.parametrize("config,message", [
-    (["profile=paper-h100", "engine=foo"], r"engine: 'foo' is not one of \['suite', 'nemo-rl'\]"),
+    (["profile=paper-h100", "engine=foo"], r"'foo' is not one of \['suite', 'nemo-rl'\]"),
     (["profile=paper-h100", "engine=suite"],
      r"engine=suite on profile 'paper-h100' .*checkpoint_root is not set: add --config checkpoint_root=/path"),
     (["profile=cpu-tiny", "engine=nemo-rl"], r"engine=nemo-rl is invalid for profile 'cpu-tiny': it has no nemo_rl:"),
