@@ -3,7 +3,7 @@
 Every MaskSpec kind is "query row t sees the keys [lo[t], hi[t])" (absolute key rows; causal:
 [segment start, own position], full: the segment, prefix: [segment start, key_end[t])), so one mask
 function ``lo[q] <= kv < hi[q]`` serves all of them, over the whole packed batch in one call (batch 1,
-documents told apart by their intervals). The BlockMask is built directly from the intervals (intervals.py:
+documents told apart by their intervals). The BlockMask is built directly from the intervals (which
 128 x 128 tiles are partly / fully visible), never from a dense [Tq, Tk] mask, so it costs
 O(Tq/128 * Tk/128) even at 256K tokens; it is cached on the spec (a ring step's forward and backward
 share it). GQA is native (``enable_gqa``). Rows without keys: out = 0, lse = -inf (set explicitly).
