@@ -193,3 +193,43 @@ def test_importing_the_suite_never_imports_flash_attn_cute():
             "print(sorted(m for m in sys.modules if m.startswith(('flash_attn', 'cutlass'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_one_call_block_route_matches_the_padded_and_packed_routes(fake):
+    """The fused route (context + own block in one masked call) against the SDPA padded route and the packed
+    ring route, values and every gradient in fp64: anchors at 0 (no context), an invalid block (out 0), a
+    partly invalid block; one masked call forward and one backward, with tile tables on sm90."""
+    from kernels.attention import block_draft_attention
+    from kernels.attention.fused_block import fused_block_draft_attention
+    from kernels.attention.padded import padded_block_attention
+    g = torch.Generator().manual_seed(11)
+    R, N, B, H, G, D, S = 2, 5, 4, 4, 2, 8, 150
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True)
+    q, k, v = r(R, N * B, H, D), r(R, N * B, G, D), r(R, N * B, G, D)
+    ck, cv = r(R, S, G, D), r(R, S, G, D)
+    anchors = torch.tensor([[0, 17, 60, 131, 149], [3, 3, 90, 140, 0]])
+    valid = torch.tensor([[True, True, False, True, True], [True, True, True, True, False]])
+    do = torch.randn(R, N * B, H, D, generator=g, dtype=torch.float64)
+    grads = {}
+    for route in ("sdpa", Flash4Backend()):
+        out = padded_block_attention(q, k, v, ck, cv, anchors, valid, backend=route)
+        grads[str(route)] = (out.detach(), *torch.autograd.grad(out, [q, k, v, ck, cv], do))
+    ref, got = grads.values()
+    for a, b in zip(got, ref):
+        assert (a - b).abs().max() < 1e-6
+    assert [c[0] for c in fake.CALLS] == ["func", "bwd_func"] and fake.CALLS[0][1] == {"mask": "block", "sparse": True}
+
+    cu = torch.tensor([0, 40, 41, 200])
+    anchors = torch.tensor([0, 39, 40, 41, 100, 199])
+    sv = torch.rand(6, B, generator=g) > 0.3
+    bv = torch.tensor([True, True, True, False, True, True])
+    q, k, v = r(6, B, H, D), r(6, B, G, D), r(6, B, G, D)
+    ck, cv = r(200, G, D), r(200, G, D)
+    do = torch.randn(6, B, H, D, generator=g, dtype=torch.float64)
+    outs = [fn(q, k, v, ck, cv, anchors, cu, slot_valid=sv, block_valid=bv, backend=be)
+            for fn, be in ((fused_block_draft_attention, Flash4Backend()), (block_draft_attention, "torch"))]
+    for a, b in zip(*(torch.autograd.grad(o, [q, k, v, ck, cv], do) + (o,) for o in outs)):
+        assert (a - b).abs().max() < 1e-6
+    assert outs[0][3].abs().max() == 0                                   # the invalid block
+    with pytest.raises(TypeError, match="runs on flash-attn-4"):
+        fused_block_draft_attention(q, k, v, ck, cv, anchors, cu, backend="torch")

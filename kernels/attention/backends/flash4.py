@@ -249,16 +249,15 @@ class Flash4Backend(Backend):
         if tuple(lse.shape) != (R, H, Sq):
             raise RuntimeError(f"flash-attn-4 returned lse of shape {tuple(lse.shape)}, expected {(R, H, Sq)}")
         if prob.empty_rows is not None:
-            out.view(R * Sq, H, -1).index_fill_(0, prob.empty_rows, 0)
-            _fill_rows(lse, prob.empty_rows, Sq, float("-inf"))
+            _set_rows(out, prob.empty_rows, Sq, 0.0)
+            _set_rows(lse.transpose(1, 2), prob.empty_rows, Sq, float("-inf"))
         self.used["masked_fwd"] = "mask+sparse" if sparse is not None and self.block_sparse != "failed" else "mask"
         return out, lse
 
     def masked_backward(self, dout4, q4, k4, v4, out4, lse4, prob: MaskedProblem, scale: float):
         """(dq, dk, dv) of ``prob``'s mask from the joint (out, lse [R, H, Sq])."""
         lib = self._lib()
-        R, Sq, H, D = q4.shape
-        Sk = k4.shape[1]
+        R, Sq, Sk = q4.shape[0], q4.shape[1], k4.shape[1]
         if Sq == 0 or Sk == 0:
             return torch.zeros_like(q4), torch.zeros_like(k4), torch.zeros_like(v4)
         sparse = self._sparse_tables(lib, prob, q4.device)
@@ -277,7 +276,7 @@ class Flash4Backend(Backend):
             res = self._grouped_backward(lib, dout4, q4, k4, v4, out4, lse_k, fixed, tq, tk, head_dim=2, lse_dim=1)
         dq, dk, dv = res
         if prob.empty_rows is not None:
-            dq.view(R * Sq, H, D).index_fill_(0, prob.empty_rows, 0)
+            _set_rows(dq, prob.empty_rows, Sq, 0.0)
         self.used["masked_bwd"] = "mask" if fixed["block_sparse_tensors"] is None else "mask+sparse"
         return dq, dk, dv
 
@@ -373,7 +372,6 @@ def _keyless_rows(spec: MaskSpec, device) -> torch.Tensor | None:
     return spec._cache[key]
 
 
-def _fill_rows(lse: torch.Tensor, rows: torch.Tensor, Sq: int, value: float) -> None:
-    """lse [R, H, Sq]: set every head of flat rows r * Sq + m to ``value``."""
-    r, m = torch.div(rows, Sq, rounding_mode="floor"), rows % Sq
-    lse[r, :, m] = value
+def _set_rows(x: torch.Tensor, rows: torch.Tensor, Sq: int, value: float) -> None:
+    """x [R, Sq, ...] (any strides): set the flat rows r * Sq + m to ``value``."""
+    x[torch.div(rows, Sq, rounding_mode="floor"), rows % Sq] = value
