@@ -240,27 +240,41 @@ def check_bad_inputs(rank: int, world: int) -> list:
     bq, bk = torch.randn(2, 3, H, D, dtype=f), torch.randn(2, 3, G, D, dtype=f)
     mine = torch.nonzero(lay.locate(torch.arange(26))[2] == lay.rank).flatten()[:2]
     other = torch.nonzero(lay.locate(torch.arange(26))[2] != lay.rank).flatten()[:2]
+    i64 = lambda x: x.to(torch.int64)
     bad = {
-        "rows_vs_cu": lambda: eagle3_ttt_attention(q[:-1], [k[:-1]], [v[:-1]], cu, group),
-        "cu_total_mismatch": lambda: eagle3_ttt_attention(q, [k], [v], torch.tensor([0, 10, 30]), group),
+        "rows_vs_cu": lambda: eagle3_ttt_attention(q[:-1], [k[:-1]], [v[:-1]], lay, group),
+        "cu_total_mismatch": lambda: eagle3_ttt_attention(q, [k], [v], make_layout(torch.tensor([0, 10, 30]), group),
+                                                          group),
+        # a total that pads to this rank's rows: the layout's shard() of the real global tensor refuses it
+        "cu_total_vs_real_tokens": lambda: make_layout(torch.tensor([0, 10, 25]), group).shard(
+            torch.randn(26, H, D, dtype=f)),
+        "cu_bare_under_cp": lambda: eagle3_ttt_attention(q, [k], [v], cu, group),
         "cu_decreasing": lambda: eagle3_ttt_attention(q, [k], [v], torch.tensor([0, 12, 10, 26]), group),
-        "heads_not_divisible": lambda: eagle3_ttt_attention(q[:, :3], [k], [v], cu, group),
-        "dtype_mismatch": lambda: eagle3_ttt_attention(q, [k.float()], [v], cu, group),
-        "pass_count_mismatch": lambda: eagle3_ttt_attention(q, [k, k], [v], cu, group),
+        "heads_not_divisible": lambda: eagle3_ttt_attention(q[:, :3], [k], [v], lay, group),
+        "dtype_mismatch": lambda: eagle3_ttt_attention(q, [k.float()], [v], lay, group),
+        "integer_qkv": lambda: eagle3_ttt_attention(i64(q), [i64(k)], [i64(v)], lay, group),
+        "integer_block_qkv": lambda: block_draft_attention(i64(bq), i64(bk), i64(bk), i64(k), i64(v), mine, lay,
+                                                           group),
+        "pass_count_mismatch": lambda: eagle3_ttt_attention(q, [k, k], [v], lay, group),
         "wrong_group_size": lambda: eagle3_ttt_attention(q, [k], [v], make_layout(cu, None, cp_size=world + 1,
                                                                                  rank=rank), group),
-        "block_anchor_not_owned": lambda: block_draft_attention(bq, bk, bk, k, v, other, cu, group),
-        "block_slot_valid_shape": lambda: block_draft_attention(bq, bk, bk, k, v, mine, cu, group,
+        "block_anchor_not_owned": lambda: block_draft_attention(bq, bk, bk, k, v, other, lay, group),
+        "block_slot_valid_shape": lambda: block_draft_attention(bq, bk, bk, k, v, mine, lay, group,
                                                                 slot_valid=torch.ones(2, 4, dtype=torch.bool)),
-        "block_ctx_rows": lambda: block_draft_attention(bq, bk, bk, k[:-1], v[:-1], mine, cu, group),
+        "block_ctx_rows": lambda: block_draft_attention(bq, bk, bk, k[:-1], v[:-1], mine, lay, group),
         "usp_heads": lambda: usp_eagle3_ttt_attention(torch.randn(1, 4, 4, D, dtype=f),
                                                       torch.randn(1, 4, 3, D, dtype=f),
                                                       torch.randn(1, 4, 3, D, dtype=f), [],
                                                       UspGroups(2, max(1, world // 2), group, None, rank % 2,
                                                                 rank // 2)),
+        "usp_integer": lambda: usp_eagle3_ttt_attention(torch.ones(1, 4, 4, D, dtype=torch.int32),
+                                                        torch.ones(1, 4, 2, D, dtype=torch.int32),
+                                                        torch.ones(1, 4, 2, D, dtype=torch.int32), [],
+                                                        UspGroups(1, world, None, group, 0, rank)),
     }
     if world == 1:
         bad.pop("block_anchor_not_owned")
+        bad.pop("cu_bare_under_cp")                  # one rank: cu_seqlens is checked against the rows
     out = []
     try:
         for name, fn in bad.items():
