@@ -165,6 +165,12 @@ def test_auto_picks_flash4_on_sm90_when_it_imports(fake, monkeypatch):
         assert backends.select("auto", _specs()[kind], cuda, torch.bfloat16).name == "flash4"
     assert backends.select("auto", spec, torch.device("cpu"), torch.float32).name == "sdpa_cpu"
     assert "fp16/bf16 CUDA" in backends.get("flash4").unavailable_reason(spec, cuda, torch.float32)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert "deterministic" in backends.get("flash4").unavailable_reason(spec, cuda, torch.bfloat16)
+        assert backends.select("auto", spec, cuda, torch.bfloat16).name != "flash4"
+    finally:
+        torch.use_deterministic_algorithms(False)
     monkeypatch.setattr(f4, "capability", lambda device: (8, 0))
     assert "compute capability >= 9.0" in backends.get("flash4").unavailable_reason(spec, cuda, torch.bfloat16)
     assert backends.select("auto", spec, cuda, torch.bfloat16).name != "flash4"

@@ -2,7 +2,8 @@
 
 Probed, never imported at module load: ``available()`` says whether ``flash_attn.cute`` imports (CPU machines
 never import it; asking for the backend there raises an error saying why). fp16/bf16 on CUDA devices of
-compute capability 9.0 or newer (its backward needs sm90+). Every MaskSpec kind:
+compute capability 9.0 or newer (its backward needs sm90+), and not while torch's deterministic algorithms are
+on (the backward accumulates with atomics; ``auto`` then takes the next backend). Every MaskSpec kind:
 
   "causal", "full"  one varlen call per block (packed documents through cu_seqlens)
   "prefix"          one call on the batched layout (batch 1) with a mask function (``mask_mod``: query row t
@@ -178,6 +179,9 @@ class Flash4Backend(Backend):
         cc = capability(device)
         if cc < MIN_CAPABILITY:
             return f"flash-attn-4's backward needs compute capability >= 9.0 (Hopper), this device has {cc}"
+        if torch.are_deterministic_algorithms_enabled():
+            return ("torch.use_deterministic_algorithms is on and flash-attn-4's backward accumulates with atomics "
+                    "(not deterministic as this adapter calls it)")
         return None
 
     def supports(self, spec, device, dtype) -> bool:
