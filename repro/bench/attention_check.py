@@ -1,7 +1,7 @@
 """Correctness of every attention path on this machine's device, per available backend, against the fp64 oracle.
 
-For each backend of the profile that runs here (flash4, cudnn, sdpa_cuda, flash_attn, flex on GPUs; torch and
-sdpa_cpu on CPUs) it compares values and gradients with ``kernels.attention.reference.dense_attention`` in
+For each backend of the profile that runs here (flash4, cudnn, sdpa_cuda, flash_attn on GPUs, flex on request;
+torch and sdpa_cpu on CPUs) it compares values and gradients with ``kernels.attention.reference.dense_attention`` in
 fp64, computed from the same (rounded) inputs, as max |x - oracle| / max |oracle| per output and gradient:
 
     kernel    the backend contract on its own: causal over documents shorter and longer than a 128-row tile,
@@ -56,7 +56,8 @@ SETTINGS = {  # per profile; ``settings`` reads them
                  "heads": 4, "kv_heads": 2, "head_dim": 16, "lengths": [1, 5, 37, 64, 65, 130], "block": 4,
                  "padded": {"rows": 2, "blocks": 3, "block": 4, "lengths": [5, 33], "modes": ["default", "math"]},
                  "ring_world": [1, 2]},
-    "h200": {"device": "cuda", "dtype": "bfloat16", "backends": ["flash4", "cudnn", "sdpa_cuda", "flash_attn", "flex"],
+    # flex is left out by default (a Triton compile per shape: minutes of device time); add it with --backends
+    "h200": {"device": "cuda", "dtype": "bfloat16", "backends": ["flash4", "cudnn", "sdpa_cuda", "flash_attn"],
              "require": ["flash4"], "heads": 32, "kv_heads": 8, "head_dim": 128,
              "lengths": [1, 5, 37, 127, 128, 129, 300, 777], "block": 16,
              "padded": {"rows": 4, "blocks": 6, "block": 16, "lengths": [40, 47, 63, 64, 65, 71, 200],
