@@ -42,9 +42,12 @@ returns the joint lse ([T, H] fp32/fp64, not differentiable). Out is differentia
 tensor input. Backends (kernels/attention/backends): "auto", "torch" (pure torch, the fp64 oracle's
 kernel), "sdpa_cpu" (torch's fused CPU kernels), "sdpa_cuda" (torch's bundled flash-attention 2,
 varlen), "cudnn" (torch's cuDNN attention, per segment), "flex" (torch's flex_attention, every mask
-kind), "flash_attn" (the external flash-attn 2/3 package, when installed), "prefix_full[<name>]"
-(DFlash/DSpark prefix masks on a full-segment kernel), "tiled[<name>]" (backward in bounded-memory
-tiles), "torch_bf16"; or a Backend instance (e.g. TiledBackward(get("cudnn"), tile=8192)).
+kind), "flash4" (flash-attn-4, flash_attn.cute: varlen, prefix masks as one masked call; sm90+, when
+installed; ``auto``'s first choice there), "flash_attn" (the external flash-attn 2/3 package, when
+installed), "prefix_full[<name>]" (DFlash/DSpark prefix masks on a full-segment kernel), "tiled[<name>]"
+(backward in bounded-memory tiles), "torch_bf16"; or a Backend instance (e.g.
+TiledBackward(get("cudnn"), tile=8192)). One rank, flash-attn-4: kernels.attention.fused_block runs a
+block draft's whole attention (context prefix and own block) as one masked call each way.
 
 Examples (single rank; pass ``group`` and sharded tensors for CP):
 
