@@ -1,7 +1,7 @@
 """Figure 6: draft-training attention at fixed global lengths across CP sizes, with its peers in the same run.
 
 One document of T tokens, forward + backward, per CP size C. Rows "<kind> <T> cp=<C>" (time_s: slowest rank;
-peak_mem_gb: largest rank; the inputs are counted, gradients are consumed as they arrive):
+peak_mem_gb: largest rank, the inputs counted (inputs_gb: rank 0's), gradients consumed as they arrive):
     ttt           EAGLE-3 TTT attention, ``passes`` passes (kernels.attention.eagle3_ttt_attention)
     trunk         the same passes without the branch keys (kernels.attention.causal_attention)
     sdpa_cudnn    the same passes through SDPA's cuDNN kernel (torch.nn.functional.scaled_dot_product_attention
@@ -109,8 +109,12 @@ def _sdpa_cudnn(q, k, v):
     return o[0].transpose(0, 1)
 
 
+def _gb(*tensors) -> float:
+    return sum(t.numel() * t.element_size() for t in tensors) / 1e9
+
+
 def build(cfg: dict, rank: int, group):
-    """This rank's inputs and its step for one row: (step, local tokens)."""
+    """This rank's inputs and its step for one row: (step, local tokens, GB of the inputs)."""
     H, G, D = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
     dtype, device = getattr(torch, cfg["dtype"]), torch.device(cfg["device"])
     T = cfg["tokens"]
@@ -135,7 +139,7 @@ def build(cfg: dict, rank: int, group):
         def step():
             outs = [one(p) for p in range(P)]
             torch.autograd.backward(outs, [dout] * P)
-        return step, n
+        return step, n, _gb(*qs, *ks, *vs, dout)
     B, A = cfg["block"], cfg["anchors"]
     anchors = torch.sort(torch.randperm(T - B, generator=torch.Generator().manual_seed(7))[:A] + 1).values
     mine = anchors[lay.locate(anchors)[2] == lay.rank]
@@ -153,7 +157,7 @@ def build(cfg: dict, rank: int, group):
     else:
         def step():
             block_draft_attention(q, k, v, ck, cv, mine, lay, group, backend=route).backward(dout)
-    return step, n
+    return step, n, _gb(q, k, v, ck, cv, dout)
 
 
 def measure(rank: int, world: int, cfg: dict) -> dict:
@@ -161,10 +165,10 @@ def measure(rank: int, world: int, cfg: dict) -> dict:
     device = torch.device(cfg["device"])
     group = dist.group.WORLD if world > 1 else None
     with PeakMemory(device) as pm:
-        step, n = build(cfg, rank, group)
+        step, n, inputs_gb = build(cfg, rank, group)
         step()
     samples, cpu = timed_samples(step, cfg, device)
-    report = {"samples": samples, "cpu_s": cpu, "peak_gb": pm.peak_gb, "local_tokens": n}
+    report = {"samples": samples, "cpu_s": cpu, "peak_gb": pm.peak_gb, "local_tokens": n, "inputs_gb": inputs_gb}
     if cfg["kind"] in ("ttt", "trunk") or cfg.get("route") not in (None, "fused"):
         name = cfg["backend"] if cfg["kind"] != "block" else cfg["route"]
         spec = (MaskSpec.causal(torch.tensor([0, n])) if cfg["kind"] != "block" else
@@ -243,8 +247,8 @@ def main(argv=None) -> int:
                         continue
                     crit = critical_path(res)
                     times[(label, C)] = summarize(crit if emulated else res[0]["samples"])["median"]
-                    extra = {"peak_mem_gb": max(r["peak_gb"] for r in res), "local_tokens": res[0]["local_tokens"],
-                             "cpu_critical_s": summarize(crit)["median"]}
+                    extra = {"peak_mem_gb": max(r["peak_gb"] for r in res), "inputs_gb": res[0]["inputs_gb"],
+                             "local_tokens": res[0]["local_tokens"], "cpu_critical_s": summarize(crit)["median"]}
                     bench.record(name, {**params, "cpu_critical_samples": crit,
                                         "backend_used": res[0].get("backend_used"),
                                         "backend_report": res[0].get("backend_report")},
