@@ -244,6 +244,10 @@ def main(argv=None) -> int:
                         res = run_row(cfg, C, args.timeout_s)
                     except Exception as exc:  # noqa: BLE001 -- one failing row must not lose the others' numbers
                         bench.record(name, {**params, "error": f"{type(exc).__name__}: {exc}"[:2000]})
+                        del exc                      # its frames hold the row's tensors (in-process GPU rows)
+                        gc.collect()
+                        if device == "cuda":
+                            torch.cuda.empty_cache()
                         continue
                     crit = critical_path(res)
                     times[(label, C)] = summarize(crit if emulated else res[0]["samples"])["median"]
