@@ -17,7 +17,10 @@ Public API (signatures are stable; ``group=None`` means one rank, a process grou
         Query i at pass k sees pass-0 keys j <= i of its document and its own keys of passes 1..k.
         T = cu_seqlens[-1] with one rank; with a group T = layout.num_local (zigzag shard).
         ``cu_seqlens`` may also be the Layout itself (build it once with make_layout and reuse it
-        across passes and layers: saves rebuilding the index tensors on every call).
+        across passes and layers: saves rebuilding the index tensors on every call); with a group
+        it must be: the Layout that sharded the inputs (its shard() checked the real token count;
+        a bare cu_seqlens whose wrong total pads to the same shard size could not be caught).
+        q, k, v: one floating dtype (integer tensors are refused before any communication).
 
     block_draft_attention(q, k, v, ctx_k, ctx_v, anchors, cu_seqlens, group=None, *,
                           slot_valid=None, block_valid=None, scale=None, backend="auto",
@@ -39,9 +42,12 @@ returns the joint lse ([T, H] fp32/fp64, not differentiable). Out is differentia
 tensor input. Backends (kernels/attention/backends): "auto", "torch" (pure torch, the fp64 oracle's
 kernel), "sdpa_cpu" (torch's fused CPU kernels), "sdpa_cuda" (torch's bundled flash-attention 2,
 varlen), "cudnn" (torch's cuDNN attention, per segment), "flex" (torch's flex_attention, every mask
-kind), "flash_attn" (the external flash-attn 2/3 package, when installed), "prefix_full[<name>]"
-(DFlash/DSpark prefix masks on a full-segment kernel), "tiled[<name>]" (backward in bounded-memory
-tiles), "torch_bf16"; or a Backend instance (e.g. TiledBackward(get("cudnn"), tile=8192)).
+kind), "flash4" (flash-attn-4, flash_attn.cute: varlen, prefix masks as one masked call; sm90+, when
+installed; ``auto``'s first choice there), "flash_attn" (the external flash-attn 2/3 package, when
+installed), "prefix_full[<name>]" (DFlash/DSpark prefix masks on a full-segment kernel), "tiled[<name>]"
+(backward in bounded-memory tiles), "torch_bf16"; or a Backend instance (e.g.
+TiledBackward(get("cudnn"), tile=8192)). One rank, flash-attn-4: kernels.attention.fused_block runs a
+block draft's whole attention (context prefix and own block) as one masked call each way.
 
 Examples (single rank; pass ``group`` and sharded tensors for CP):
 
@@ -62,7 +68,7 @@ Examples (single rank; pass ``group`` and sharded tensors for CP):
     plan = block_draft_plan(anchors, B, cu)           # once per batch, shared by every draft layer:
     out = block_draft_attention(bq, bk, bv, ks[0], vs[0], plan)
 
-    # CP: lay = make_layout(cu, group); q_local = lay.shard(q_global); same call with group=group.
+    # CP: lay = make_layout(cu, group); q_local = lay.shard(q_global); the same call with lay, group.
 """
 from kernels.attention.api import (
                                    BlockPlan,

@@ -2,6 +2,11 @@
 
 See kernels/attention/__init__.py for shapes and examples. All inputs are checked before any
 communication starts; a bad value raises ValueError/TypeError naming it and what was expected.
+
+Under context parallelism the packed batch is described by the ``Layout`` that sharded it
+(``make_layout(cu_seqlens, group)``; ``layout.shard`` checks the global tensors' rows against
+``cu_seqlens[-1]``, the real token count). A bare ``cu_seqlens`` is refused there: a rank's local rows are
+padded per document, so a wrong total that pads to the same shard size could not be told from the right one.
 """
 from __future__ import annotations
 
@@ -26,7 +31,20 @@ def _layout(cu_seqlens, group) -> Layout:
             raise ValueError(f"layout was built for cp_size={lay.cp_size} rank={lay.rank}, but the group has "
                              f"size {C} and this process is rank {r}")
         return lay
+    if C > 1:
+        total = int(cu_seqlens[-1]) if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.numel() else None
+        raise ValueError(f"under context parallelism (cp_size={C}) pass the Layout that sharded the inputs "
+                         f"(make_layout(cu_seqlens, group); its shard() checks the real token count), not a bare "
+                         f"cu_seqlens (total {total}): local rows are padded per document, so its total cannot be "
+                         "checked against this rank's rows")
     return make_layout(cu_seqlens, group)
+
+
+def _floating(name: str, x) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor (fp16/bf16/fp32/fp64), got {x.dtype}")
 
 
 def _check_backend(backend):
@@ -65,6 +83,7 @@ def eagle3_ttt_attention(q: torch.Tensor, k_passes: Sequence[torch.Tensor], v_pa
     _check_backend(backend)
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"q must be a [T, H, D] tensor, got {getattr(q, 'shape', type(q))}")
+    _floating("q", q)
     if len(k_passes) < 1 or len(k_passes) != len(v_passes):
         raise ValueError(f"k_passes and v_passes must be equally long and non-empty (pass 0 is the trunk), "
                          f"got {len(k_passes)} and {len(v_passes)}")
@@ -150,6 +169,7 @@ def block_draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx
     _check_backend(backend)
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError(f"q must be a [Nb, B, H, D] tensor, got {getattr(q, 'shape', type(q))}")
+    _floating("q", q)
     Nb, B, H, D = q.shape
     if isinstance(anchors, BlockPlan):
         plan = anchors

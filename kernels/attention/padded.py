@@ -15,8 +15,12 @@ in a CUDA graph) and calls ``torch.nn.functional.scaled_dot_product_attention`` 
 A query of block n sees context keys ``j < anchors[n]`` of its row and every slot of its own block. The
 cost is ``N*B x (S + N*B)`` scores per row and head (the ring route skips the keys past each anchor), so
 this route is for the short rows of RL batches; the same mask as ``reference.block_mask`` per row.
+``backend="flash4"`` runs the same attention as one flash-attn-4 masked call each way instead
+(kernels/attention/fused_block.py: the mask from the anchors on the device, tiles past the anchors skipped
+on sm90); SDPA ("sdpa", the default) takes the boolean mask.
 
     out = padded_block_attention(q, k, v, ctx_k, ctx_v, anchors, block_valid)
+    out = padded_block_attention(q, k, v, ctx_k, ctx_v, anchors, block_valid, backend="flash4")
 """
 from __future__ import annotations
 
@@ -37,10 +41,13 @@ def padded_block_mask(anchors: torch.Tensor, block_valid: torch.Tensor, block: i
 
 def padded_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_k: torch.Tensor,
                            ctx_v: torch.Tensor, anchors: torch.Tensor, block_valid: torch.Tensor | None = None,
-                           *, scale: float | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+                           *, scale: float | None = None, mask: torch.Tensor | None = None,
+                           backend="sdpa") -> torch.Tensor:
     """Block attention of a right-padded batch; see the module docstring. ``mask`` (``padded_block_mask``)
-    may be passed in when several layers attend over the same blocks. No value checks that would read
-    device data: shapes only."""
+    may be passed in when several layers attend over the same blocks (SDPA route). No value checks that
+    would read device data: shapes only."""
+    if not isinstance(q, torch.Tensor) or not q.is_floating_point():
+        raise TypeError(f"q must be a floating-point tensor, got {getattr(q, 'dtype', type(q))}")
     if q.dim() != 4 or k.shape[:2] != q.shape[:2] or v.shape != k.shape:
         raise ValueError(f"q must be [R, N*B, H, D] and k/v [R, N*B, G, D] alike, got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}")
@@ -56,6 +63,10 @@ def padded_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ct
         raise ValueError(f"query heads H={H} must be a multiple of key/value heads G={G}")
     N, S = anchors.shape[1], ctx_k.shape[1]
     valid = torch.ones_like(anchors, dtype=torch.bool) if block_valid is None else block_valid.bool()
+    if backend != "sdpa":
+        from kernels.attention.fused_block import fused_block_attention
+        return fused_block_attention(q, k, v, ctx_k, ctx_v, torch.zeros_like(anchors), anchors, None, valid,
+                                     scale=scale, backend=backend)
     if mask is None:
         mask = padded_block_mask(anchors, valid, Q // N, S)
     keys = torch.cat([ctx_k, k], dim=1).transpose(1, 2)                         # [R, G, S+Q, D]

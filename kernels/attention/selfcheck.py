@@ -59,9 +59,19 @@ class Case:
     scheme: str = "zigzag"              # "sequential": the basic ring (must agree with zigzag)
     usp: tuple = ()                     # (U, R): run the USP baseline instead (family "ttt" only)
     usp_ring: str = "sequential"        # USP's ring: "sequential" (SpecForge) or "zigzag" (USP-zigzag)
+    ref_device: str = "cpu"             # where the fp64 reference runs (a GPU is much faster at real head counts)
 
 
 def _tensors(case: Case, cu: torch.Tensor):
+    """The case's inputs in fp64, each value representable in the case's dtype (so the reference sees exactly
+    what the kernels get)."""
+    t = _raw_tensors(case, cu)
+    dt = getattr(torch, case.dtype)
+    rnd = lambda x: x.to(dt).double() if x.is_floating_point() else x
+    return {n: [rnd(a) for a in x] if isinstance(x, list) else rnd(x) for n, x in t.items()}
+
+
+def _raw_tensors(case: Case, cu: torch.Tensor):
     g = torch.Generator().manual_seed(case.seed)
     T, H, G, D = int(cu[-1]), case.heads, case.kv_heads, case.dim
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
@@ -96,14 +106,15 @@ def reference(case: Case, cu: torch.Tensor, t: dict):
         q = t["q"].clone().requires_grad_()
         ks = [k.clone().requires_grad_() for k in t["ks"]]
         vs = [v.clone().requires_grad_() for v in t["vs"]]
-        out, lse = dense_attention(q, torch.cat(ks), torch.cat(vs), eagle3_ttt_mask(cu, case.passes - 1), scale)
+        mask = eagle3_ttt_mask(cu, case.passes - 1).to(q.device)
+        out, lse = dense_attention(q, torch.cat(ks), torch.cat(vs), mask, scale)
         g = torch.autograd.grad(out, [q, *ks, *vs], t["dout"])
         K = case.passes
         return out.detach(), lse, {"q": g[0], "ks": list(g[1:1 + K]), "vs": list(g[1 + K:])}
     Nb, B, H, D = t["q"].shape
     G = case.kv_heads
     leaves = {n: t[n].clone().requires_grad_() for n in ("q", "bk", "bv", "ck", "cv")}
-    m = block_mask(cu, t["anchors"], B, t["slot_valid"], t["block_valid"])
+    m = block_mask(cu, t["anchors"], B, t["slot_valid"], t["block_valid"]).to(t["q"].device)
     out, lse = dense_attention(leaves["q"].reshape(-1, H, D),
                                torch.cat([leaves["ck"], leaves["bk"].reshape(-1, G, D)]),
                                torch.cat([leaves["cv"], leaves["bv"].reshape(-1, G, D)]), m, scale)
@@ -129,13 +140,26 @@ def _scale_of(ref_out, ref_g) -> dict:
     return {"out": m(ref_out), **{f"d{k}": max(m(t) for t in flat(v)) for k, v in ref_g.items()}}
 
 
-def run_case(rank: int, world: int, case: Case) -> dict:
-    """Worker: returns {"err": {name: max abs diff}, "stats": RingStats dict, "num_local": ...,
-    "ref_max": max |reference| per output/gradient} (divide for relative errors)."""
-    group = dist.group.WORLD if dist.is_initialized() else None
+def case_inputs(case: Case):
+    """(cu_seqlens, fp64 input tensors on the CPU) of ``case``."""
     cu = torch.tensor([0, *torch.tensor(case.lengths).cumsum(0).tolist()], dtype=torch.int64)
-    t = _tensors(case, cu)
-    ref_out, ref_lse, ref_g = reference(case, cu, t)
+    return cu, _tensors(case, cu)
+
+
+def case_reference(case: Case, cu: torch.Tensor, t: dict):
+    """``reference`` computed on ``case.ref_device``."""
+    dev = torch.device(case.ref_device)
+    mv = lambda x: x.to(dev) if isinstance(x, torch.Tensor) else [a.to(dev) for a in x]
+    return reference(case, cu, {n: mv(x) for n, x in t.items()})
+
+
+def run_case(rank: int, world: int, case: Case, ref=None) -> dict:
+    """Worker: returns {"err": {name: max abs diff}, "stats": RingStats dict, "num_local": ...,
+    "ref_max": max |reference| per output/gradient} (divide for relative errors). ``ref``: the case's
+    reference from ``case_reference``, when the caller has it already."""
+    group = dist.group.WORLD if dist.is_initialized() else None
+    cu, t = case_inputs(case)
+    ref_out, ref_lse, ref_g = ref if ref is not None else case_reference(case, cu, t)
     if case.usp:
         return _run_usp(rank, case, cu, t, ref_out, ref_g)
     ref_max = _scale_of(ref_out, ref_g)
@@ -162,7 +186,7 @@ def run_case(rank: int, world: int, case: Case) -> dict:
     else:
         _, _, owner, _, _ = lay.locate(t["anchors"])
         mine = torch.nonzero(owner == lay.rank).flatten()
-        sel = lambda x: x.index_select(0, mine)
+        sel = lambda x: x.index_select(0, mine.to(x.device))
         q, bk, bv = mv(sel(t["q"])), mv(sel(t["bk"])), mv(sel(t["bv"]))
         ck, cv = mv(lay.shard(t["ck"])), mv(lay.shard(t["cv"]))
         out, lse = block_draft_attention(q, bk, bv, ck, cv, sel(t["anchors"]), lay, group,
@@ -240,27 +264,41 @@ def check_bad_inputs(rank: int, world: int) -> list:
     bq, bk = torch.randn(2, 3, H, D, dtype=f), torch.randn(2, 3, G, D, dtype=f)
     mine = torch.nonzero(lay.locate(torch.arange(26))[2] == lay.rank).flatten()[:2]
     other = torch.nonzero(lay.locate(torch.arange(26))[2] != lay.rank).flatten()[:2]
+    i64 = lambda x: x.to(torch.int64)
     bad = {
-        "rows_vs_cu": lambda: eagle3_ttt_attention(q[:-1], [k[:-1]], [v[:-1]], cu, group),
-        "cu_total_mismatch": lambda: eagle3_ttt_attention(q, [k], [v], torch.tensor([0, 10, 30]), group),
+        "rows_vs_cu": lambda: eagle3_ttt_attention(q[:-1], [k[:-1]], [v[:-1]], lay, group),
+        "cu_total_mismatch": lambda: eagle3_ttt_attention(q, [k], [v], make_layout(torch.tensor([0, 10, 30]), group),
+                                                          group),
+        # a total that pads to this rank's rows: the layout's shard() of the real global tensor refuses it
+        "cu_total_vs_real_tokens": lambda: make_layout(torch.tensor([0, 10, 25]), group).shard(
+            torch.randn(26, H, D, dtype=f)),
+        "cu_bare_under_cp": lambda: eagle3_ttt_attention(q, [k], [v], cu, group),
         "cu_decreasing": lambda: eagle3_ttt_attention(q, [k], [v], torch.tensor([0, 12, 10, 26]), group),
-        "heads_not_divisible": lambda: eagle3_ttt_attention(q[:, :3], [k], [v], cu, group),
-        "dtype_mismatch": lambda: eagle3_ttt_attention(q, [k.float()], [v], cu, group),
-        "pass_count_mismatch": lambda: eagle3_ttt_attention(q, [k, k], [v], cu, group),
+        "heads_not_divisible": lambda: eagle3_ttt_attention(q[:, :3], [k], [v], lay, group),
+        "dtype_mismatch": lambda: eagle3_ttt_attention(q, [k.float()], [v], lay, group),
+        "integer_qkv": lambda: eagle3_ttt_attention(i64(q), [i64(k)], [i64(v)], lay, group),
+        "integer_block_qkv": lambda: block_draft_attention(i64(bq), i64(bk), i64(bk), i64(k), i64(v), mine, lay,
+                                                           group),
+        "pass_count_mismatch": lambda: eagle3_ttt_attention(q, [k, k], [v], lay, group),
         "wrong_group_size": lambda: eagle3_ttt_attention(q, [k], [v], make_layout(cu, None, cp_size=world + 1,
                                                                                  rank=rank), group),
-        "block_anchor_not_owned": lambda: block_draft_attention(bq, bk, bk, k, v, other, cu, group),
-        "block_slot_valid_shape": lambda: block_draft_attention(bq, bk, bk, k, v, mine, cu, group,
+        "block_anchor_not_owned": lambda: block_draft_attention(bq, bk, bk, k, v, other, lay, group),
+        "block_slot_valid_shape": lambda: block_draft_attention(bq, bk, bk, k, v, mine, lay, group,
                                                                 slot_valid=torch.ones(2, 4, dtype=torch.bool)),
-        "block_ctx_rows": lambda: block_draft_attention(bq, bk, bk, k[:-1], v[:-1], mine, cu, group),
+        "block_ctx_rows": lambda: block_draft_attention(bq, bk, bk, k[:-1], v[:-1], mine, lay, group),
         "usp_heads": lambda: usp_eagle3_ttt_attention(torch.randn(1, 4, 4, D, dtype=f),
                                                       torch.randn(1, 4, 3, D, dtype=f),
                                                       torch.randn(1, 4, 3, D, dtype=f), [],
                                                       UspGroups(2, max(1, world // 2), group, None, rank % 2,
                                                                 rank // 2)),
+        "usp_integer": lambda: usp_eagle3_ttt_attention(torch.ones(1, 4, 4, D, dtype=torch.int32),
+                                                        torch.ones(1, 4, 2, D, dtype=torch.int32),
+                                                        torch.ones(1, 4, 2, D, dtype=torch.int32), [],
+                                                        UspGroups(1, world, None, group, 0, rank)),
     }
     if world == 1:
         bad.pop("block_anchor_not_owned")
+        bad.pop("cu_bare_under_cp")                  # one rank: cu_seqlens is checked against the rows
     out = []
     try:
         for name, fn in bad.items():

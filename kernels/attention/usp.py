@@ -205,6 +205,8 @@ def usp_eagle3_ttt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                          f"{tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.is_floating_point():
+        raise TypeError(f"q, k, v must be floating-point tensors (fp16/bf16/fp32/fp64), got {q.dtype}")
     B, S, H, D = q.shape
     G = k.shape[2]
     check_usp_heads(H, G, groups.U)

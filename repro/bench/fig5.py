@@ -23,12 +23,16 @@ process of code pages and library state that the first call of any method loads.
 (metric names of experiments/paper_numbers.csv): "cp=<C>": speedup_vs_best_usp,
 peak_mem_ratio_usp_over_zigzag, usp_pad_factor; "all": the same pooled (smallest speedup and ratio),
 longest_seq_tokens.
+At C = 1 (one GPU: the h200 profile) each method runs in one process: the packed zigzag path is a single
+local call per pass and USP at U = R = 1 is SpecForge's padded batch through the same kernels and backend, so
+the ratio is packing against padding.
 CPU results are cpu-emulated: compare the ratios, not the times. cpu-tiny uses scale 4 (longest 5,120
 tokens; 12-14 minutes on 2 cores): at scale 8 (2,560 tokens) a CP=4 zigzag rank's chunks are 47-320 tokens,
 small for the fused CPU kernel, and per-call overheads pulled the CP=4 ratio to 2.2-2.5x over four runs;
 at scale 4 the same code measured 3.14x (`results/cpu-2c/cpu-tiny/fig5/`, session 4).
 
     python -m repro.bench.fig5 --profile cpu-tiny              # -> results/<hw>/cpu-tiny/fig5/
+    python -m repro.bench.fig5 --profile h200                  # CP=1 on one GPU -> results/<hw>/h200/fig5/
     python -m repro.bench.fig5 --cp 2 --scale 32 --repeats 2   # quicker
 """
 from __future__ import annotations
@@ -51,13 +55,21 @@ from repro.core.timing import BenchRun, PeakMemory, summarize, time_samples
 
 LONGEST = 20480
 FRACTIONS = (1.0, 0.70, 0.52, 0.42, 0.32, 0.25, 0.20, 0.145)     # mean 0.444 -> 2.25x padding
-DEFAULTS = {  # per profile: scale divides the lengths; heads keep Qwen3-8B's 4:1 GQA ratio
+DEFAULTS = {  # per profile (``settings`` reads them): scale divides the lengths; heads keep Qwen3-8B's 4:1 GQA ratio
     "cpu-tiny": {"scale": 4, "heads": 16, "kv_heads": 4, "head_dim": 32, "dtype": "float32", "cp": [2, 4],
-                 "repeats": 3, "warmup": 1},
-    "h200": {"scale": 1, "heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bfloat16", "cp": [2, 4, 8],
-             "repeats": 5, "warmup": 2},
+                 "repeats": 3, "warmup": 1, "backend": "auto"},
+    # one H200: CP=1, the packed zigzag path against SpecForge's padded batch (USP at C=1), same kernels
+    "h200": {"scale": 1, "heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bfloat16", "cp": [1],
+             "repeats": 5, "warmup": 2, "backend": "auto"},
 }
 WARMUP_SCALE = 256      # the untimed warm-up step before the memory window: longest 80 tokens
+
+
+def settings(profile: str) -> dict:
+    """Figure 5's settings for ``profile`` (to move into the profile's fig5 section)."""
+    if profile not in DEFAULTS:
+        raise SystemExit(f"--profile {profile!r} has no fig5 settings; expected one of {sorted(DEFAULTS)}")
+    return dict(DEFAULTS[profile])
 
 
 def workload(scale: int) -> list[int]:
@@ -224,23 +236,27 @@ def main(argv=None) -> int:
     ap.add_argument("--scale", type=int, default=None, help="divide the workload's lengths by this")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--passes", type=int, default=3)
-    ap.add_argument("--backend", default="auto", help="attention backend for both methods")
+    ap.add_argument("--backend", default=None, help="attention backend for both methods (default: the profile's)")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="hard timeout per method run")
     args = ap.parse_args(argv)
-    d = dict(DEFAULTS[args.profile])
-    for key in ("scale", "repeats"):
+    d = settings(args.profile)
+    for key in ("scale", "repeats", "backend"):
         if getattr(args, key) is not None:
             d[key] = getattr(args, key)
     cps = [int(c) for c in args.cp.split(",")] if args.cp else d["cp"]
     device = "cuda" if args.profile != "cpu-tiny" else "cpu"
+    if min(cps) < 1:
+        raise SystemExit(f"--cp {cps} is invalid: expected CP sizes >= 1")
     if device == "cuda" and torch.cuda.device_count() < max(cps):
         raise SystemExit(f"profile {args.profile} needs {max(cps)} GPUs for CP={max(cps)}, "
                          f"found {torch.cuda.device_count()}")
+    if device == "cuda":
+        os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")   # flash-attn-4: compile once
     lengths = workload(d["scale"])
     out = args.out or Path("results") / hardware()["tag"] / args.profile / "fig5"
     base = {"usp_ring": "sequential", "heads": d["heads"], "kv_heads": d["kv_heads"], "head_dim": d["head_dim"],
             "dtype": d["dtype"],
-            "passes": args.passes, "lengths": lengths, "device": device, "backend": args.backend,
+            "passes": args.passes, "lengths": lengths, "device": device, "backend": d["backend"],
             "repeats": d["repeats"], "warmup": d["warmup"]}
     config = {**base, "cp": cps, "scale": d["scale"], "workload": "8 rollouts, fixed fractions of the longest",
               "memory_warmup_scale": WARMUP_SCALE,

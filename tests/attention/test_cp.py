@@ -111,3 +111,7 @@ def test_bad_input_raises_before_communication(world):
     assert "group has size" in msgs["wrong_group_size"]
     assert "owned by other ranks" in msgs["block_anchor_not_owned"]
     assert "Ulysses degree to divide both head counts" in msgs["usp_heads"]
+    assert "pass the Layout that sharded the inputs" in msgs["cu_bare_under_cp"]
+    assert "shard expects 25 rows" in msgs["cu_total_vs_real_tokens"]
+    for name in ("integer_qkv", "integer_block_qkv", "usp_integer"):
+        assert "floating-point" in msgs[name], (name, msgs[name])

@@ -74,3 +74,58 @@ def test_merge_inplace_rows_matches_functional():
 def test_merge_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="matching shapes"):
         merge(torch.zeros(2, 1, 3), torch.zeros(2, 1), torch.zeros(3, 1, 3), torch.zeros(3, 1))
+
+
+def _large(dtype_out, dtype_lse, seed, T=64, H=4, D=16, centre=100.0):
+    """Two partials with lse near ``centre`` (exp overflows fp32/bf16 past ~88.7), some rows empty on one side."""
+    g = torch.Generator().manual_seed(seed)
+    la = centre + torch.randn(T, H, generator=g, dtype=torch.float64) * 4
+    lb = centre + torch.randn(T, H, generator=g, dtype=torch.float64) * 4
+    la[:5] = NEG                                            # rows whose first part saw no key
+    lb[-3:] = NEG
+    oa = torch.randn(T, H, D, generator=g, dtype=torch.float64)
+    ob = torch.randn(T, H, D, generator=g, dtype=torch.float64)
+    return oa.to(dtype_out), la.to(dtype_lse), ob.to(dtype_out), lb.to(dtype_lse)
+
+
+def _fp64_merge(oa, la, ob, lb):
+    """The oracle: Eq. 2 evaluated in fp64 on exactly the given (rounded) partials."""
+    oa, la, ob, lb = (x.double() for x in (oa, la, ob, lb))
+    lse = torch.logaddexp(la, lb)
+    return torch.exp(la - lse)[..., None] * oa + torch.exp(lb - lse)[..., None] * ob, lse
+
+
+@pytest.mark.parametrize("dtype_out,dtype_lse,tol", [(torch.float32, torch.float32, 1e-6),
+                                                     (torch.bfloat16, torch.float32, 1e-2),
+                                                     (torch.bfloat16, torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("centre", [100.0, -100.0])
+def test_merge_of_large_logits_is_pinned_to_fp64(dtype_out, dtype_lse, tol, centre):
+    """lse near +-100 (fp32: the ring's accumulators; bf16: the kernels' outputs, and bf16 lse): without the
+    max subtraction exp(lse) overflows (inf / inf = NaN) or underflows (0 / 0), so this pins the stable form."""
+    oa, la, ob, lb = _large(dtype_out, dtype_lse, seed=int(centre) + 7, centre=centre)
+    ref_o, ref_l = _fp64_merge(oa, la, ob, lb)
+    out, lse = merge(oa, la, ob, lb)
+    assert torch.isfinite(out).all() and out.dtype == dtype_out
+    assert (out.double() - ref_o).abs().max() <= tol * ref_o.abs().max()
+    assert (lse.double() - ref_l).abs().max() <= 1e-5 * ref_l.abs().max()
+    acc_o, acc_l = oa.float().clone(), la.float().clone()             # the ring's in-place fp32 accumulation
+    rows = torch.arange(0, oa.shape[0], 2)
+    merge_(acc_o, acc_l, ob[rows], lb[rows], rows)
+    ref_o2, ref_l2 = _fp64_merge(oa[rows], la[rows], ob[rows], lb[rows])
+    assert torch.isfinite(acc_o).all()
+    assert (acc_o[rows].double() - ref_o2).abs().max() <= tol * ref_o2.abs().max()
+    assert (acc_l[rows].double() - ref_l2).abs().max() <= 1e-5 * ref_l2.abs().max()
+    merge_(acc_o, acc_l, ob, lb)                                       # every row
+    assert torch.isfinite(acc_o).all()
+
+
+def test_merge_of_partials_from_large_scores_matches_the_whole():
+    """Partials of real scores near 100 (fp32, as the ring holds them) merge to the fp64 attention over all keys
+    (to the rounding of an fp32 lse near 100: ulp 7.6e-6)."""
+    g = torch.Generator().manual_seed(9)
+    s = 100 + torch.randn(6, 40, generator=g, dtype=torch.float64) * 3
+    v = torch.randn(6, 40, 5, generator=g, dtype=torch.float64)
+    full = _partial(s, v)
+    a, b = _partial(s[:, :13], v[:, :13]), _partial(s[:, 13:], v[:, 13:])
+    out, lse = merge(a[0].float(), a[1].float(), b[0].float(), b[1].float())
+    assert (out.double() - full[0]).abs().max() < 2e-5 and (lse.double() - full[1]).abs().max() < 2e-5

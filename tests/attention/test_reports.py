@@ -48,3 +48,23 @@ def test_fig6_build_joins_paper(tmp_path):
     assert t["measured"] == pytest.approx(25.6) and t["paper"] == 17.7
     with pytest.raises(ValueError, match="no fig6 rows"):
         fig6.build(_tidy("fig6", [("nonsense", "time_s", 1.0)]), paper, tmp_path)
+
+
+def test_fig6_build_shows_the_flash4_routes_and_ratios(tmp_path):
+    """The one-GPU rows (CP=1): trunk beside SDPA's cuDNN kernel, the block routes beside today's, their
+    same-run ratios in the table."""
+    rows = [(f"{k} {t}K cp=1", "time_s", v * t) for t in (16, 256)
+            for k, v in (("ttt", 0.04), ("trunk", 0.039), ("sdpa_cudnn", 0.045), ("block", 0.001),
+                         ("block_flash4", 0.0006), ("block_fused", 0.0004))]
+    rows += [("trunk 256K cp=1", "speedup_vs_sdpa_cudnn", 1.17), ("block_fused 256K cp=1", "speedup_vs_block", 2.5),
+             ("ttt 256K cp=1", "branch_overhead_pct", 2.1), ("ttt 256K cp=1", "peak_mem_gb", 21.0)]
+    paper = load_paper_numbers()
+    apply_style()
+    fig6.build(_tidy("fig6", rows), paper[paper["artifact"] == "fig6"], tmp_path)
+    table = pd.read_csv(tmp_path / "fig6.csv")
+    got = {(r["row"], r["metric"]): r["measured"] for _, r in table.iterrows()}
+    assert got[("trunk 256K cp=1", "speedup_vs_sdpa_cudnn")] == 1.17
+    assert got[("block_fused 256K cp=1", "speedup_vs_block")] == 2.5
+    assert got[("ttt 256K cp=1", "branch_overhead_pct")] == 2.1
+    kinds = set(fig6.config_rows(_tidy("fig6", rows))["kind"])
+    assert {"block_flash4", "block_fused", "sdpa_cudnn", "trunk"} <= kinds

@@ -6,22 +6,23 @@
 Names: "torch" (pure torch, the fp64 oracle's kernel), "torch_bf16", "sdpa_cpu" (torch's fused CPU
 kernels), "sdpa_cuda" (torch's bundled flash-attention 2, varlen), "cudnn" (torch's cuDNN attention,
 one call per packed segment), "flex" (torch.nn.attention.flex_attention with block masks from the
-MaskSpec: every kind, CPU eager / CUDA compiled), "flash_attn" (the external flash-attn 2/3 package,
-varlen; probed, never imported unconditionally: a clear error when requested but missing), and the
-wrappers "prefix_full[<name>]" (DFlash/DSpark prefix masks on a full-segment kernel) and
+MaskSpec: every kind, CPU eager / CUDA compiled), "flash4" (flash-attn-4, ``flash_attn.cute``: varlen
+causal/full, prefix masks in one masked call; sm90+), "flash_attn" (the external flash-attn 2/3 package,
+varlen), and the wrappers "prefix_full[<name>]" (DFlash/DSpark prefix masks on a full-segment kernel) and
 "tiled[<name>]" (the backward in square tiles of 16384 rows x keys: kernel workspaces and gradient
-temporaries bounded by the tile; see tiled.py).
+temporaries bounded by the tile; see tiled.py). The external packages are probed, never imported
+unconditionally: a clear error when one is requested but missing.
 
-``auto`` picks, per mask kind: CUDA -> flash_attn when the package is installed, else sdpa_cuda
-(causal/full; prefix through prefix_full[flash_attn] / prefix_full[sdpa_cuda], replicated query
-rows), else torch; CPU -> sdpa_cpu (fp32/fp64) else torch.
-``auto`` does not pick "flex" for any mask kind, on CPU or CUDA (decision of issue 3): on CPU flex
-runs unfused (it materialises the [H, Tq, Tk] scores); on CUDA it needs a Triton compile per new
-shape (dynamic shapes after the first recompile) and had not been timed on the H200 against the
-measured flash/cuDNN paths when it was added (the causal/full kinds have exact fused kernels there;
-the prefix kind is the only one it could win, without replicated rows). Run
-``python -m repro.bench.gpu_attention --flex-checks --block-backend flex`` on the GPU to measure it;
-switch this order only on that evidence. "cudnn", "flex" and "tiled[...]" are opt-in by name.
+``auto`` picks, per mask kind, the first of ``CUDA_ORDER`` / ``CPU_ORDER`` that runs the case: on CUDA
+flash4 when flash_attn.cute imports and the device is sm90+ (every kind; prefix masks as one masked call,
+falling back to replicated segments by itself if that route fails there), else flash_attn when installed,
+else sdpa_cuda (causal/full; prefix through prefix_full[flash_attn] / prefix_full[sdpa_cuda], replicated
+query rows), else torch; on CPU sdpa_cpu (fp32/fp64) else torch. Figure 6 (repro.bench.fig6) times the
+prefix routes side by side (block rows: today's prefix_full[sdpa_cuda], flash4's masked call,
+prefix_full[flash4]); reorder on that evidence.
+``auto`` does not pick "flex" for any mask kind (decision of issue 3): on CPU flex runs unfused (it
+materialises the [H, Tq, Tk] scores); on CUDA it needs a Triton compile per new shape and has not been timed
+on the H200 against the flash/cuDNN paths. "cudnn", "flex" and "tiled[...]" are opt-in by name.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import torch
 
 from kernels.attention.backends.base import Backend, acc_dtype, check_qkv
 from kernels.attention.backends.cudnn import CudnnBackend
+from kernels.attention.backends.flash4 import Flash4Backend
 from kernels.attention.backends.flash_attn import FlashAttnBackend
 from kernels.attention.backends.flex import FlexBackend
 from kernels.attention.backends.prefix_full import PrefixAsFull
@@ -46,12 +48,15 @@ _REGISTRY: dict[str, Backend] = {
     "cudnn": CudnnBackend(),
     "flex": FlexBackend(),
     "flash_attn": FlashAttnBackend(),
+    "flash4": Flash4Backend(),
 }
 _REGISTRY.update({f"prefix_full[{n}]": PrefixAsFull(_REGISTRY[n])
-                  for n in ("torch", "sdpa_cpu", "sdpa_cuda", "cudnn", "flash_attn")})
+                  for n in ("torch", "sdpa_cpu", "sdpa_cuda", "cudnn", "flash_attn", "flash4")})
 _REGISTRY.update({f"tiled[{n}]": TiledBackward(_REGISTRY[n])
-                  for n in ("torch", "sdpa_cpu", "sdpa_cuda", "cudnn", "flash_attn")})
+                  for n in ("torch", "sdpa_cpu", "sdpa_cuda", "cudnn", "flash_attn", "flash4")})
 NAMES = ("auto", *_REGISTRY)
+CUDA_ORDER = ("flash4", "flash_attn", "sdpa_cuda", "prefix_full[flash_attn]", "prefix_full[sdpa_cuda]")
+CPU_ORDER = ("sdpa_cpu", "torch")
 
 
 def get(name: str) -> Backend:
@@ -71,13 +76,12 @@ def select(name: str | Backend, spec: MaskSpec, device: torch.device, dtype: tor
             raise ValueError(f"backend {name!r} cannot run mask kind {spec.kind!r} on {device.type} "
                              f"with {dtype}" + (f": {why}" if why else ""))
         return b
-    order = (["flash_attn", "sdpa_cuda", "prefix_full[flash_attn]", "prefix_full[sdpa_cuda]",
-              "torch_bf16" if dtype in (torch.bfloat16, torch.float16) else "torch"]
-             if device.type == "cuda" else ["sdpa_cpu", "torch"])
+    order = ([*CUDA_ORDER, "torch_bf16" if dtype in (torch.bfloat16, torch.float16) else "torch"]
+             if device.type == "cuda" else CPU_ORDER)
     for n in order:
         if _REGISTRY[n].supports(spec, device, dtype):
             return _REGISTRY[n]
     raise ValueError(f"no backend for {spec.kind!r} on {device.type} with {dtype}")
 
 
-__all__ = ["NAMES", "Backend", "MaskSpec", "acc_dtype", "check_qkv", "get", "select"]
+__all__ = ["CPU_ORDER", "CUDA_ORDER", "NAMES", "Backend", "MaskSpec", "acc_dtype", "check_qkv", "get", "select"]

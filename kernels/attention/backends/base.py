@@ -33,6 +33,8 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec 
         raise ValueError(f"q, k, v must be [T, heads, D], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.is_floating_point():
+        raise TypeError(f"q, k, v must be floating-point tensors, got {q.dtype}")
     if k.shape != v.shape:
         raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
     if q.shape[-1] != k.shape[-1]:

@@ -35,6 +35,7 @@ import warnings
 import torch
 
 from kernels.attention.backends.base import Backend, acc_dtype
+from kernels.attention.backends.intervals import intervals, ordered, tile_tables
 from kernels.attention.spec import MaskSpec
 
 BLOCK = 128
@@ -55,33 +56,10 @@ def _fa():
     return fa
 
 
-def intervals(spec: MaskSpec, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per query row the visible key rows [lo, hi) (int64 on ``device``; lo == hi: no key)."""
-    lq = spec.cu_q.diff()
-    seg = torch.repeat_interleave(torch.arange(lq.numel()), lq)
-    k0, k1 = spec.cu_k[:-1][seg], spec.cu_k[1:][seg]
-    if spec.kind == "full":
-        lo, hi = k0, k1
-    elif spec.kind == "causal":
-        lo = k0
-        hi = k0 + (torch.arange(spec.num_q) - spec.cu_q[:-1][seg]) + 1
-    else:
-        lo = k0
-        hi = torch.minimum(torch.maximum(spec.key_end.cpu(), k0), k1)
-    return lo.to(device), hi.to(device)
-
-
 def _interval_mask(lo: torch.Tensor, hi: torch.Tensor):
     def mask_mod(b, h, q_idx, kv_idx):
         return (kv_idx >= lo[q_idx]) & (kv_idx < hi[q_idx])
     return mask_mod
-
-
-def _ordered(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[nQ, nK] bool -> (count [1, 1, nQ], block indices [1, 1, nQ, nK], the True ones first)."""
-    num = m.sum(-1, dtype=torch.int32)
-    idx = torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-    return num[None, None], idx[None, None]
 
 
 def block_mask(spec: MaskSpec, device, block: int = BLOCK):
@@ -92,26 +70,12 @@ def block_mask(spec: MaskSpec, device, block: int = BLOCK):
     fa = _fa()
     Tq, Tk = spec.num_q, spec.num_k
     lo, hi = intervals(spec, device)
-    nq, nk = -(-Tq // block), -(-Tk // block)
-    pad = nq * block - Tq
+    pad = -(-Tq // block) * block - Tq
     lo_p = torch.cat([lo, lo.new_zeros(pad)])            # padded rows see nothing (and keep the kernel's
     hi_p = torch.cat([hi, hi.new_zeros(pad)])            # out-of-range q_idx reads in bounds)
-    nonempty = hi_p > lo_p
-    rows = torch.arange(nq * block, device=device) // block
-    first = torch.div(lo_p, block, rounding_mode="floor")
-    last = torch.div(hi_p - 1, block, rounding_mode="floor")
-    diff = torch.zeros(nq, nk + 1, dtype=torch.int32, device=device)
-    one = torch.ones_like(first, dtype=torch.int32)
-    diff.index_put_((rows[nonempty], first[nonempty]), one[nonempty], accumulate=True)
-    diff.index_put_((rows[nonempty], last[nonempty] + 1), -one[nonempty], accumulate=True)
-    touched = diff.cumsum(1)[:, :nk] > 0
-    c0 = torch.arange(nk, device=device) * block
-    full = ((lo_p.view(nq, block).amax(1)[:, None] <= c0[None])
-            & (hi_p.view(nq, block).amin(1)[:, None] >= (c0 + block)[None])
-            & ((c0 + block) <= Tk)[None])
-    partial = touched & ~full
-    kv_num, kv_idx = _ordered(partial)
-    f_num, f_idx = _ordered(full)
+    t = tile_tables([(lo, hi)], Tq, Tk, block, block)
+    kv_num, kv_idx = (x[None, None] for x in ordered(t.partial))
+    f_num, f_idx = (x[None, None] for x in ordered(t.full))
     bm = fa.BlockMask.from_kv_blocks(kv_num, kv_idx, f_num, f_idx, BLOCK_SIZE=block,
                                      mask_mod=_interval_mask(lo_p, hi_p), seq_lengths=(Tq, Tk))
     empty_rows = torch.nonzero(hi <= lo).flatten()

@@ -1,8 +1,9 @@
 """Figure 6: draft-training attention at fixed global lengths (TTT and block-draft), per CP size.
 
-Reads only collected tidy rows of repro.bench.fig6 / repro.bench.gpu_attention ("<kind> <T> cp=<C>"
-with time_s and peak_mem_gb; "<kind> <T>" with speedups/efficiency; "ttt <T> cp=1" branch_overhead_pct;
-"block <T> cp=<C>" kernel counts) and the paper's numbers. Writes fig6.pdf/.png (TTT time, block-draft
+Reads only collected tidy rows of repro.bench.fig6 ("<kind> <T> cp=<C>" with time_s and peak_mem_gb for the
+kinds ttt, trunk, sdpa_cudnn, block and the other block routes block_*; the same rows with the same-run ratios
+branch_overhead_pct (ttt), speedup_vs_sdpa_cudnn (trunk), speedup_vs_block (block_*); "<kind> <T>" with CP
+speedups/efficiency; "<block route> cp=<C>" max_time_s) and the paper's numbers. Writes fig6.pdf/.png (TTT time, block-draft
 time, TTT peak memory vs tokens; paper values hollow/dashed, labelled with the paper's hardware) and
 fig6.csv/.md (every measured row beside the paper's value where it has one).
 
@@ -20,10 +21,11 @@ import pandas as pd
 from repro.report.style import measured_label, paper_label, paper_style, save_figure
 from repro.report.tables import MEASURED_VS_PAPER_COLUMNS, measured_vs_paper, write_table
 
-ROW = re.compile(r"^(?P<kind>[a-z_]+) (?P<tok>\d+)(?P<k>K?) cp=(?P<cp>\d+)$")
+ROW = re.compile(r"^(?P<kind>[a-z_][a-z0-9_]*) (?P<tok>\d+)(?P<k>K?) cp=(?P<cp>\d+)$")
 TABLE_METRICS = ("time_s", "cpu_critical_s", "peak_mem_gb", "inputs_gb", "tflops", "branch_overhead_pct", "parallel_efficiency_pct",
                  "max_time_s", "cuda_kernels", "busy_fraction")
-KIND_STYLE = {"ttt": "-", "trunk": "--", "sdpa": ":", "sdpa_cudnn": ":", "sdpa_default": ":", "block": "-"}
+KIND_STYLE = {"ttt": "-", "trunk": "--", "sdpa_cudnn": ":", "block": "-", "block_flash4": "--",
+              "block_flash4_rep": "-.", "block_fused": ":"}
 
 
 def _latest(tidy: pd.DataFrame) -> pd.DataFrame:
@@ -79,7 +81,7 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
         tcol = "cpu_critical_s" if label == "cpu-emulated" and "cpu_critical_s" in g else "time_s"
         if tcol not in g or g[tcol].isna().all():
             continue
-        ax = ax_b if kind == "block" else ax_t
+        ax = ax_b if kind.startswith("block") else ax_t
         ax.plot(g["tokens"], g[tcol], linestyle=KIND_STYLE.get(kind, "-"), marker="o", markersize=3,
                 label=f"{kind} cp={cp} — {measured_label(hw, label)}")
         if kind == "ttt" and "peak_mem_gb" in g:
@@ -106,10 +108,12 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.legend(fontsize=4.5, loc="best")
     fig.suptitle("Figure 6: draft-training attention at fixed global length", fontsize=8)
     paths = save_figure(fig, out_dir / "fig6")
-    notes = [("TTT: EAGLE-3, 3 passes, one document, fwd+bwd; trunk: the same passes without the branch keys, "
-             "same run; sdpa: one causal pass through torch SDPA (the floor per pass). Block: 64 anchors x 16 "
-             "slots. Qwen3-8B draft attention shape (32/8 heads, dim 128, bf16) on GPUs; CPU runs are "
-             "cpu-emulated with scaled lengths and small heads (compare ratios only)."),
+    notes = [("TTT: EAGLE-3, 3 passes, one document, fwd+bwd; trunk: the same passes without the branch keys; "
+             "sdpa_cudnn: the same passes through SDPA's cuDNN kernel; all in the same run. Block: 64 anchors x 16 "
+             "slots; block is the suite's route before flash-attn-4, block_flash4 / block_flash4_rep / block_fused "
+             "the flash-attn-4 routes (masked call, replicated segments, one call for context and block), timed "
+             "in the same run (speedup_vs_block). Qwen3-8B draft attention shape (32/8 heads, dim 128, bf16) on "
+             "GPUs; CPU runs are cpu-emulated with scaled lengths and small heads (compare ratios only)."),
              "Peak memory includes the inputs; gradients are consumed as they arrive (freed after accumulation).",
              "CPU runs plot and compare the critical path (cpu_critical_s: largest per-rank CPU time per step)."]
     paths += write_table(summary_table(tidy, paper), out_dir / "fig6",
