@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import json
 import os
 import sys
 import time
@@ -49,30 +50,21 @@ from kernels.attention.selfcheck import (
 )
 from kernels.attention.spec import MaskSpec
 from repro.core.io import write_json_atomic
+from repro.core.profile import available_profiles, load_profile_model
 from repro.core.provenance import provenance
 
-SETTINGS = {  # per profile; ``settings`` reads them
-    "cpu-tiny": {"device": "cpu", "dtype": "float32", "backends": ["torch", "sdpa_cpu"], "require": [],
-                 "heads": 4, "kv_heads": 2, "head_dim": 16, "lengths": [1, 5, 37, 64, 65, 130], "block": 4,
-                 "padded": {"rows": 2, "blocks": 3, "block": 4, "lengths": [5, 33], "modes": ["default", "math"]},
-                 "ring_world": [1, 2]},
-    # flex is left out by default (a Triton compile per shape: minutes of device time); add it with --backends
-    "h200": {"device": "cuda", "dtype": "bfloat16", "backends": ["flash4", "cudnn", "sdpa_cuda", "flash_attn"],
-             "require": ["flash4"], "heads": 32, "kv_heads": 8, "head_dim": 128,
-             "lengths": [1, 5, 37, 127, 128, 129, 300, 777], "block": 16,
-             "padded": {"rows": 4, "blocks": 6, "block": 16, "lengths": [40, 47, 63, 64, 65, 71, 200],
-                        "modes": ["default", "deterministic", "math"]},
-             "ring_world": [1, 2]},
-}
 TOL = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3, "bfloat16": 2e-2}
 PADDED_GRADS = ("q", "k", "v", "ctx_k", "ctx_v")
 
 
 def settings(profile: str) -> dict:
-    """The check's settings for ``profile`` (to move into the profile's attention_check section)."""
-    if profile not in SETTINGS:
-        raise SystemExit(f"--profile {profile!r} has no attention_check settings; expected one of {sorted(SETTINGS)}")
-    return dict(SETTINGS[profile])
+    """The profile's attention_check section (a name, or a path to a profile .yaml file), as a dict."""
+    section = getattr(load_profile_model(profile), "attention_check")
+    if section is None:
+        raise SystemExit(f"profile {profile!r} has no attention_check: section (experiments/profiles/); profiles with "
+                         "one: " + ", ".join(p for p in available_profiles()
+                                               if getattr(load_profile_model(p), "attention_check") is not None))
+    return json.loads(section.model_dump_json())
 
 
 # -- errors -----------------------------------------------------------------------------------------------
@@ -357,7 +349,7 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", required=True, help=f"one of {sorted(SETTINGS)}")
+    ap.add_argument("--profile", required=True, help="profile name, or a path to a profile .yaml file")
     ap.add_argument("--out", type=Path, required=True, help="folder for attention_check.json")
     ap.add_argument("--paths", default=None, help="comma list of paths to run (default all): kernel,trunk,ttt2,"
                                                   "ttt3,block,padded,ring")

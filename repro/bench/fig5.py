@@ -38,6 +38,7 @@ at scale 4 the same code measured 3.14x (`results/cpu-2c/cpu-tiny/fig5/`, sessio
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -50,26 +51,23 @@ from kernels.attention import eagle3_ttt_attention, make_layout
 from kernels.attention.ring import RingStats
 from kernels.attention.usp import UspBatch, make_usp_groups, usp_eagle3_ttt_attention, usp_splits
 from kernels.launch import spawn
+from repro.core.profile import available_profiles, load_profile_model
 from repro.core.provenance import hardware
 from repro.core.timing import BenchRun, PeakMemory, summarize, time_samples
 
 LONGEST = 20480
 FRACTIONS = (1.0, 0.70, 0.52, 0.42, 0.32, 0.25, 0.20, 0.145)     # mean 0.444 -> 2.25x padding
-DEFAULTS = {  # per profile (``settings`` reads them): scale divides the lengths; heads keep Qwen3-8B's 4:1 GQA ratio
-    "cpu-tiny": {"scale": 4, "heads": 16, "kv_heads": 4, "head_dim": 32, "dtype": "float32", "cp": [2, 4],
-                 "repeats": 3, "warmup": 1, "backend": "auto"},
-    # one H200: CP=1, the packed zigzag path against SpecForge's padded batch (USP at C=1), same kernels
-    "h200": {"scale": 1, "heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bfloat16", "cp": [1],
-             "repeats": 5, "warmup": 2, "backend": "auto"},
-}
 WARMUP_SCALE = 256      # the untimed warm-up step before the memory window: longest 80 tokens
 
 
 def settings(profile: str) -> dict:
-    """Figure 5's settings for ``profile`` (to move into the profile's fig5 section)."""
-    if profile not in DEFAULTS:
-        raise SystemExit(f"--profile {profile!r} has no fig5 settings; expected one of {sorted(DEFAULTS)}")
-    return dict(DEFAULTS[profile])
+    """The profile's fig5 section (a name, or a path to a profile .yaml file), as a dict."""
+    section = getattr(load_profile_model(profile), "fig5")
+    if section is None:
+        raise SystemExit(f"profile {profile!r} has no fig5: section (experiments/profiles/); profiles with "
+                         "one: " + ", ".join(p for p in available_profiles()
+                                               if getattr(load_profile_model(p), "fig5") is not None))
+    return json.loads(section.model_dump_json())
 
 
 def workload(scale: int) -> list[int]:
@@ -230,7 +228,7 @@ def run_cp(cfgs: list[dict], C: int, timeout_s: float) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Figure 5: packed zigzag CP vs best USP (EAGLE-3 TTT, 3 passes).")
-    ap.add_argument("--profile", default="cpu-tiny", choices=sorted(DEFAULTS), help="hardware profile")
+    ap.add_argument("--profile", default="cpu-tiny", help="profile name, or a path to a profile .yaml file")
     ap.add_argument("--out", type=Path, default=None, help="run folder (default results/<hw>/<profile>/fig5)")
     ap.add_argument("--cp", default=None, help="comma list of CP sizes (default: the profile's)")
     ap.add_argument("--scale", type=int, default=None, help="divide the workload's lengths by this")
@@ -244,7 +242,7 @@ def main(argv=None) -> int:
         if getattr(args, key) is not None:
             d[key] = getattr(args, key)
     cps = [int(c) for c in args.cp.split(",")] if args.cp else d["cp"]
-    device = "cuda" if args.profile != "cpu-tiny" else "cpu"
+    device = load_profile_model(args.profile).hardware.device
     if min(cps) < 1:
         raise SystemExit(f"--cp {cps} is invalid: expected CP sizes >= 1")
     if device == "cuda" and torch.cuda.device_count() < max(cps):
@@ -253,7 +251,7 @@ def main(argv=None) -> int:
     if device == "cuda":
         os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")   # flash-attn-4: compile once
     lengths = workload(d["scale"])
-    out = args.out or Path("results") / hardware()["tag"] / args.profile / "fig5"
+    out = args.out or Path("results") / hardware()["tag"] / load_profile_model(args.profile).name / "fig5"
     base = {"usp_ring": "sequential", "heads": d["heads"], "kv_heads": d["kv_heads"], "head_dim": d["head_dim"],
             "dtype": d["dtype"],
             "passes": args.passes, "lengths": lengths, "device": device, "backend": d["backend"],
@@ -262,7 +260,7 @@ def main(argv=None) -> int:
               "memory_warmup_scale": WARMUP_SCALE,
               "fractions": list(FRACTIONS)}
     pooled_speedup, pooled_mem, pad = [], [], None
-    with BenchRun(out, artifact="fig5", profile=args.profile, config=config) as bench:
+    with BenchRun(out, artifact="fig5", profile=load_profile_model(args.profile).name, config=config) as bench:
         for C in cps:
             methods = [("zigzag", None, None)] + [(("usp" if ring == "sequential" else "usp-zigzag"), (U, R), ring)
                                                    for U, R in usp_splits(C, d["heads"], d["kv_heads"])

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import sys
 from pathlib import Path
@@ -46,29 +47,21 @@ from kernels.attention import (
 from kernels.attention.spec import MaskSpec
 from kernels.launch import spawn
 from repro.bench.fig5 import consumed_leaf, critical_path, timed_samples
+from repro.core.profile import available_profiles, load_profile_model
 from repro.core.provenance import hardware
 from repro.core.timing import BenchRun, PeakMemory, summarize
 
-DEFAULTS = {  # per profile; ``settings`` reads them
-    "cpu-tiny": {"tokens": [1024, 2048, 4096], "cp": [1, 2, 4], "heads": 8, "kv_heads": 2, "head_dim": 32,
-                 "dtype": "float32", "anchors": 64, "block": 16, "passes": 3, "repeats": 3, "warmup": 1,
-                 "backend": "auto", "kinds": ["ttt", "trunk", "block"], "block_routes": {"block": "auto"}},
-    "h200": {"tokens": [16384, 32768, 65536, 131072, 262144], "cp": [1], "heads": 32, "kv_heads": 8,
-             "head_dim": 128, "dtype": "bfloat16", "anchors": 64, "block": 16, "passes": 3, "repeats": 3,
-             "warmup": 1, "backend": "auto", "kinds": ["ttt", "trunk", "sdpa_cudnn", "block"],
-             "block_routes": {"block": "prefix_full[sdpa_cuda]", "block_flash4": "flash4",
-                              "block_flash4_rep": "prefix_full[flash4]", "block_fused": "fused"}},
-}
 KINDS = ("ttt", "trunk", "sdpa_cudnn", "block")
 
 
 def settings(profile: str) -> dict:
-    """Figure 6's settings for ``profile`` (to move into the profile's fig6 section)."""
-    if profile not in DEFAULTS:
-        raise SystemExit(f"--profile {profile!r} has no fig6 settings; expected one of {sorted(DEFAULTS)}")
-    d = dict(DEFAULTS[profile])
-    d["block_routes"] = dict(d["block_routes"])
-    return d
+    """The profile's fig6 section (a name, or a path to a profile .yaml file), as a dict."""
+    section = getattr(load_profile_model(profile), "fig6")
+    if section is None:
+        raise SystemExit(f"profile {profile!r} has no fig6: section (experiments/profiles/); profiles with "
+                         "one: " + ", ".join(p for p in available_profiles()
+                                               if getattr(load_profile_model(p), "fig6") is not None))
+    return json.loads(section.model_dump_json())
 
 
 def tag(T: int) -> str:
@@ -193,7 +186,7 @@ def run_row(cfg: dict, C: int, timeout_s: float) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Figure 6: TTT and block-draft attention across CP sizes.")
-    ap.add_argument("--profile", default="cpu-tiny", choices=sorted(DEFAULTS))
+    ap.add_argument("--profile", default="cpu-tiny", help="profile name, or a path to a profile .yaml file")
     ap.add_argument("--out", type=Path, default=None, help="run folder (default results/<hw>/<profile>/fig6)")
     ap.add_argument("--cp", default=None, help="comma list of CP sizes (include 1 for the efficiencies)")
     ap.add_argument("--tokens", default=None, help="comma list of global lengths")
@@ -215,17 +208,17 @@ def main(argv=None) -> int:
     if min(cps) < 1 or min(sizes) < 2 * d["block"] or d["passes"] < 1:
         raise SystemExit(f"--cp {cps} / --tokens {sizes} / --passes {d['passes']} invalid: expected CP sizes >= 1, "
                          f"lengths >= {2 * d['block']} and at least one pass")
-    device = "cpu" if args.profile == "cpu-tiny" else "cuda"
+    device = load_profile_model(args.profile).hardware.device
     if device == "cuda" and torch.cuda.device_count() < max(cps):
         raise SystemExit(f"CP={max(cps)} needs {max(cps)} GPUs, found {torch.cuda.device_count()}")
     if device == "cuda":
         os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")   # flash-attn-4: compile once
-    out = args.out or Path("results") / hardware()["tag"] / args.profile / "fig6"
+    out = args.out or Path("results") / hardware()["tag"] / load_profile_model(args.profile).name / "fig6"
     config = {**{k: d[k] for k in ("heads", "kv_heads", "head_dim", "dtype", "anchors", "block", "repeats",
                                    "warmup", "passes", "backend", "block_routes")},
               "cp": cps, "tokens": sizes, "kinds": kinds, "device": device, "documents": 1}
     emulated = device == "cpu"                  # CPU-time critical path on CPUs (see fig5)
-    with BenchRun(out, artifact="fig6", profile=args.profile, config=config) as bench:
+    with BenchRun(out, artifact="fig6", profile=load_profile_model(args.profile).name, config=config) as bench:
         for T in sizes:
             times: dict = {}
             rows = [(k, None) for k in kinds if k != "block"]

@@ -169,6 +169,7 @@ class Fig5(Section):
     cp: list[PosInt]
     repeats: PosInt
     warmup: NonNegInt
+    backend: StrictStr = "auto"            # the kernels.attention backend of both methods
 
 
 class Fig6(Section):
@@ -183,6 +184,33 @@ class Fig6(Section):
     block: PosInt
     repeats: PosInt
     warmup: NonNegInt
+    passes: PosInt = 3                     # TTT passes
+    backend: StrictStr = "auto"            # the backend of the ttt and trunk rows
+    kinds: list[Literal["ttt", "trunk", "sdpa_cudnn", "block"]] = ["ttt", "trunk", "block"]
+    block_routes: dict[str, StrictStr] = {"block": "auto"}   # label -> backend of the block-draft rows, timed together
+
+
+class PaddedCheck(Section):
+    rows: PosInt
+    blocks: PosInt
+    block: PosInt
+    lengths: list[PosInt]
+    modes: list[Literal["default", "deterministic", "math"]]
+
+
+class AttentionCheck(Section):
+    """Every attention path against the fp64 reference before fig5/fig6 (repro.bench.attention_check)."""
+    device: Literal["cpu", "cuda"]
+    dtype: DType
+    backends: list[StrictStr]
+    require: list[StrictStr] = []          # backends whose absence fails the check
+    heads: PosInt
+    kv_heads: PosInt
+    head_dim: PosInt
+    lengths: list[PosInt]
+    block: PosInt
+    padded: PaddedCheck
+    ring_world: list[PosInt] = [1, 2]
 
 
 class Fig7(Section):
@@ -284,6 +312,7 @@ class Profile(Section):
     fig6: Fig6 | None = None
     fig7: Fig7 | None = None
     decode: Decode | None = None
+    attention_check: AttentionCheck | None = None
     nemo_rl: NemoRL | None = None
 
     def rl_artifact(self, artifact: str) -> RLArtifact | None:

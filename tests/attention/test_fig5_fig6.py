@@ -28,8 +28,11 @@ def test_fig5_runs_at_cp1_packed_against_the_padded_batch(tmp_path):
     assert m["usp_pad_factor"] > 2 and m["speedup_vs_best_usp"] > 0 and m["peak_mem_ratio_usp_over_zigzag"] > 0
     assert rec["zigzag cp=1"]["metrics"]["ring_bytes_fwd"] == 0
     assert fig5.settings("h200")["cp"] == [1]
-    with pytest.raises(SystemExit):
+    from repro.core.profile import ProfileError
+    with pytest.raises(ProfileError, match="unknown profile 'nonsense'"):
         fig5.settings("nonsense")
+    with pytest.raises(SystemExit, match="has no fig5: section"):
+        fig5.settings("paper-h100")
 
 
 def test_fig6_records_rows_and_same_run_ratios(tmp_path):

@@ -44,6 +44,8 @@ SECTIONS = [
     ("cpu-tiny", "fig6", "tokens", 1024),
     ("cpu-tiny", "fig7", "hidden", "big"),
     ("cpu-tiny", "decode", "batch_sizes", "1"),
+    ("cpu-tiny", "attention_check", "backends", "torch"),
+    ("cpu-tiny", "attention_check/padded", "modes", ["fast"]),
     ("paper-h100", "nemo_rl", "gpus_per_node", "8"),
     ("paper-h100", "nemo_rl/models/Qwen3-8B", "nodes", "one"),
 ]
