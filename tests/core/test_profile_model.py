@@ -45,7 +45,7 @@ SECTIONS = [
     ("cpu-tiny", "fig7", "hidden", "big"),
     ("cpu-tiny", "decode", "batch_sizes", "1"),
     ("cpu-tiny", "attention_check", "backends", "torch"),
-    ("cpu-tiny", "attention_check/padded", "modes", ["fast"]),
+    ("cpu-tiny", "attention_check/padded", "rows", "two"),
     ("paper-h100", "nemo_rl", "gpus_per_node", "8"),
     ("paper-h100", "nemo_rl/models/Qwen3-8B", "nodes", "one"),
 ]
