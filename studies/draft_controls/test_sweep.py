@@ -35,7 +35,7 @@ def test_derived_profile_sets_only_the_key_and_steps(key, value):
     (["--rows", "DFlash", "--values", "0,-1"], "numbers >= 0"),
     (["--rows", "DFlash", "--values", "0,x"], "comma-separated numbers"),
     (["--rows", "DFlash", "--warm-start", "/nonexistent/sft"], "is not a folder"),
-    (["--rows", "DFlash", "--key", "lr", "--values", "1e-3,0"], "draft.lr=0 is invalid"),
+    (["--rows", "DFlash", "--key", "lr", "--values", "1e-3,0"], "drafts.eagle3.lr=0.0 is invalid"),
 ])
 def test_bad_arguments_exit_2_naming_the_value(tmp_path, capsys, argv, message):
     assert main(argv + ["--out", str(tmp_path)]) == 2

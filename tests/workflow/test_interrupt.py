@@ -73,12 +73,26 @@ def test_killed_anywhere_the_same_command_finishes_the_work(tmp_path):
     assert first.returncode == 0, first.stderr[-2000:]
     envcheck = wd.runs / "envcheck" / "bench.json"
     before = digest(envcheck)
-    dflash = wd.runs / "table1" / "qwen3-8b_dflash"
-    base = wd.runs / "table1" / "qwen3-8b_no_draft"
+    table = wd.runs / "table1"
+    killed_mid_run = []
+
+    def running(min_rows: int, max_rows: int | None = None):
+        """A run folder whose run is going (env.json finished: false) with this many rows logged, or None."""
+        for env in table.glob("*/env.json"):
+            try:
+                going = json.loads(env.read_text())["finished"] is False
+            except (ValueError, KeyError):
+                continue
+            rows = rows_logged(env.parent)
+            if going and rows >= min_rows and (max_rows is None or rows <= max_rows):
+                return env.parent
+        return None
+
     # 1. a run just started: env.json written, W&B starting, nothing logged yet
-    assert kill_when(wd, lambda: (base / "env.json").is_file() and rows_logged(base) == 0)
-    # 2. the drafted run mid-way, between checkpoints (ckpt_every 1: steps 0-1 are checkpointed)
-    assert kill_when(wd, lambda: rows_logged(dflash) >= 2)
+    assert kill_when(wd, lambda: running(0, 0) is not None)
+    # 2. a run mid-way, between checkpoints (ckpt_every 1: its first steps are checkpointed)
+    assert kill_when(wd, lambda: bool(killed_mid_run.append(running(2)) or killed_mid_run[-1]))
+    killed_mid_run = killed_mid_run[-1]
     sft = wd.runs / "sft" / "dense-math" / "policy.pt"
     sft_digest = digest(sft)
     # 3. while the table is written: the collected table exists, the report is being built
@@ -87,12 +101,12 @@ def test_killed_anywhere_the_same_command_finishes_the_work(tmp_path):
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
 
     assert digest(envcheck) == before and digest(sft) == sft_digest, "an earlier good result was redone or lost"
-    for run in (base, dflash):
+    for run in (table / "qwen3-8b_no_draft", table / "qwen3-8b_dflash"):
         assert steps_of(run) == [0, 1, 2, 3], f"{run.name}: every step exactly once"
-        env = json.loads((run / "env.json").read_text())
-        assert env["finished"] is True
-    assert json.loads((dflash / "env.json").read_text())["resumes"], "the drafted run resumed from its checkpoint"
-    assert json.loads((dflash / "run.json").read_text())["resumed_at"] >= 1
+        assert json.loads((run / "env.json").read_text())["finished"] is True
+    resumed = json.loads((killed_mid_run / "env.json").read_text())["resumes"]
+    assert resumed and resumed[0]["at_step"] >= 1, f"{killed_mid_run.name} resumed from its checkpoint"
+    assert json.loads((killed_mid_run / "run.json").read_text())["resumed_at"] >= 1
     got = deterministic(wd.path / "results" / "tidy" / "tiny-test" / "table1.csv")
     want = deterministic(ref.path / "results" / "tidy" / "tiny-test" / "table1.csv")
     pd.testing.assert_frame_equal(got, want)
@@ -109,4 +123,4 @@ def test_a_broken_run_folder_is_named_and_the_rest_collected(workdir):
     text = out.stdout + out.stderr
     assert out.returncode != 0 and str(broken.relative_to(workdir.path)) in text and "not valid JSON" in text
     tidy = pd.read_csv(workdir.path / "results" / "tidy" / "metrics.csv", keep_default_na=False)
-    assert set(tidy["artifact"]) >= {"table1", "envcheck"}      # everything else was written and kept
+    assert "table1" in set(tidy["artifact"])      # everything readable was written and kept
