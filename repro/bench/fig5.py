@@ -28,8 +28,7 @@ local call per pass and USP at U = R = 1 is SpecForge's padded batch through the
 the ratio is packing against padding.
 CPU results are cpu-emulated: compare the ratios, not the times. cpu-tiny uses scale 4 (longest 5,120
 tokens; 12-14 minutes on 2 cores): at scale 8 (2,560 tokens) a CP=4 zigzag rank's chunks are 47-320 tokens,
-small for the fused CPU kernel, and per-call overheads pulled the CP=4 ratio to 2.2-2.5x over four runs;
-at scale 4 the same code measured 3.14x (`results/cpu-2c/cpu-tiny/fig5/`, session 4).
+small for the fused CPU kernel, and per-call overheads dominate the CP=4 ratio.
 
     python -m repro.bench.fig5 --profile cpu-tiny              # -> results/<hw>/cpu-tiny/fig5/
     python -m repro.bench.fig5 --profile h200                  # CP=1 on one GPU -> results/<hw>/h200/fig5/

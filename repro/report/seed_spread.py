@@ -7,7 +7,7 @@ run's prompts, held-out split and SFT warm start; only the random numbers of its
 update's draft anchors) come from seed k. That is exactly how a co-trained row differs from its
 baseline: speculative sampling is lossless, but it draws its own random numbers. So the band is the
 spread the null hypothesis ("co-training does not change the policy's learning") predicts.
-Replicas of the whole seed (``<row folder>_seed<k>``: other prompts too, the only kind before session 7)
+Replicas of the whole seed (``<row folder>_seed<k>``: other prompts too, an older kind of replica)
 are still read; they are banded only where no sampling replicas exist, and the table says which kind it
 used. Replicas log under the baseline's row label, so in the collected tidy table they are recognised
 by their run folder name (``replica_of_run``); the run without a suffix is the row's main run.
@@ -252,7 +252,7 @@ def self_check_table(steps: pd.DataFrame) -> pd.DataFrame:
 NOTES = [f"Seed band: per step, mean +- {K_SD:g} sd (ddof=1) over the baseline row's runs (main run + "
          "baseline_seeds replicas; column 'replicas': sampling seeds keep the main run's prompts, held-out split "
          "and SFT warm start and change only the random numbers of sampling, as co-training does; whole seeds, "
-         "the replicas run before session 7, also draw other prompts, so a row sharing the main run's prompts "
+         "an older kind of replica, also draw other prompts, so a row sharing the main run's prompts "
          "sits where those prompts put it) "
          f"of the curve smoothed by a trailing mean over {SMOOTH['train/reward']} logged steps for reward and "
          f"{SMOOTH['val/accuracy']} for validation accuracy (the figure's reward panel shows the same smoothing). "

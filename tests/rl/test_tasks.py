@@ -40,8 +40,8 @@ def test_heldout_split_is_fixed_and_never_drawn_for_training():
 
 def test_every_seed_validates_on_the_same_heldout_split_and_never_trains_on_it():
     """A baseline's seed replicas are judged against seed-0 rows on validation accuracy: the held-out split must
-    not move with the seed (it did until session 7, so replicas were validated on other problems, some of which
-    the seed-0 SFT warm start had trained on). Seed 0's problems are pinned: the committed seed-0 runs stay valid."""
+    not move with the seed (else replicas would be validated on other problems, some of which the seed-0 SFT
+    warm start trained on). Seed 0's problems are pinned: the committed seed-0 runs stay valid."""
     import hashlib
 
     def digest(xs):
