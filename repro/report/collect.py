@@ -37,9 +37,9 @@ import pandas as pd
 
 from repro.core.io import write_atomic
 from repro.core.metrics import ENV, SIDECAR, read_sidecar
+from repro.core.wandb_reader import WandbLogError, find_wandb_logs, read_wandb_log
 from repro.nemo_rl.metrics import ENGINE as NEMO_RL_ENGINE
 from repro.nemo_rl.metrics import nemo_rl_mapper
-from repro.core.wandb_reader import WandbLogError, find_wandb_logs, read_wandb_log
 
 TIDY_COLUMNS = ["artifact", "profile", "hardware", "hardware_label", "run", "engine", "row", "step",
                 "metric", "value"]

@@ -41,7 +41,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-
 REPLICA_SUFFIX = re.compile(r"_(seed|sampling)(\d+)$")
 SAMPLING, FULL = "sampling", "seed"       # replica kinds, as their folder suffixes spell them
 SMOOTH = {"train/reward": 4, "val/accuracy": 1}

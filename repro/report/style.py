@@ -41,6 +41,30 @@ def paper_style(kind: str = "marker") -> dict[str, Any]:
     raise ValueError(f"paper_style kind {kind!r}: expected 'marker' or 'line'")
 
 
+def legend_below(ax, **kw) -> None:
+    """The axes' legend under it, outside the data (the figure's constrained layout makes room)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, fontsize=kw.pop("fontsize", 5), loc="upper center", bbox_to_anchor=(0.5, -0.22),
+                  frameon=False, **kw)
+
+
+def log_ticks_at(ax, values, axis: str = "x", fmt=lambda v: f"{v:g}") -> None:
+    """Label a log axis at the values drawn, so a range shorter than a decade still shows numbers."""
+    import matplotlib.ticker as mticker
+    vals = sorted({float(v) for v in values if v and v > 0})
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_locator(mticker.FixedLocator(vals))
+    target.set_major_formatter(mticker.FixedFormatter([fmt(v) for v in vals]))
+    target.set_minor_formatter(mticker.NullFormatter())
+
+
+def include_points(ax, xs, ys) -> None:
+    """Widen the axes' limits so that every (x, y) drawn, the paper's points included, lies inside them."""
+    ax.update_datalim(list(zip(xs, ys)))
+    ax.autoscale_view()
+
+
 def paper_label(hardware: str) -> str:
     return f"paper ({hardware})"
 

@@ -17,7 +17,13 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from repro.report.style import measured_label, paper_label, paper_style, save_figure
+from repro.report.style import (
+    legend_below,
+    measured_label,
+    paper_label,
+    paper_style,
+    save_figure,
+)
 from repro.report.tables import MEASURED_VS_PAPER_COLUMNS, measured_vs_paper, write_table
 
 METHOD = re.compile(r"^(?:(?P<zig>zigzag)|(?P<usp>usp(?:-zigzag)?) U=(?P<U>\d+) R=(?P<R>\d+)) cp=(?P<cp>\d+)$")
@@ -59,7 +65,7 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     m = method_rows(tidy)
     if m.empty:
         raise ValueError("no fig5 rows ('zigzag cp=<C>' / 'usp U=.. R=.. cp=<C>') in the tidy table")
-    fig, (ax_t, ax_s, ax_m) = plt.subplots(1, 3, figsize=(7.2, 2.6))
+    fig, (ax_t, ax_s, ax_m) = plt.subplots(1, 3, figsize=(7.2, 3.0), layout="constrained")
     for (hw, label), g in m.groupby(["hardware", "hardware_label"]):
         # CPU runs compare the critical path (largest per-rank CPU time), as the benchmark does.
         tcol = "cpu_critical_s" if label == "cpu-emulated" and "cpu_critical_s" in g else "time_s"
@@ -90,7 +96,7 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.set_xscale("log", base=2)
         ax.set_xticks(cps, [str(c) for c in cps])
         ax.xaxis.set_minor_locator(plt.NullLocator())
-        ax.legend(fontsize=4.5, loc="best")
+        legend_below(ax, fontsize=4.5)
     fig.suptitle("Figure 5: packed zigzag CP vs best USP (EAGLE-3 TTT, 3 passes)", fontsize=8)
     paths = save_figure(fig, out_dir / "fig5")
     notes = [("Both methods measured in the same run: peak memory per rank in a fresh process group each (after an "

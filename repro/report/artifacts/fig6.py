@@ -18,7 +18,13 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from repro.report.style import measured_label, paper_label, paper_style, save_figure
+from repro.report.style import (
+    legend_below,
+    measured_label,
+    paper_label,
+    paper_style,
+    save_figure,
+)
 from repro.report.tables import MEASURED_VS_PAPER_COLUMNS, measured_vs_paper, write_table
 
 ROW = re.compile(r"^(?P<kind>[a-z_][a-z0-9_]*) (?P<tok>\d+)(?P<k>K?) cp=(?P<cp>\d+)$")
@@ -74,7 +80,7 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     cfg = config_rows(tidy)
     if cfg.empty:
         raise ValueError("no fig6 rows ('<kind> <tokens> cp=<C>') in the tidy table")
-    fig, (ax_t, ax_b, ax_m) = plt.subplots(1, 3, figsize=(7.2, 2.6))
+    fig, (ax_t, ax_b, ax_m) = plt.subplots(1, 3, figsize=(7.2, 3.0), layout="constrained")
     for (hw, label, kind, cp), g in cfg.groupby(["hardware", "hardware_label", "kind", "cp"]):
         g = g.sort_values("tokens")
         # CPU runs: the critical path (largest per-rank CPU time), the basis of their speedups.
@@ -105,7 +111,7 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     for ax in (ax_t, ax_b, ax_m):
         ax.set_xticks(ticks, [_tok_label(t) for t in ticks])
         ax.xaxis.set_minor_locator(plt.NullLocator())
-        ax.legend(fontsize=4.5, loc="best")
+        legend_below(ax, fontsize=4.5)
     fig.suptitle("Figure 6: draft-training attention at fixed global length", fontsize=8)
     paths = save_figure(fig, out_dir / "fig6")
     notes = [("TTT: EAGLE-3, 3 passes, one document, fwd+bwd; trunk: the same passes without the branch keys; "

@@ -16,9 +16,15 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
-from matplotlib.ticker import NullFormatter
 
-from repro.report.style import measured_label, paper_label, paper_style, save_figure
+from repro.report.style import (
+    legend_below,
+    log_ticks_at,
+    measured_label,
+    paper_label,
+    paper_style,
+    save_figure,
+)
 from repro.report.tables import write_table
 
 ROW = re.compile(r"^pp=(?P<pp>\d+)/(?P<layout>[a-z0-9]+)/T=(?P<tokens>\d+)(?:/(?P<transport>[a-z_]+))?$")
@@ -72,7 +78,7 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     cfg = config_rows(tidy)
     if cfg.empty:
         raise ValueError("no fig7 rows (pp=<n>/<layout>/T=<T>[/<transport>]) in the tidy table")
-    fig, (ax_t, ax_s, ax_d) = plt.subplots(1, 3, figsize=(7.2, 2.6))
+    fig, (ax_t, ax_s, ax_d) = plt.subplots(1, 3, figsize=(7.2, 3.0), layout="constrained")
     singles = cfg[cfg["transport"].notna() & (cfg["transport"] != "")]
     hws = sorted({measured_label(hw, label) for hw, label in zip(cfg["hardware"], cfg["hardware_label"])})
     for (hw, label, layout, transport), g in singles.groupby(["hardware", "hardware_label", "layout", "transport"]):
@@ -109,9 +115,9 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     ax_d.set_ylabel("compute slowdown (%)")
     ax_d.axhline(0, color="0.6", linewidth=0.5)
     for ax in (ax_t, ax_s):
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        log_ticks_at(ax, cfg["message_mb"])
     for ax in (ax_t, ax_s, ax_d):
-        ax.legend(fontsize=5, loc="upper center", bbox_to_anchor=(0.5, -0.28), frameon=False)
+        legend_below(ax)
     fig.suptitle("Figure 7: PP fan-in, TapChannel vs host staging — " + "; ".join(hws), fontsize=7)
     paths = save_figure(fig, out_dir / "fig7")
     notes = [("Medians over tap layouts (EAGLE-3 [emb,1,17,32], DFlash/DSpark [1,9,17,25,33] of a Qwen3-8B-shaped "
