@@ -296,3 +296,13 @@ def spec_error(exc: ValidationError) -> str:
         parts.append(f"{where}: {what}" + ("" if err["type"].startswith(("unexpected", "extra")) else
                                            f" (got {err.get('input')!r})"))
     return "; ".join(parts)
+
+
+def require_device(device: str, profile: str) -> None:
+    """Refuse, before anything is written, a run whose profile needs a device this machine does not have."""
+    if device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            raise ConfigError(f"profile {profile!r} runs on {device!r}, but this machine has no CUDA device "
+                              "(torch.cuda.is_available() is False): run it on a GPU machine, or choose a CPU profile "
+                              "such as cpu-tiny")

@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 
 from repro.core.io import write_json_atomic
+from repro.core.layout import run_dir_name
 from repro.core.profile import ProfileError
 from repro.core.specs import ARTIFACTS, ConfigError
 from repro.rl.config import ENGINES
 from repro.rl.run import RESTART_HELP, build_row, row_logger, run_probes, write_run_record
-from repro.core.layout import run_dir_name
 
 
 def rotated(items: list, k: int) -> list:

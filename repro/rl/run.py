@@ -27,7 +27,7 @@ import torch
 from repro.core.io import write_json_atomic
 from repro.core.metrics import MetricsLogger
 from repro.core.profile import ProfileError
-from repro.core.specs import ARTIFACTS, ConfigError
+from repro.core.specs import ARTIFACTS, ConfigError, require_device
 from repro.rl.config import ENGINES, check_engine, load_run_profile, run_config_from_profile
 from repro.rl.hf_tokenizer import tokenizer_for_run
 from repro.rl.trainer import CoTrainer
@@ -45,6 +45,7 @@ def build_row(profile: str, artifact: str, row: str, *, out: str, seed: int = 0,
     check_engine(prof, engine, artifact, "python -m repro.rl.run")
     cfg = run_config_from_profile(prof, artifact, row, out=out, seed=seed, warm_start=warm_start,
                                   checkpoint_root=checkpoint_root or None, sampling_seed=sampling_seed)
+    require_device(cfg.device, cfg.profile)
     tok = tokenizer_for_run(cfg, out=out, seed=seed, warm_start=warm_start)
     trainer = CoTrainer(cfg, tok)
     first = trainer.try_resume(restart_on_config_change)

@@ -36,7 +36,7 @@ import torch
 from repro.core.io import write_atomic, write_json_atomic
 from repro.core.progress import Progress
 from repro.core.provenance import provenance
-from repro.core.specs import WORKLOADS, ConfigError, DraftSpec, PolicySpec, SFTSpec, sft_spec
+from repro.core.specs import WORKLOADS, ConfigError, DraftSpec, PolicySpec, SFTSpec, require_device, sft_spec
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.rl.drafts import build_draft, trainable_parameters
 from repro.rl.episodes import chat_prompt, math_rollout, workplace_rollout
@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--drafts {bad} are invalid: expected keys of rl.drafts {sorted(rl.get('drafts', {}))}")
         drafts = [DraftSpec(**rl["drafts"][d]) for d in names]
         device = "cuda" if prof["hardware"]["device"] == "cuda" else "cpu"
+        require_device(device, prof["name"])
         build_warm_start(args.out, PolicySpec(**rl["policies"][args.policy]), args.workload,
                          sft_spec(rl, args.workload), drafts, vocab_size=int(rl.get("vocab_size", 512)),
                          seed=args.seed, device=device, heldout_every=args.heldout_every)

@@ -214,3 +214,11 @@ def test_every_profile_row_is_a_valid_config(profile, tmp_path):
             assert (cfg.draft is None) == (not (spec or {}).get("draft"))
             if spec.get("baseline"):
                 assert spec["baseline"] in rows, f"{artifact} {row}: baseline {spec['baseline']!r} is not a row"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a CPU-only machine")
+def test_a_gpu_profile_on_a_cpu_machine_fails_before_writing(tmp_path, capsys):
+    from repro.rl.run import main as run_main
+    out = tmp_path / "run"
+    assert run_main(["--artifact", "table1", "--row", "Qwen3-8B/DFlash", "--profile", "h200", "--out", str(out)]) == 2
+    assert "no CUDA device" in capsys.readouterr().err and not out.exists()

@@ -57,10 +57,8 @@ rule compare:
 
 
 rule publish:
-    # this machine's finished runs of the profile as reference data (results/reference/<machine>/<label>/),
-    # which later clones draw beside their own measurements; not part of `all`
+    # this machine's finished runs of the profile as reference data (results/reference/<machine>/<label>/), which
+    # later clones draw beside their own measurements; not part of `all` (run the artifacts you want first)
     localrule: True
-    input:
-        [o for a in PLAN.artifacts() for o in PLAN.targets(a)],
     shell:
         "{PLAN.python} -m repro.report.publish --runs {RUNS} --out results/reference/{MACHINE}/{PLAN.label}"
