@@ -51,7 +51,8 @@ class Job:
     @property
     def shell(self) -> str:
         """The rule's command: progress and output on the terminal and in the log (failure kept by pipefail)."""
-        return f"set -o pipefail; {self.cmd} 2>&1 | tee {shlex.quote(self.log)}"
+        log = shlex.quote(self.log)
+        return f"set -o pipefail; mkdir -p $(dirname {log}); {self.cmd} 2>&1 | tee {log}"
 
 
 def _digest(obj) -> str:
@@ -178,7 +179,7 @@ class Plan:
                       self._py("repro.report.collect", "--results", root, "--artifact", artifact, "--profile",
                                self.profile.name, "--tidy-file", tidy, "--here", self.runs),
                       inputs=tuple(runs), local=True, what=f"{artifact}'s collected runs"))
-        self._add(Job("report", artifact, (f"{self.figs}/{artifact}.md",), f"{self.figs}/{artifact}.log",
+        self._add(Job("report", artifact, (f"{self.figs}/{artifact}.md",), f"{self.runs}/reports/{artifact}.log",
                       self._py("repro.report.build", "--artifact", artifact, "--profile", self.profile.name,
                                "--tidy", tidy, "--out", self.figs),
                       inputs=(tidy,), local=True, what=f"{artifact}'s tables and figures"))

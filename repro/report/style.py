@@ -49,13 +49,28 @@ def legend_below(ax, **kw) -> None:
                   frameon=False, **kw)
 
 
-def log_ticks_at(ax, values, axis: str = "x", fmt=lambda v: f"{v:g}") -> None:
-    """Label a log axis at the values drawn, so a range shorter than a decade still shows numbers."""
+def log_ticks_at(ax, values, axis: str = "x", fmt=lambda v: f"{v:.3g}") -> None:
+    """Label a log axis at the values drawn (ticks closer than a factor 1.3 to the last one kept are left out), so a
+    range shorter than a decade still shows numbers that do not run into each other."""
     import matplotlib.ticker as mticker
-    vals = sorted({float(v) for v in values if v and v > 0})
+    drawn = sorted({float(v) for v in values if v and v > 0})
+    gap = max(1.3, (drawn[-1] / drawn[0]) ** (1 / 6)) if drawn else 1.3   # about six labels across the axis
+    vals: list[float] = []
+    for v in drawn:
+        if not vals or v / vals[-1] >= gap:
+            vals.append(v)
     target = ax.xaxis if axis == "x" else ax.yaxis
     target.set_major_locator(mticker.FixedLocator(vals))
     target.set_major_formatter(mticker.FixedFormatter([fmt(v) for v in vals]))
+    target.set_minor_formatter(mticker.NullFormatter())
+
+
+def plain_log_labels(ax, axis: str = "y") -> None:
+    """Numbers, not powers of ten, on a log axis, with ticks at 1, 2 and 5 of every decade."""
+    import matplotlib.ticker as mticker
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(mticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    target.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
     target.set_minor_formatter(mticker.NullFormatter())
 
 
@@ -69,9 +84,19 @@ def paper_label(hardware: str) -> str:
     return f"paper ({hardware})"
 
 
+def series_label(name: str, hardware: str, hardware_label: str, machines: int) -> str:
+    """A measured series' legend entry: its name, and its machine when the figure draws several."""
+    return name if machines <= 1 else f"{name} ({hardware}, {hardware_label})"
+
+
+def measured_title(title: str, machines: list[tuple[str, str]]) -> str:
+    """The figure's title, naming the machine(s) its measured series come from."""
+    return f"{title} — " + "; ".join(measured_label(hw, label) for hw, label in machines)
+
+
 def measured_label(hardware: str, hardware_label: str = "") -> str:
-    suffix = ", cpu-emulated" if hardware_label == "cpu-emulated" else ""
-    return f"measured ({hardware}{suffix})"
+    """``measured (<machine>, <label>)``: the label says cpu-emulated or gpu, and this machine or reference."""
+    return f"measured ({hardware}{', ' + hardware_label if hardware_label else ''})"
 
 
 def save_figure(fig, stem: str | os.PathLike) -> list[Path]:

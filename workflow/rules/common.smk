@@ -37,6 +37,13 @@ def of(pattern):
     return lambda wc: job(pattern.format(**wc))
 
 
+def run_job(path):
+    """Run the planned job writing ``path``. Its command is not a rule parameter, so a change to how it is launched
+    (the interpreter's path, the log) does not redo a measurement; its settings digest is, so a change to what it
+    reads from the profile does."""
+    shell(job(path).shell.replace("{", "{{").replace("}", "}}"))
+
+
 def hold_checkout_lock():
     """One workflow at a time per checkout, held by the OS: released even on SIGKILL, so a rerun after a kill
     starts without `--unlock` (Snakemake's own lock, which a kill leaves behind, is off in profiles/default)."""

@@ -1,18 +1,17 @@
-# The rules that run measurements: each matches its output files to a job of the plan (repro/plan.py), which
-# gives the command, inputs, log, threads and GPUs. A job's settings digest is a parameter, so editing what a job
-# reads from the profile reruns that job (and only it).
+# The rules that run measurements: each matches its output files to a job of the plan (repro/plan.py), which gives
+# the command, inputs, log, threads and GPUs (run_job, common.smk). A job's settings digest is a parameter, so
+# editing what a job reads from the profile reruns that job (and only it).
 
 
 rule envcheck_run:
     output:
         f"{RUNS}/envcheck/bench.json",
     params:
-        cmd=lambda wc: job(f"{RUNS}/envcheck/bench.json").shell,
         settings=lambda wc: job(f"{RUNS}/envcheck/bench.json").settings,
     resources:
         gpu=lambda wc: job(f"{RUNS}/envcheck/bench.json").gpus,
-    shell:
-        "{params.cmd}"
+    run:
+        run_job(output[0])
 
 
 rule attention_check:
@@ -20,12 +19,11 @@ rule attention_check:
     output:
         f"{RUNS}/attention_check/attention_check.json",
     params:
-        cmd=lambda wc: job(f"{RUNS}/attention_check/attention_check.json").shell,
         settings=lambda wc: job(f"{RUNS}/attention_check/attention_check.json").settings,
     resources:
         gpu=1,
-    shell:
-        "{params.cmd}"
+    run:
+        run_job(output[0])
 
 
 rule bench_run:
@@ -37,13 +35,12 @@ rule bench_run:
     wildcard_constraints:
         bench="|".join(BENCH_ARTIFACTS),
     params:
-        cmd=lambda wc: of(f"{RUNS}/{{bench}}/bench.json")(wc).shell,
         settings=lambda wc: of(f"{RUNS}/{{bench}}/bench.json")(wc).settings,
     threads: lambda wc: of(f"{RUNS}/{{bench}}/bench.json")(wc).threads
     resources:
         gpu=lambda wc: of(f"{RUNS}/{{bench}}/bench.json")(wc).gpus,
-    shell:
-        "{params.cmd}"
+    run:
+        run_job(output[0])
 
 
 rule rl_sft:
@@ -53,12 +50,11 @@ rule rl_sft:
     wildcard_constraints:
         name="[^/]+",
     params:
-        cmd=lambda wc: of(f"{RUNS}/sft/{{name}}/policy.pt")(wc).shell,
         settings=lambda wc: of(f"{RUNS}/sft/{{name}}/policy.pt")(wc).settings,
     resources:
         gpu=lambda wc: of(f"{RUNS}/sft/{{name}}/policy.pt")(wc).gpus,
-    shell:
-        "{params.cmd}"
+    run:
+        run_job(output[0])
 
 
 import re as _re
@@ -78,13 +74,12 @@ rule rl_run:
         artifact="|".join(RL_ARTIFACTS),
         run=f"(?!(?:{LOCAL_RUNS})/)[^/]+",
     params:
-        cmd=lambda wc: of(f"{RUNS}/{{artifact}}/{{run}}/run.json")(wc).shell,
         settings=lambda wc: of(f"{RUNS}/{{artifact}}/{{run}}/run.json")(wc).settings,
     resources:
         gpu=lambda wc: of(f"{RUNS}/{{artifact}}/{{run}}/run.json")(wc).gpus,
         nodes=lambda wc: of(f"{RUNS}/{{artifact}}/{{run}}/run.json")(wc).nodes,
-    shell:
-        "{params.cmd}"
+    run:
+        run_job(output[0])
 
 
 rule rl_submit:
@@ -95,10 +90,8 @@ rule rl_submit:
     wildcard_constraints:
         artifact="|".join(RL_ARTIFACTS),
         run=LOCAL_RUNS,
-    params:
-        cmd=lambda wc: of(f"{RUNS}/{{artifact}}/{{run}}/run.json")(wc).shell,
-    shell:
-        "{params.cmd}"
+    run:
+        run_job(output[0])
 
 
 rule rl_lockstep:
@@ -111,12 +104,11 @@ rule rl_lockstep:
         artifact="|".join(RL_ARTIFACTS),
         policy="[^/]+",
     params:
-        cmd=lambda wc: of(f"{RUNS}/{{artifact}}/lockstep_{{policy}}.json")(wc).shell,
         settings=lambda wc: of(f"{RUNS}/{{artifact}}/lockstep_{{policy}}.json")(wc).settings,
     resources:
         gpu=lambda wc: of(f"{RUNS}/{{artifact}}/lockstep_{{policy}}.json")(wc).gpus,
-    shell:
-        "{params.cmd}"
+    run:
+        run_job(output[0])
 
 
 rule rl_summary:
@@ -127,7 +119,5 @@ rule rl_summary:
         f"{RUNS}/{{artifact}}/summary/summary.json",
     wildcard_constraints:
         artifact="|".join(RL_ARTIFACTS),
-    params:
-        cmd=lambda wc: of(f"{RUNS}/{{artifact}}/summary/summary.json")(wc).shell,
-    shell:
-        "{params.cmd}"
+    run:
+        run_job(output[0])

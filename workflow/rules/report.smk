@@ -10,10 +10,8 @@ rule collect_artifact:
         f"{TIDY}/{{artifact}}.csv",
     wildcard_constraints:
         artifact="|".join(ARTIFACTS),
-    params:
-        cmd=lambda wc: of(f"{TIDY}/{{artifact}}.csv")(wc).shell,
-    shell:
-        "{params.cmd}"
+    run:
+        run_job(output[0])
 
 
 rule report:
@@ -24,10 +22,9 @@ rule report:
         f"{FIGS}/{{artifact}}.md",
     wildcard_constraints:
         artifact="|".join(ARTIFACTS),
-    params:
-        cmd=lambda wc: of(f"{FIGS}/{{artifact}}.md")(wc).shell,
-    shell:
-        "{params.cmd} && cat {output}"
+    run:
+        run_job(output[0])
+        shell("cat {output}")
 
 
 rule collect:

@@ -62,7 +62,7 @@ KL_FLOOR = 1e-16
 def _cpu_basis(steps: pd.DataFrame, label: str) -> pd.DataFrame:
     """On cpu-emulated runs: step time and throughput from process CPU seconds (shared cores make wall
     time noisy), under the panels' metric names, so the figure and the summary use one basis."""
-    if label != "cpu-emulated" or not (steps["metric"] == "train/step_cpu_s").any():
+    if not label.startswith("cpu-emulated") or not (steps["metric"] == "train/step_cpu_s").any():
         return steps
     keys = ["run", "row", "step"]
     cpu = steps[steps["metric"] == "train/step_cpu_s"].set_index(keys)["value"]
@@ -83,7 +83,7 @@ def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: s
     hw = steps["hardware"].iloc[0] if len(steps) else "-"
     label = steps["hardware_label"].iloc[0] if len(steps) else ""
     steps = _cpu_basis(steps, label) if len(steps) else steps
-    cpu_basis = label == "cpu-emulated" and (steps["metric"] == "train/step_cpu_s").any()
+    cpu_basis = label.startswith("cpu-emulated") and (steps["metric"] == "train/step_cpu_s").any()
     base = seed_spread.baseline_row(steps) if len(steps) else None
     hw_steps = steps[steps["hardware"] == hw] if len(steps) else steps
     if base is not None:                           # the replicas the verdict table bands (sampling ones first)

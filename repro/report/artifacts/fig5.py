@@ -19,10 +19,11 @@ import pandas as pd
 
 from repro.report.style import (
     legend_below,
-    measured_label,
+    measured_title,
     paper_label,
     paper_style,
     save_figure,
+    series_label,
 )
 from repro.report.tables import MEASURED_VS_PAPER_COLUMNS, measured_vs_paper, write_table
 
@@ -66,23 +67,24 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     if m.empty:
         raise ValueError("no fig5 rows ('zigzag cp=<C>' / 'usp U=.. R=.. cp=<C>') in the tidy table")
     fig, (ax_t, ax_s, ax_m) = plt.subplots(1, 3, figsize=(7.2, 3.0), layout="constrained")
+    machines = sorted(set(zip(m["hardware"], m["hardware_label"])))
     for (hw, label), g in m.groupby(["hardware", "hardware_label"]):
         # CPU runs compare the critical path (largest per-rank CPU time), as the benchmark does.
-        tcol = "cpu_critical_s" if label == "cpu-emulated" and "cpu_critical_s" in g else "time_s"
+        tcol = "cpu_critical_s" if label.startswith("cpu-emulated") and "cpu_critical_s" in g else "time_s"
         z = g[g["method"] == "zigzag"].sort_values("cp")
         u = g[g["method"] != "zigzag"]
         spec = u[~u["method"].str.startswith("usp-zigzag")]           # SpecForge's USP: the paper's baseline
         best = spec.loc[spec.groupby("cp")[tcol].idxmin()].sort_values("cp")
-        ax_t.plot(z["cp"], z[tcol], marker="o", markersize=3, label=f"zigzag — {measured_label(hw, label)}")
-        ax_t.plot(best["cp"], best[tcol], marker="s", markersize=3, label=f"best SpecForge USP — {measured_label(hw, label)}")
+        ax_t.plot(z["cp"], z[tcol], marker="o", markersize=3, label=series_label("zigzag", hw, label, len(machines)))
+        ax_t.plot(best["cp"], best[tcol], marker="s", markersize=3, label=series_label("best SpecForge USP", hw, label, len(machines)))
         ax_t.scatter(u["cp"], u[tcol], s=6, color="0.6", zorder=0, label="every USP split")
-        ax_m.plot(z["cp"], z["peak_mem_gb"], marker="o", markersize=3, label=f"zigzag — {measured_label(hw, label)}")
+        ax_m.plot(z["cp"], z["peak_mem_gb"], marker="o", markersize=3, label=series_label("zigzag", hw, label, len(machines)))
         ax_m.plot(best["cp"], best["peak_mem_gb"], marker="s", markersize=3,
-                  label=f"best SpecForge USP — {measured_label(hw, label)}")
+                  label=series_label("best SpecForge USP", hw, label, len(machines)))
         sp = _latest(tidy)
         sp = sp[(sp["hardware"] == hw) & (sp["metric"] == "speedup_vs_best_usp") & sp["row"].str.fullmatch(r"cp=\d+")]
         ax_s.plot(sp["row"].str[3:].astype(int), sp["value"], marker="o", markersize=3,
-                  label=measured_label(hw, label))
+                  label=series_label("measured", hw, label, len(machines)))
     ps = paper[(paper["metric"] == "speedup_vs_best_usp") & paper["row"].str.fullmatch(r"cp=\d+")]
     if len(ps):
         ax_s.plot(ps["row"].str[3:].astype(int), ps["value"].astype(float), **paper_style("marker"),
@@ -97,7 +99,7 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.set_xticks(cps, [str(c) for c in cps])
         ax.xaxis.set_minor_locator(plt.NullLocator())
         legend_below(ax, fontsize=4.5)
-    fig.suptitle("Figure 5: packed zigzag CP vs best USP (EAGLE-3 TTT, 3 passes)", fontsize=8)
+    fig.suptitle(measured_title("Figure 5: packed zigzag CP vs best USP (EAGLE-3 TTT, 3 passes)", machines), fontsize=7)
     paths = save_figure(fig, out_dir / "fig5")
     notes = [("Both methods measured in the same run: peak memory per rank in a fresh process group each (after an "
              "untimed tiny-batch step that loads code and library state), times in one group with the methods "

@@ -20,10 +20,13 @@ import pandas as pd
 
 from repro.report.style import (
     legend_below,
-    measured_label,
+    log_ticks_at,
+    measured_title,
     paper_label,
     paper_style,
+    plain_log_labels,
     save_figure,
+    series_label,
 )
 from repro.report.tables import MEASURED_VS_PAPER_COLUMNS, measured_vs_paper, write_table
 
@@ -50,7 +53,8 @@ def config_rows(tidy: pd.DataFrame) -> pd.DataFrame:
                          values="value").reset_index()
 
 
-def _tok_label(n: int) -> str:
+def _tok_label(n: float) -> str:
+    n = int(n)
     return f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
@@ -81,18 +85,19 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     if cfg.empty:
         raise ValueError("no fig6 rows ('<kind> <tokens> cp=<C>') in the tidy table")
     fig, (ax_t, ax_b, ax_m) = plt.subplots(1, 3, figsize=(7.2, 3.0), layout="constrained")
+    machines = sorted(set(zip(cfg["hardware"], cfg["hardware_label"])))
     for (hw, label, kind, cp), g in cfg.groupby(["hardware", "hardware_label", "kind", "cp"]):
         g = g.sort_values("tokens")
         # CPU runs: the critical path (largest per-rank CPU time), the basis of their speedups.
-        tcol = "cpu_critical_s" if label == "cpu-emulated" and "cpu_critical_s" in g else "time_s"
+        tcol = "cpu_critical_s" if label.startswith("cpu-emulated") and "cpu_critical_s" in g else "time_s"
         if tcol not in g or g[tcol].isna().all():
             continue
         ax = ax_b if kind.startswith("block") else ax_t
         ax.plot(g["tokens"], g[tcol], linestyle=KIND_STYLE.get(kind, "-"), marker="o", markersize=3,
-                label=f"{kind} cp={cp} — {measured_label(hw, label)}")
+                label=series_label(f"{kind} cp={cp}", hw, label, len(machines)))
         if kind == "ttt" and "peak_mem_gb" in g:
             ax_m.plot(g["tokens"], g["peak_mem_gb"], marker="o", markersize=3,
-                      label=f"ttt cp={cp} — {measured_label(hw, label)}")
+                      label=series_label(f"ttt cp={cp}", hw, label, len(machines)))
     for ax, row_re, metric in ((ax_t, r"^ttt \d+K cp=\d+$", "time_s"), (ax_m, r"^ttt \d+K cp=\d+$", "peak_mem_gb")):
         pts = _paper_points(paper, row_re, metric)
         for tok, cp, val, hw in pts:
@@ -107,12 +112,14 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     ax_t.set(xscale="log", yscale="log", xlabel="global tokens", ylabel="TTT fwd+bwd (s; CPU: critical path)")
     ax_b.set(xscale="log", yscale="log", xlabel="global tokens", ylabel="block-draft fwd+bwd (s)")
     ax_m.set(xscale="log", yscale="log", xlabel="global tokens", ylabel="TTT peak memory per rank (GB)")
-    ticks = sorted(set(cfg["tokens"]))
+    # ticks at the measured lengths and at the paper's points, so every point drawn has its length on the axis
+    paper_tokens = [tok for row_re, metric in (("ttt", "time_s"), ("ttt", "peak_mem_gb"))
+                    for tok, _, _, _ in _paper_points(paper, rf"^{row_re} \d+K cp=\d+$", metric)]
     for ax in (ax_t, ax_b, ax_m):
-        ax.set_xticks(ticks, [_tok_label(t) for t in ticks])
-        ax.xaxis.set_minor_locator(plt.NullLocator())
+        log_ticks_at(ax, [*cfg["tokens"], *(paper_tokens if ax is not ax_b else [])], fmt=_tok_label)
+        plain_log_labels(ax, "y")
         legend_below(ax, fontsize=4.5)
-    fig.suptitle("Figure 6: draft-training attention at fixed global length", fontsize=8)
+    fig.suptitle(measured_title("Figure 6: draft-training attention at fixed global length", machines), fontsize=7)
     paths = save_figure(fig, out_dir / "fig6")
     notes = [("TTT: EAGLE-3, 3 passes, one document, fwd+bwd; trunk: the same passes without the branch keys; "
              "sdpa_cudnn: the same passes through SDPA's cuDNN kernel; all in the same run. Block: 64 anchors x 16 "

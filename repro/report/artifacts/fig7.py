@@ -23,6 +23,7 @@ from repro.report.style import (
     measured_label,
     paper_label,
     paper_style,
+    plain_log_labels,
     save_figure,
 )
 from repro.report.tables import write_table
@@ -116,6 +117,7 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     ax_d.axhline(0, color="0.6", linewidth=0.5)
     for ax in (ax_t, ax_s):
         log_ticks_at(ax, cfg["message_mb"])
+        plain_log_labels(ax, "y")
     for ax in (ax_t, ax_s, ax_d):
         legend_below(ax)
     fig.suptitle("Figure 7: PP fan-in, TapChannel vs host staging — " + "; ".join(hws), fontsize=7)
