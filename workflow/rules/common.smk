@@ -3,6 +3,7 @@
 import fcntl
 import os
 import sys
+from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 

@@ -27,17 +27,22 @@ rule report:
         shell("cat {output}")
 
 
+COLLECT = f"{PLAN.python} -m repro.report.collect --results results --out results/tidy --here {RUNS}"
+COMPARE = (f"{PLAN.python} -m repro.report.compare --profile {PROFILE.name} --tidy results/tidy/metrics.csv "
+           f"--env {PLAN.envcheck} --machine {MACHINE} --out {FIGS}/comparison")
+
+
 rule collect:
-    # every run folder under results/ as one tidy table (a bad run folder is named, skipped, and fails the rule
-    # after everything else is written)
+    # every run folder under results/ as one tidy table, over what exists now (it never starts a run; `all` collects
+    # after its artifacts). A bad run folder is named, skipped, and fails the rule after everything else is written.
     localrule: True
     input:
-        [o for a in PLAN.artifacts() for o in PLAN.targets(a)],
+        [o for a in PLAN.artifacts() for o in PLAN.targets(a) if Path(o).exists()],
     output:
         metrics="results/tidy/metrics.csv",
         runs="results/tidy/runs.csv",
     shell:
-        "{PLAN.python} -m repro.report.collect --results results --out results/tidy --here {RUNS}"
+        COLLECT
 
 
 rule compare:
@@ -49,8 +54,7 @@ rule compare:
     output:
         index=f"{FIGS}/comparison/index.md",
     shell:
-        "{PLAN.python} -m repro.report.compare --profile {PROFILE.name} --tidy {input.tidy} --env {input.env} "
-        "--machine {MACHINE} --out {FIGS}/comparison && cat {output.index}"
+        COMPARE + " && cat {output.index}"
 
 
 rule publish:
