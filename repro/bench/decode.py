@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from repro.core.profile import load_profile
+from repro.core.provenance import hardware
 from repro.core.timing import BenchRun, summarize, time_samples
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dflash import DFlashDraft
@@ -32,10 +34,9 @@ from repro.models.dspark import DSparkDraft
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.models.policy import build_policy
 from repro.models.synthetic import MarkovLanguage, pretrain_policy
-from repro.models.train_draft import sample_sequences, train_draft
-from repro.core.profile import load_profile
-from repro.core.provenance import hardware
+from repro.models.train_draft import train_draft
 from repro.rollout.engine import RolloutEngine
+from repro.rollout.samples import sample_sequences
 
 FAMILIES = ("eagle3", "dflash", "dspark")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

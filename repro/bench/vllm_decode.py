@@ -31,14 +31,15 @@ from pathlib import Path
 
 import torch
 
-from repro.core.timing import BenchRun, summarize, time_samples
 from repro.bench.decode import loss_ends, pretrain_recorded
+from repro.core.provenance import hardware
+from repro.core.timing import BenchRun, summarize, time_samples
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.models.policy import build_policy
 from repro.models.synthetic import MarkovLanguage
-from repro.models.train_draft import sample_sequences, train_draft
-from repro.core.provenance import hardware
+from repro.models.train_draft import train_draft
 from repro.rollout.engine import RolloutEngine
+from repro.rollout.samples import sample_sequences
 from repro.rollout.vllm_backend import VllmRolloutEngine, require_vllm
 
 PRESET = {"vocab_size": 128, "lang_tokens": 120, "head_dim": 32, "pretrain_steps": 100, "pretrain_batch": 16,

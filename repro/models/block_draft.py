@@ -23,6 +23,9 @@ from torch import nn
 
 from kernels.attention import block_draft_attention, block_draft_plan, block_mask, dense_attention
 from kernels.attention.padded import padded_block_attention, padded_block_mask
+from repro.decoding.kv import SlotTable
+from repro.decoding.sampling import proposal_noise
+from repro.decoding.static_kv import StaticKV, StaticProposerState
 from repro.models.draft_layers import (
     DraftKV,
     RMSNorm,
@@ -35,9 +38,6 @@ from repro.models.draft_layers import (
 )
 from repro.models.taps import TapSpec
 from repro.parallel.cp_batch import PackedShard
-from repro.rollout.kv import SlotTable
-from repro.rollout.sampling import proposal_noise
-from repro.rollout.static_kv import StaticKV, StaticProposerState
 
 # "padded": one masked SDPA over the right-padded rows (kernels.attention.padded; no host work, CUDA-graph safe);
 # "kernels": the packed ring route (block_draft_attention, the CP path's kernel at one rank); "dense": the oracle

@@ -2,7 +2,7 @@
 
 Training-time attention of the drafts goes through ``kernels.attention`` (the TTT and block masks
 live there). Inference-time attention over a draft's ragged KV cache uses the masks of
-``repro.rollout.kv.SlotTable`` (the same rule as the policy's cache) and torch SDPA.
+``repro.decoding.kv.SlotTable`` (the same rule as the policy's cache) and torch SDPA.
 
     rope = Rotary(head_dim=64, theta=1e4)
     q = rope(q, positions)                 # q [..., T, H, D], positions [..., T]
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import Layout, make_layout
-from repro.rollout.kv import SlotTable, gather_slots
+from repro.decoding.kv import SlotTable, gather_slots
 
 
 class RMSNorm(nn.Module):

@@ -31,6 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import dense_attention, eagle3_ttt_attention, eagle3_ttt_mask
+from repro.decoding.kv import SlotTable
+from repro.decoding.sampling import probs_from_logits, proposal_noise, sample_with_noise
+from repro.decoding.static_kv import StaticKV, StaticProposerState
 from repro.models.draft_layers import (
     DraftKV,
     RMSNorm,
@@ -44,9 +47,6 @@ from repro.models.draft_layers import (
 from repro.models.taps import TapSpec, TapSpecFromConfig
 from repro.models.vocab import check_vocab_maps, draft_to_target_ids, full_draft_vocab
 from repro.parallel.cp_batch import PackedShard
-from repro.rollout.kv import SlotTable
-from repro.rollout.sampling import probs_from_logits, proposal_noise, sample_with_noise
-from repro.rollout.static_kv import StaticKV, StaticProposerState
 
 ATTN_IMPLS = ("kernels", "dense")
 
@@ -296,7 +296,7 @@ class Eagle3Proposer(StaticProposerState):
     Two cache modes: ``reset(batch)`` grows a ``SlotTable``/``DraftKV`` cache (trimmed and compacted as it
     goes); ``prepare(batch, max_slots, cuda_graphs=...)`` uses preallocated ``[B, G, S_max, D]`` caches
     whose per-verify-step ``observe`` and ``propose`` have static shapes and run as CUDA graphs on a GPU
-    (``repro.rollout.cuda_graph``). Both sample with ``sample_with_noise`` from the same generator draws."""
+    (``repro.decoding.cuda_graph``). Both sample with ``sample_with_noise`` from the same generator draws."""
 
     def __init__(self, draft: Eagle3Draft, num_proposals: int):
         if num_proposals < 1:

@@ -8,7 +8,7 @@ Three ways to get one, all returning a ``Policy``:
 
 ``Policy.forward_train`` runs a whole packed or padded batch (no cache) and returns logits plus the
 taps named by its ``TapSpec``; ``Policy.decode_step`` runs a few new tokens per row against an HF
-``DynamicCache`` whose slots are described by a ``repro.rollout.kv.SlotTable`` (ragged acceptance).
+``DynamicCache`` whose slots are described by a ``repro.decoding.kv.SlotTable`` (ragged acceptance).
 Attention masks are passed to the HF model pre-built, so every family sees the same rule.
 
     python -m repro.models.policy --family qwen3 --scale gpu     # print the config and parameter count
@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from repro.decoding.kv import SlotTable
 from repro.models.taps import TapRecorder, TapSpec
-from repro.rollout.kv import SlotTable
 
 FAMILIES = ("qwen3", "qwen3_moe", "llama", "gpt_oss")
 SCALES = ("tiny", "gpu")

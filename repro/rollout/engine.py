@@ -3,12 +3,12 @@
 ``RolloutEngine(policy, proposer=None).generate(prompts, ...)`` decodes a batch of prompts with a KV
 cache for the policy (and the draft's own cache inside the proposer), ragged acceptance per row,
 stop tokens and a length limit. Each verify step feeds ``[last token, d_1..d_k]`` through the policy
-once, accepts a prefix by ``repro.rollout.sampling.verify`` and commits ``accepted + 1`` tokens.
+once, accepts a prefix by ``repro.decoding.sampling.verify`` and commits ``accepted + 1`` tokens.
 Without a proposer (k = 0) the same loop is the plain decoding baseline.
 
 ``cuda_graphs="draft"`` runs the proposer on static-shape caches sized for the request
-(``repro.rollout.static_kv``) so that its per-step ``propose``/``observe`` replay as CUDA graphs on a
-GPU (``repro.rollout.cuda_graph``); the policy forward stays eager. On a CPU the same static path runs
+(``repro.decoding.static_kv``) so that its per-step ``propose``/``observe`` replay as CUDA graphs on a
+GPU (``repro.decoding.cuda_graph``); the policy forward stays eager. On a CPU the same static path runs
 eagerly. ``"off"`` (default) keeps the growing, compacted draft caches. ``max_draft_slots`` caps the
 static cache (slots per row); a request that needs more fails before decoding. ``bucket_batch=True`` rounds the
 draft's static batch up to a power of two (a multi-turn rollout's shrinking turns then share captured graphs).
@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from repro.decoding.kv import SlotTable, gather_hf_cache, select_hf_cache_rows, trim_hf_cache
+from repro.decoding.sampling import verify
+from repro.decoding.static_kv import batch_bucket, bucketed, slots_needed
 from repro.models.policy import Policy
 from repro.models.sdpa_choice import no_cudnn_sdpa
-from repro.rollout.kv import SlotTable, gather_hf_cache, select_hf_cache_rows, trim_hf_cache
 from repro.rollout.proposer import Proposer
-from repro.rollout.sampling import verify
-from repro.rollout.static_kv import batch_bucket, bucketed, slots_needed
 
 log = logging.getLogger(__name__)
 CUDA_GRAPH_MODES = ("off", "draft")

@@ -11,17 +11,18 @@ import logging
 import pytest
 import torch
 
+from repro.decoding.cuda_graph import GraphedCallable
+from repro.decoding.sampling import sample_with_noise
+from repro.decoding.static_kv import Cursor, StaticSlots, slots_needed
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dflash import DFlashDraft
 from repro.models.dspark import DSparkDraft
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.models.policy import build_policy
-from repro.models.train_draft import sample_sequences, train_draft
+from repro.models.train_draft import train_draft
 from repro.models.vocab import build_draft_vocab
-from repro.rollout.cuda_graph import GraphedCallable
 from repro.rollout.engine import CUDA_GRAPH_MODES, RolloutEngine
-from repro.rollout.sampling import sample_with_noise
-from repro.rollout.static_kv import Cursor, StaticSlots, slots_needed
+from repro.rollout.samples import sample_sequences
 
 from .helpers import OracleProposer
 
@@ -215,7 +216,7 @@ def test_graphed_callable_is_eager_on_cpu_and_keys_by_shape(caplog):
     assert k1 != g.graph_key((x,), {"scale": 3.0})
     # a capture that fails (here: no CUDA at all) runs eagerly, says why once, and stays eager
     g.would_capture = lambda inputs: g.fallback_reason is None
-    with caplog.at_level(logging.WARNING, logger="repro.rollout.cuda_graph"):
+    with caplog.at_level(logging.WARNING, logger="repro.decoding.cuda_graph"):
         assert torch.equal(g(x, scale=3.0), 3 * x)
         assert torch.equal(g(x, scale=3.0), 3 * x)
     assert g.fallback_reason and g.captures == 0 and g.eager_calls == 3
@@ -285,7 +286,7 @@ def test_bucketed_batch_generates_what_the_exact_batch_does(trained, family):
     """bucket_batch: a request of 6 rows runs in a static batch of 8 (2 rows idle from the start), then shrinking
     multi-turn-like requests of 5, 3 and 6 rows reuse the bucketed states; tokens, counters and log-probabilities equal
     the exact-batch static path's and the growing caches'."""
-    from repro.rollout.static_kv import batch_bucket
+    from repro.decoding.static_kv import batch_bucket
 
     pol, prompts, drafts = trained
     d = drafts[family]
@@ -308,7 +309,7 @@ def test_bucketed_batch_generates_what_the_exact_batch_does(trained, family):
 
 
 def test_bucket_batch_is_checked(trained):
-    from repro.rollout.static_kv import batch_bucket
+    from repro.decoding.static_kv import batch_bucket
 
     pol, prompts, drafts = trained
     d = drafts["dflash"]

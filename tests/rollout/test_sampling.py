@@ -9,10 +9,10 @@ the outcome is deterministic; a broken sampler fails with p-values many orders b
 import pytest
 import torch
 
+from repro.decoding.sampling import verify
 from repro.models.policy import build_policy
 from repro.rollout.engine import RolloutEngine
 from repro.rollout.law import chi2_pvalue, exact_pair_laws
-from repro.rollout.sampling import verify
 
 from .helpers import OracleProposer
 

@@ -1,7 +1,7 @@
 """Static-shape draft caches for CUDA-graphed proposers: preallocated slots, written at device indices.
 
 ``StaticSlots(batch, max_slots, device)`` holds the token position of every slot ``[B, S_max]`` (-1:
-dead or unused) with the visibility rule of ``repro.rollout.kv.SlotTable.visible`` (live, position
+dead or unused) with the visibility rule of ``repro.decoding.kv.SlotTable.visible`` (live, position
 <= query position). ``StaticKV`` holds one draft layer's keys/values ``[B, G, S_max, D]``. Writes go
 to columns ``cursor + j`` where ``cursor`` is a device scalar, so a captured graph can write at a
 different place on each replay; attention always runs over all ``S_max`` slots under the mask, so
@@ -20,8 +20,8 @@ from collections.abc import Callable, Hashable
 
 import torch
 
-from repro.rollout.cuda_graph import GraphedCallable
-from repro.rollout.kv import slot_visible
+from repro.decoding.cuda_graph import GraphedCallable
+from repro.decoding.kv import slot_visible
 
 SLOT_BUCKET = 256   # S_max is rounded up to this, so similar requests reuse buffers (and captured graphs)
 
