@@ -356,7 +356,7 @@ class BlockProposer(StaticProposerState):
             for kv in self.kvs:
                 kv.gather(order)
 
-    def _observe_static(self, taps, positions, valid, cursor) -> None:
+    def _observe_static(self, taps, positions, valid, cursor, *, view: int) -> None:   # view: no attention here
         bb = self.draft.backbone
         bb.rope.forget()            # positions is a static buffer refilled in place
         ctx = bb.context(taps)
@@ -379,10 +379,11 @@ class BlockProposer(StaticProposerState):
         vis = torch.cat([vis_ctx, torch.ones(*vis_ctx.shape[:2], Bs, dtype=torch.bool,
                                              device=vis_ctx.device)], dim=2)
         h = bb.embed(bb.block_inputs(last_token))
+        S = vis_ctx.shape[2]        # the static caches' view, or the growing caches' length
         for layer, kv in zip(bb.layers, kvs):
             q, k, v = layer.block_qkv(h, pos, bb.rope)
-            K = torch.cat([kv.k, k.transpose(1, 2).to(kv.k.dtype)], dim=2)
-            V = torch.cat([kv.v, v.transpose(1, 2).to(kv.v.dtype)], dim=2)
+            K = torch.cat([kv.k[:, :, :S], k.transpose(1, 2).to(kv.k.dtype)], dim=2)
+            V = torch.cat([kv.v[:, :, :S], v.transpose(1, 2).to(kv.v.dtype)], dim=2)
             h = layer.finish(h, cache_attention(q, K, V, vis))
         return bb.norm(h)
 
@@ -397,13 +398,15 @@ class BlockProposer(StaticProposerState):
             extra = () if noise is None else (sb.stage("noise", noise),)
             out = self._graphs["propose"](sb.stage("last_tok", last_token), sb.stage("last_pos", last_pos), *extra,
                                           greedy=bool(greedy), temperature=float(temperature),
-                                          confidence_threshold=float(getattr(self.draft, "confidence_threshold", 0.0)))
+                                          confidence_threshold=float(getattr(self.draft, "confidence_threshold", 0.0)),
+                                          view=self.view_after(0))
             return tuple(sb.take(x) for x in out)
         hidden = self.block_hidden(last_token, last_pos)
         return self.draft.sample_block(hidden, last_token, greedy=greedy, temperature=temperature, noise=noise)
 
-    def _propose_static(self, last_token, last_pos, *noise, greedy, temperature, confidence_threshold):
+    def _propose_static(self, last_token, last_pos, *noise, greedy, temperature, confidence_threshold, view):
         # confidence_threshold (DSpark's, read by sample_block) is an argument so that graphs are keyed by it
+        self.slots.view = view
         self.draft.backbone.rope.forget()
         hidden = self._block_hidden(last_token, last_pos, self.skvs, self.slots.visible)
         return self.draft.sample_block(hidden, last_token, greedy=greedy, temperature=temperature,

@@ -343,7 +343,7 @@ class Eagle3Proposer(StaticProposerState):
         cols = self.slots.write(cursor, positions, live)
         q, k, v = d.qkv(e, g, positions)
         self.skv.write(cols, k, v)
-        return d.finish(g, cache_attention(q, self.skv.k, self.skv.v, self.slots.visible(positions)))
+        return d.finish(g, cache_attention(q, *self.skv.view(self.slots.view), self.slots.visible(positions)))
 
     @staticmethod
     def _last_live(out, positions, valid):
@@ -375,8 +375,9 @@ class Eagle3Proposer(StaticProposerState):
         self.trunk_len = self.table.length
         self.g_last, self.pos_last = self._last_live(out, positions, valid)
 
-    def _observe_static(self, tokens, taps, positions, valid, cursor) -> None:
+    def _observe_static(self, tokens, taps, positions, valid, cursor, *, view: int) -> None:
         d = self.draft
+        self.slots.view = view
         d.rope.forget()             # positions is a static buffer refilled in place
         g = d.fuse(taps)
         e = d.embed_tokens(tokens).to(g.dtype)
@@ -407,18 +408,20 @@ class Eagle3Proposer(StaticProposerState):
     @torch.no_grad()
     def propose(self, last_token, last_pos, *, greedy, temperature, generator):
         pos_last = self.sb.take(self.pos_last) if self.static else self.pos_last
-        if not torch.equal(pos_last + 1, last_pos):
+        if (self.check_steps or not self.static) and not torch.equal(pos_last + 1, last_pos):
             raise RuntimeError("EAGLE-3 proposer out of step with the engine: last ingested positions "
                                f"{pos_last.tolist()} vs newest token positions {last_pos.tolist()}")
         noise = self._noise(last_token.shape[0], greedy, generator)
         if self.static:
             cursor = self.cursor.set(self.next_col, self.num_proposals - 1)
             extra = () if noise is None else (self.sb.stage("noise", noise),)
-            toks, q = self._graphs["propose"](cursor, *extra, greedy=bool(greedy), temperature=float(temperature))
+            toks, q = self._graphs["propose"](cursor, *extra, greedy=bool(greedy), temperature=float(temperature),
+                                              view=self.view_after(self.num_proposals - 1))
             return self.sb.take(toks), self.sb.take(q)
         return self._chain(noise, greedy, temperature, lambda e, g, pos, m: self._step(e, g, pos))
 
-    def _propose_static(self, cursor, *noise, greedy, temperature):
+    def _propose_static(self, cursor, *noise, greedy, temperature, view):
+        self.slots.view = view
         self.draft.rope.forget()
         return self._chain(noise[0] if noise else None, greedy, temperature,
                            lambda e, g, pos, m: self._static_step(e, g, pos, cursor + m))

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from repro.decoding.kv import SlotTable
+from repro.decoding.policy_cache import StaticPolicyCache
 from repro.models.taps import TapRecorder, TapSpec
 
 FAMILIES = ("qwen3", "qwen3_moe", "llama", "gpt_oss")
@@ -185,13 +186,16 @@ class Policy(nn.Module):
             out = self.model(**kwargs)
         return StepOutput(out.logits, taps)
 
+    def _windows(self) -> dict[str, int | None]:
+        return {t: (self._window if t == "sliding_attention" else None) for t in self._layer_types}
+
+    def _mask_arg(self, masks: dict[str, torch.Tensor]):
+        # one layer type: a bare 4D mask (families whose model has no per-type mask mapping take only that)
+        return masks if len(masks) > 1 or self.family == "gpt_oss" else masks[self._layer_types[0]]
+
     def _masks(self, table: SlotTable, q_pos: torch.Tensor):
         dtype = self.dtype
-        masks = {}
-        for t in self._layer_types:
-            window = self._window if t == "sliding_attention" else None
-            masks[t] = table.additive_mask(q_pos, dtype, window)
-        return masks if len(masks) > 1 or self.family == "gpt_oss" else masks[self._layer_types[0]]
+        return self._mask_arg({t: table.additive_mask(q_pos, dtype, w) for t, w in self._windows().items()})
 
     @torch.no_grad()
     def decode_step(self, input_ids: torch.Tensor, positions: torch.Tensor, cache, table: SlotTable,
@@ -200,6 +204,26 @@ class Policy(nn.Module):
         table.append(positions, live)
         q_pos = positions.to(table.pos.device)
         return self._run(input_ids, self._masks(table, q_pos), positions, cache, want_taps)
+
+    @torch.no_grad()
+    def decode_step_static(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: StaticPolicyCache,
+                           live: torch.Tensor | None = None, want_taps: bool = False,
+                           cursor: torch.Tensor | None = None, view: int | None = None) -> StepOutput:
+        """Run ``input_ids [B, q]`` at ``positions [B, q]`` on a static cache, writing the q columns at ``cursor``
+        (a device scalar from ``cache.reserve``; None: reserve them here) and attending over the first ``view``
+        columns (``cache.used_view()``). Device work only: capturable."""
+        cache.begin(positions, live, cursor, view)
+        masks = cache.additive_masks(positions, self._windows())
+        return self._run(input_ids, self._mask_arg(masks), positions, cache.hf, want_taps)
+
+    def new_static_cache(self, batch: int, max_slots: int) -> StaticPolicyCache:
+        """A static KV cache of ``max_slots`` columns for ``batch`` rows, in this policy's dtype and device."""
+        cfg = self.config
+        heads = int(cfg.num_attention_heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or self.hidden_size // heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        return StaticPolicyCache(batch, max_slots, num_layers=self.num_layers, kv_heads=kv_heads, head_dim=head_dim,
+                                 dtype=self.dtype, device=self.device)
 
     def forward_train(self, input_ids: torch.Tensor, want_taps: bool = True,
                       attention_mask: torch.Tensor | None = None) -> StepOutput:

@@ -232,7 +232,7 @@ def test_bad_values_fail_clearly(trained):
     pol, prompts, drafts = trained
     d = drafts["eagle3"]
     pol.set_taps(d.tap_spec)
-    with pytest.raises(ValueError, match=r"cuda_graphs='full' is invalid: expected one of \('off', 'draft'\)"):
+    with pytest.raises(ValueError, match=r"cuda_graphs='full' is invalid: expected one of \('off', 'draft', 'all'\)"):
         RolloutEngine(pol, proposer(d), cuda_graphs="full")
     with pytest.raises(ValueError, match="OracleProposer has none"):
         RolloutEngine(pol, OracleProposer(pol, 2, prompts[:1]), cuda_graphs="draft")
@@ -250,7 +250,7 @@ def test_bad_values_fail_clearly(trained):
         cur.set(5, 4)
     with pytest.raises(ValueError, match="max_slots must be >= 1"):
         StaticSlots(2, 0, "cpu")
-    assert CUDA_GRAPH_MODES == ("off", "draft")
+    assert CUDA_GRAPH_MODES == ("off", "draft", "all")
 
 
 def test_rl_config_switch():
@@ -262,7 +262,9 @@ def test_rl_config_switch():
     assert h200.cuda_graphs == "draft" and h200.to_dict()["cuda_graphs"] == "draft"
     assert tiny.cuda_graphs == "off" and "cuda_graphs" not in tiny.to_dict()
     tiny.cuda_graphs = "all"
-    with pytest.raises(ConfigError, match=r"cuda_graphs='all' is invalid"):
+    assert tiny.validate().to_dict()["cuda_graphs"] == "all"
+    tiny.cuda_graphs = "full"
+    with pytest.raises(ConfigError, match=r"cuda_graphs='full' is invalid"):
         tiny.validate()
     prof = load_run_profile("cpu-tiny")
     prof["rl"]["rollout"] = {"cuda_graph": "draft"}
