@@ -25,6 +25,7 @@ import torch
 class Verdict:
     accepted: torch.Tensor   # [B] long, number of accepted proposals (0..k)
     next_token: torch.Tensor  # [B] long, the policy's token after the accepted prefix
+    probs: torch.Tensor | None = None   # [B, k+1, V] the policy's sampling law (sampling mode; None when greedy)
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -78,7 +79,7 @@ def verify_with_noise(policy_logits: torch.Tensor, draft_tokens: torch.Tensor, d
 
 
 def _accept(policy_logits, draft_tokens, draft_probs, *, greedy, temperature, num_valid, uniform, draw) -> Verdict:
-    B, k1, V = policy_logits.shape
+    B, k1, _V = policy_logits.shape
     k = k1 - 1
     dev = policy_logits.device
     rows = torch.arange(B, device=dev)
@@ -92,7 +93,7 @@ def _accept(policy_logits, draft_tokens, draft_probs, *, greedy, temperature, nu
 
     p = probs_from_logits(policy_logits, temperature)              # [B, k+1, V]
     if k == 0:
-        return Verdict(torch.zeros(B, dtype=torch.long, device=dev), draw(p[:, 0]))
+        return Verdict(torch.zeros(B, dtype=torch.long, device=dev), draw(p[:, 0]), p)
     p_d = p[:, :k].gather(2, draft_tokens.unsqueeze(2)).squeeze(2)            # [B, k]
     if draft_probs is None:
         q_d = torch.ones_like(p_d)
@@ -114,7 +115,7 @@ def _accept(policy_logits, draft_tokens, draft_probs, *, greedy, temperature, nu
     # mass == 0 cannot follow a rejection in exact arithmetic; guard against rounding with p itself
     residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_a)
     dist = torch.where(rejected.unsqueeze(1), residual, p_a)
-    return Verdict(accepted, draw(dist))
+    return Verdict(accepted, draw(dist), p)
 
 
 def proposal_noise(shape: tuple[int, ...], generator: torch.Generator | None, device) -> torch.Tensor:

@@ -91,7 +91,7 @@ class StaticSlots:
               ) -> torch.Tensor:
         """Slots ``cursor + j`` (j < q) take ``positions [B, q]`` (-1 where ``live`` is False); returns the columns."""
         cols = cursor + torch.arange(positions.shape[1], device=self.pos.device)
-        pos = positions.to(torch.long)
+        pos = positions if positions.dtype == torch.long else positions.to(torch.long)
         if live is not None:
             pos = torch.where(live, pos, torch.full_like(pos, -1))
         self.pos.index_copy_(1, cols, pos)
@@ -109,8 +109,11 @@ class StaticKV:
 
     def write(self, cols: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Keys/values ``[B, q, G, D]`` into slots ``cols [q]``."""
-        self.k.index_copy_(2, cols, k.transpose(1, 2).to(self.k.dtype))
-        self.v.index_copy_(2, cols, v.transpose(1, 2).to(self.v.dtype))
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        if k.dtype != self.k.dtype:
+            k, v = k.to(self.k.dtype), v.to(self.v.dtype)
+        self.k.index_copy_(2, cols, k)
+        self.v.index_copy_(2, cols, v)
 
     def view(self, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the first ``columns`` slots."""

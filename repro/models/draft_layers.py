@@ -26,7 +26,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
+        w = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
+        return F.rms_norm(x, (x.shape[-1],), w, self.eps)
 
 
 class SwiGLU(nn.Module):
@@ -57,9 +58,12 @@ class Rotary(nn.Module):
         if m is not None and m[0] is positions and m[1] == dtype:
             return m[2], m[3]
         cdt = torch.float64 if dtype == torch.float64 else torch.float32
-        ang = positions.to(cdt).unsqueeze(-1) * self.inv_freq.to(cdt)       # [..., T, D/2]
+        inv = self.inv_freq if self.inv_freq.dtype == cdt else self.inv_freq.to(cdt)
+        ang = positions.to(cdt).unsqueeze(-1) * inv                            # [..., T, D/2]
         emb = torch.cat([ang, ang], dim=-1).unsqueeze(-2)                      # [..., T, 1, D]
-        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = emb.cos(), emb.sin()
+        if dtype != cdt:
+            cos, sin = cos.to(dtype), sin.to(dtype)
         self._memo = (positions, dtype, cos, sin)
         return cos, sin
 

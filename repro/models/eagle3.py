@@ -157,7 +157,7 @@ class Eagle3Draft(TapSpecFromConfig, nn.Module):
         if taps.shape[-1] != want:
             raise ValueError(f"fused taps have {taps.shape[-1]} features, expected {want} "
                              f"({len(self.cfg.tap_spec.layers)} taps x hidden {self.cfg.target_hidden})")
-        return self.fc(taps.to(self.fc.weight.dtype))
+        return self.fc(taps if taps.dtype == self.fc.weight.dtype else taps.to(self.fc.weight.dtype))
 
     def qkv(self, e: torch.Tensor, g: torch.Tensor, positions: torch.Tensor):
         """q/k/v ``[..., T, heads, D]`` of embeddings ``e`` and hidden ``g`` at RoPE ``positions``."""

@@ -57,13 +57,13 @@ def policy_config(family: str, scale: str, *, vocab_size: int | None = None, **o
         raise ValueError(f"policy scale {scale!r} is not one of {SCALES} (real checkpoints: load_policy)")
     cfg_cls, _ = _classes(family)
     if scale == "tiny":
-        base = dict(vocab_size=vocab_size or 128, hidden_size=64, intermediate_size=128,
-                    num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                    max_position_embeddings=1024, rope_theta=1e4, tie_word_embeddings=False)
+        base = {"vocab_size": vocab_size or 128, "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                    "max_position_embeddings": 1024, "rope_theta": 1e4, "tie_word_embeddings": False}
     else:  # ~0.4B parameters with a 32K vocabulary: Qwen3-0.6B's shape, 24 layers
-        base = dict(vocab_size=vocab_size or 32000, hidden_size=1024, intermediate_size=3072,
-                    num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                    max_position_embeddings=8192, rope_theta=1e6, tie_word_embeddings=False)
+        base = {"vocab_size": vocab_size or 32000, "hidden_size": 1024, "intermediate_size": 3072,
+                    "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                    "max_position_embeddings": 8192, "rope_theta": 1e6, "tie_word_embeddings": False}
     if family == "qwen3_moe":
         base.update(num_experts=4 if scale == "tiny" else 16, num_experts_per_tok=2,
                     moe_intermediate_size=base["intermediate_size"] // 2, decoder_sparse_step=1,
@@ -172,8 +172,8 @@ class Policy(nn.Module):
 
     # -- forwards ------------------------------------------------------------------------------------
     def _run(self, input_ids, mask, position_ids, cache, want_taps: bool) -> StepOutput:
-        kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=cache
-                      is not None)
+        kwargs = {"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids, "use_cache": cache
+                      is not None}
         if cache is not None:
             kwargs[self._cache_kwarg] = cache
         if want_taps:

@@ -65,40 +65,71 @@ class StaticDecoder:
         out = self.policy.decode_step_static(inp, qpos, st["cache"], want_taps=want_taps, cursor=cursor, view=view)
         return out.logits, out.taps, qpos, st["cache"].cols
 
-    def _accept_step(self, st, logits, drafts, cols, last_pos, active, gen_len, out_tok, out_lp, stop, *opt,
-                     has_probs: bool, has_valid: bool, greedy: bool, temperature: float, max_new: int):
+    def _accept_step(self, st, logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt,
+                     has_stop: bool, has_probs: bool, has_valid: bool, greedy: bool, temperature: float,
+                     max_new: int):
         opt = list(opt)
+        stop = opt.pop(0) if has_stop else None
         probs = opt.pop(0) if has_probs else None
         n_valid = opt.pop(0) if has_valid else None
         acc_noise, tok_noise = (None, None) if greedy else (opt.pop(0) if self.k else None, opt.pop(0))
-        k, dev = self.k, logits.device
+        k = self.k
         v = verify_with_noise(logits, drafts, probs, greedy=greedy, temperature=temperature, num_valid=n_valid,
                               accept_noise=acc_noise, token_noise=tok_noise)
         a = v.accepted
-        j = torch.arange(k + 1, device=dev)[None, :]
+        j = self._columns(logits.device)
         # committed tokens: d_1..d_a, then the policy's token at column a (columns past a are never kept)
-        committed = torch.cat([drafts, v.next_token[:, None]], 1)
-        committed = torch.where(j == a[:, None], v.next_token[:, None], committed)
+        nxt = v.next_token[:, None]
+        committed = torch.where(j == a[:, None], nxt, torch.cat([drafts, nxt], 1)) if k else nxt
         n_new = a + 1
-        lp = torch.log_softmax(logits.float() / temperature, -1).gather(2, committed[:, :, None])[:, :, 0]
+        if v.probs is None:          # greedy: the law at temperature 1
+            lp = torch.log_softmax(logits.float(), -1).gather(2, committed[:, :, None])[:, :, 0]
+        else:
+            lp = v.probs.gather(2, committed[:, :, None])[:, :, 0].log()
         # rows keep their tokens up to a stop token (included) and the length limit; finished rows keep none
-        is_stop = (committed[:, :, None] == stop[None, None, :]).any(-1) & (j < n_new[:, None])
-        first_stop = torch.where(is_stop, j, torch.full_like(j, k + 1)).min(1).values
-        n_keep = torch.minimum(torch.minimum(n_new, first_stop + 1), max_new - gen_len)
-        n_keep = torch.where(active, n_keep, torch.zeros_like(n_keep))
-        idx = gen_len[:, None] + j                 # past each row's length: same writes on every replay
+        n_keep = torch.minimum(n_new, max_new - gen_len)
+        if stop is not None:
+            is_stop = torch.isin(committed, stop) & (j < n_keep[:, None])
+            n_keep = torch.where(is_stop.any(1), is_stop.long().argmax(1) + 1, n_keep)
+            hit_stop = is_stop.any(1) & active
+        else:
+            hit_stop = None
+        n_keep = n_keep * active
+        idx = gen_len[:, None] + j                 # past each row's length: the same writes on every replay
         out_tok.scatter_(1, idx, committed)
         out_lp.scatter_(1, idx, lp)
-        hit_stop = active & (first_stop < n_keep)
         new_len = gen_len + n_keep
-        new_active = active & ~hit_stop & (new_len < max_new)
-        st["cache"].kill(cols, torch.where(active, n_new, torch.zeros_like(n_new)))
-        act = active.long()
-        n_prop = torch.full_like(a, k) if n_valid is None else n_valid.long()
-        counts = torch.cat([act.sum()[None], (n_prop * act).sum()[None], (a * act).sum()[None],
-                            ((a[:, None] > torch.arange(k, device=dev)[None, :]).long() * act[:, None]).sum(0)])
+        new_active = active & (new_len < max_new)
+        if hit_stop is not None:
+            new_active &= ~hit_stop
+        # rejected proposals (and every new slot of a finished row) become dead slots
+        st["cache"].slots.pos.index_copy_(1, cols, torch.where(j < (n_new * active)[:, None], qpos, -1))
+        # per row: accepted proposals, -1 for rows not running (the counters are summed at the end)
+        hist = torch.where(active, a, -1)
+        if n_valid is not None:
+            hist = torch.stack([hist, n_valid.long()], 0)
         new_last = committed.gather(1, a[:, None])[:, 0]
-        return committed, j < n_new[:, None], new_last, last_pos + n_new, new_active, new_len, hit_stop, counts
+        return committed, j < n_new[:, None], new_last, last_pos + n_new, new_active, new_len, hit_stop, hist
+
+    def _columns(self, device) -> torch.Tensor:
+        j = getattr(self, "_j", None)
+        if j is None or j.device != device:
+            j = self._j = torch.arange(self.k + 1, device=device)[None, :]
+        return j
+
+
+def count_acceptance(history: list[torch.Tensor], k: int, has_valid: bool):
+    """Acceptance counters from the per-step ``[R]`` accepted counts (-1: row not running) of a request."""
+    from repro.rollout.engine import AcceptanceCounters
+    if not history:
+        return AcceptanceCounters(k)
+    h = torch.stack(history)                      # [steps, R] or [steps, 2, R]
+    a, n_valid = (h[:, 0], h[:, 1]) if has_valid else (h, None)
+    ran = a >= 0
+    per_pos = [int(((a > i) & ran).sum()) for i in range(k)]
+    drafts = int((n_valid * ran).sum()) if n_valid is not None else k * int(ran.sum())
+    return AcceptanceCounters(k, verify_steps=int(ran.sum()), draft_tokens=drafts, accepted=int((a * ran).sum()),
+                              accepted_per_pos=per_pos if k else [])
 
 
 def first_token(logits: torch.Tensor, *, greedy: bool, temperature: float, generator) -> torch.Tensor:
@@ -112,7 +143,7 @@ def first_token(logits: torch.Tensor, *, greedy: bool, temperature: float, gener
 def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, greedy: bool,
                     temperature: float, stop_tokens: Sequence[int], seed: int):
     """``RolloutEngine.generate`` on static caches (``cuda_graphs="all"``); the request was checked by the caller."""
-    from repro.rollout.engine import AcceptanceCounters, RolloutResult
+    from repro.rollout.engine import RolloutResult
 
     pol, k, dev = engine.policy, engine.k, engine.policy.device
     on_gpu = dev.type == "cuda"
@@ -154,14 +185,15 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     out_tok = torch.zeros(R, width, dtype=torch.long, device=dev)
     out_lp = torch.zeros(R, width, dtype=torch.float32, device=dev)
     out_tok[:, 0], out_lp[:, 0] = tok0, lp0
-    stop = torch.tensor(sorted({int(s) for s in stop_tokens}) or [-1], dtype=torch.long, device=dev)
-    stopped = torch.isin(tok0, stop)
+    stops = sorted({int(s) for s in stop_tokens})
+    stop = torch.tensor(stops, dtype=torch.long, device=dev) if stops else None
+    stopped = torch.isin(tok0, stop) if stop is not None else torch.zeros(R, dtype=torch.bool, device=dev)
     real = torch.arange(R, device=dev) < B
     active = real & ~stopped & (max_new_tokens > 1)
     gen_len = torch.ones(R, dtype=torch.long, device=dev)
     last_tok, last_pos = tok0.clone(), plen.clone()
     no_drafts = torch.zeros(R, 0, dtype=torch.long, device=dev)
-    counts = torch.zeros(3 + k, dtype=torch.long, device=dev)
+    history: list[torch.Tensor] = []
     forwards = 1
     for _ in range(max_new_tokens - 1):
         if not bool(active.any()):          # the step's one host sync
@@ -179,25 +211,24 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         logits, taps, qpos, cols = st["step"](last_tok, last_pos, drafts, cursor, want_taps=want_taps,
                                               view=cache.used_view())
         forwards += 1
-        opt = [x for x in (probs, n_valid) if x is not None] + noise
-        committed, valid, new_last, new_pos, new_active, new_len, hit_stop, step_counts = st["accept"](
-            logits, drafts, cols, last_pos, active, gen_len, out_tok, out_lp, stop, *opt,
+        opt = [x for x in (stop, probs, n_valid) if x is not None] + noise
+        committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["accept"](
+            logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt, has_stop=stop is not None,
             has_probs=probs is not None, has_valid=n_valid is not None, greedy=bool(greedy), temperature=temp,
             max_new=int(max_new_tokens))
         if proposer is not None:
             proposer.observe(committed, taps, qpos, valid)
         last_tok.copy_(new_last)
         last_pos.copy_(new_pos)
-        stopped |= hit_stop
+        if hit_stop is not None:
+            stopped |= hit_stop
         gen_len.copy_(new_len)
         active.copy_(new_active)
-        counts += step_counts
+        history.append(hist.clone())       # a graph's output is overwritten by the next replay
 
     # -- back to the host, once ---------------------------------------------------------------------------------
     n = gen_len[:B].tolist()
     toks_all, lps_all, stop_all = out_tok[:B].tolist(), out_lp[:B].tolist(), stopped[:B].tolist()
-    c = counts.tolist()
-    counters = AcceptanceCounters(k, verify_steps=c[0], draft_tokens=c[1], accepted=c[2],
-                                  accepted_per_pos=c[3:] if k else [])
+    counters = count_acceptance(history, k, has_valid=bool(history) and history[0].dim() == 2)
     return RolloutResult([t[:m] for t, m in zip(toks_all, n)], [x[:m] for x, m in zip(lps_all, n)],
                          ["stop" if s else "length" for s in stop_all], counters, forwards, 0, size)

@@ -323,3 +323,69 @@ def test_bucket_batch_is_checked(trained):
         RolloutEngine(pol, proposer(d), bucket_batch=True)
     with pytest.raises(ValueError, match="bucket_batch=True needs a proposer with static states"):
         RolloutEngine(pol, OracleProposer(pol, 2, prompts[:1]), cuda_graphs="draft", bucket_batch=True)
+
+
+# -- cuda_graphs="all": the policy on its static cache too, decisions on the device (eager on CPU) -------------
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("family", ("plain", *FAMILIES))
+@pytest.mark.parametrize("bucket", [False, True])
+def test_all_static_greedy_is_plain_greedy(trained, family, bucket):
+    """Ragged prompts, a stop token that ends some rows early, idle bucket rows: every row's tokens, stop
+    reasons and log-probabilities as on the dynamic caches, and the same acceptance counters."""
+    pol, prompts, drafts = trained
+    if family != "plain":
+        pol.set_taps(drafts[family].tap_spec)
+    prop = (lambda: None) if family == "plain" else (lambda: proposer(drafts[family]))
+    ps = ragged(prompts)
+    plain = RolloutEngine(pol).generate(ps, max_new_tokens=16, greedy=True)
+    stop = plain.tokens[1][5]                                # row 1 (at least) stops early
+    kw = {"max_new_tokens": 16, "greedy": True, "stop_tokens": [stop]}
+    ref = RolloutEngine(pol).generate(ps, **kw)
+    assert "stop" in ref.finish_reason and "length" in ref.finish_reason
+    off = RolloutEngine(pol, prop()).generate(ps, **kw)
+    eng = RolloutEngine(pol, prop(), cuda_graphs="all", bucket_batch=bucket)
+    for _ in range(2):                                       # the second call reuses the static state
+        got = eng.generate(ps, **kw)
+        assert got.tokens == ref.tokens
+        assert got.finish_reason == ref.finish_reason
+        assert got.counters.as_dict() == off.counters.as_dict()
+        assert got.policy_forwards == off.policy_forwards
+        for a, b in zip(got.logprobs, off.logprobs):
+            torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=0, atol=1e-5)
+    if family != "plain":
+        assert got.counters.accepted > 0                     # the drafts' proposals were verified and kept
+    assert got.cache_slots == 256 and got.cache_compactions == 0
+
+
+@pytest.mark.timeout(60)
+def test_all_static_sampling_equals_itself_and_differs_by_seed(trained):
+    """Sampling on the static path: a seed fixes the output; another seed changes it; AL stays in range."""
+    pol, prompts, drafts = trained
+    d = drafts["dspark"]
+    pol.set_taps(d.tap_spec)
+    eng = RolloutEngine(pol, proposer(d), cuda_graphs="all")
+    ps = ragged(prompts)
+    a = eng.generate(ps, max_new_tokens=12, temperature=0.8, seed=1)
+    b = eng.generate(ps, max_new_tokens=12, temperature=0.8, seed=1)
+    c = eng.generate(ps, max_new_tokens=12, temperature=0.8, seed=2)
+    assert a.tokens == b.tokens and a.logprobs == b.logprobs
+    assert a.tokens != c.tokens
+    assert all(len(t) == 12 for t in a.tokens)
+    assert 1.0 <= a.counters.acceptance_length <= d.num_proposals + 1
+
+
+@pytest.mark.timeout(60)
+def test_all_static_edge_requests(trained):
+    pol, _, drafts = trained
+    d = drafts["eagle3"]
+    pol.set_taps(d.tap_spec)
+    eng = RolloutEngine(pol, proposer(d), cuda_graphs="all")
+    one = eng.generate([[1, 2, 3]], max_new_tokens=1, greedy=True)
+    assert one.tokens == RolloutEngine(pol).generate([[1, 2, 3]], max_new_tokens=1, greedy=True).tokens
+    assert one.policy_forwards == 1 and one.finish_reason == ["length"]
+    capped = RolloutEngine(pol, proposer(d), cuda_graphs="all", max_draft_slots=40)
+    with pytest.raises(ValueError, match=r"needs 61 draft cache slots per row .* over max_draft_slots=40"):
+        capped.generate([[1, 2, 3, 4, 5]], max_new_tokens=15, greedy=True)
+    with pytest.raises(ValueError, match="needs cuda_graphs='draft' or 'all'"):
+        RolloutEngine(pol, proposer(d), bucket_batch=True)
+    assert RolloutEngine(pol, cuda_graphs="all").static_decoder is not None
