@@ -242,16 +242,17 @@ class Timer:
         return samples, summarize(cpu[1:])["median"], result["r"]
 
 
-def policy_step_ratio(policy, batch: int, k: int, prompt_len: int, repeats: int) -> float:
-    """Median time of the policy's static verify step over k+1 tokens divided by its one-token decode step."""
-    cache = policy.new_static_cache(batch, 256 if prompt_len + 2 * (k + 1) * (repeats + 2) <= 256 else 1024)
+def policy_step_ratio(policy, batch: int, k: int, prompt_len: int, repeats: int) -> tuple[float, float, float]:
+    """The policy's static verify step over k+1 tokens against its one-token decode step, both after the same
+    prompt: (ratio of the medians, verify seconds, decode seconds). The two are timed alternately, so a load
+    change on a shared machine hits both."""
+    cache = policy.new_static_cache(batch, 256)
     dev = policy.device
     ids = torch.randint(0, policy.vocab_size - 1, (batch, prompt_len), device=dev)
-    pos = torch.arange(prompt_len, device=dev).expand(batch, -1)
-    times = {}
+    cache.start()
+    policy.decode_step_static(ids, torch.arange(prompt_len, device=dev).expand(batch, -1), cache)
+    steps = {}
     for q in (1, k + 1):
-        cache.start()
-        policy.decode_step_static(ids, pos, cache)
         qi = torch.randint(0, policy.vocab_size - 1, (batch, q), device=dev)
         qp = prompt_len + torch.arange(q, device=dev).expand(batch, -1)
 
@@ -259,8 +260,13 @@ def policy_step_ratio(policy, batch: int, k: int, prompt_len: int, repeats: int)
             cache.next_col = prompt_len          # the same columns every call: a steady-state step
             policy.decode_step_static(qi, qp, cache)
 
-        times[q] = summarize(time_samples(step, warmup=2, repeats=max(5, repeats * 3), device=dev))["median"]
-    return times[k + 1] / times[1]
+        steps[q] = step
+    times = {q: [] for q in steps}
+    for _ in range(max(10, 4 * repeats)):
+        for q, step in steps.items():
+            times[q] += time_samples(step, warmup=1, repeats=1, device=dev)
+    verify, decode = (summarize(times[q])["median"] for q in (k + 1, 1))
+    return verify / decode, verify, decode
 
 
 # -- the run ----------------------------------------------------------------------------------------------------
@@ -392,9 +398,10 @@ def sweep_batch(bench, timer: Timer, policy, drafts, s: DecodeSettings, prompts,
                                                       "new_tokens": s.new_tokens}, samples, extra=extra)
     for fam in s.families:
         k = proposer_for(fam, drafts[fam], s).num_proposals
-        ratio = policy_step_ratio(policy, B, k, s.prompt_len, s.repeats)
+        ratio, verify_s, decode_s = policy_step_ratio(policy, B, k, s.prompt_len, s.repeats)
         bench.record(f"bound/{fam}/b{B}", {"family": fam, "batch": B, "verify_tokens": k + 1},
-                     extra={"verify_over_decode": ratio, "max_speedup_over_al": 1 / ratio})
+                     extra={"verify_over_decode": ratio, "max_speedup_over_al": 1 / ratio,
+                            "verify_ms": verify_s * 1e3, "decode_ms": decode_s * 1e3})
 
 
 def peers_batch(bench, timer: Timer, policy, s: DecodeSettings, prompts, B: int, status: dict, out: Path) -> None:

@@ -384,7 +384,7 @@ class BlockProposer(StaticProposerState):
             q, k, v = layer.block_qkv(h, pos, bb.rope)
             K = torch.cat([kv.k[:, :, :S], k.transpose(1, 2).to(kv.k.dtype)], dim=2)
             V = torch.cat([kv.v[:, :, :S], v.transpose(1, 2).to(kv.v.dtype)], dim=2)
-            h = layer.finish(h, cache_attention(q, K, V, vis))
+            h = layer.finish(h, cache_attention(q, K, V, vis, sees_a_key=True))   # the block sees itself
         return bb.norm(h)
 
     @torch.no_grad()

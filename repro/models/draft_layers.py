@@ -107,15 +107,21 @@ class DraftKV:
             self.k, self.v = gather_slots(self.k, order), gather_slots(self.v, order)
 
 
-def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, *,
+                    sees_a_key: bool = False) -> torch.Tensor:
     """SDPA of ``q [B, q, H, D]`` over ``k/v [B, G, S, D]`` with a bool ``visible [B, q, S]``; out ``[B, q, H, D]``.
 
-    Rows that see no key return 0 (never NaN).
+    Rows that see no key return 0 (never NaN). A caller whose every query sees a key (its own, just written)
+    says so with ``sees_a_key=True`` and skips that guard's five ops.
     """
     H = q.shape[2]
     G = k.shape[1]
     if H % G:
         raise ValueError(f"query heads {H} must be a multiple of key/value heads {G}")
+    if sees_a_key:
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=visible.unsqueeze(1),
+                                             enable_gqa=H != G)
+        return out.transpose(1, 2)
     any_key = visible.any(-1, keepdim=True)                                  # [B, q, 1]
     vis = visible | ~any_key                                                  # keep SDPA NaN-free
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=vis.unsqueeze(1),

@@ -335,7 +335,7 @@ class Eagle3Proposer(StaticProposerState):
         self.table.append(positions, live)
         q, k, v = d.qkv(e, g, positions)
         K, V = self.kv.append(k, v)
-        return d.finish(g, cache_attention(q, K, V, self.table.visible(positions)))
+        return d.finish(g, cache_attention(q, K, V, self.table.visible(positions), sees_a_key=live is None))
 
     def _static_step(self, e, g, positions, cursor, live=None) -> torch.Tensor:
         """``_step`` on the static caches: the new slots go to columns ``cursor + j``."""
@@ -343,7 +343,9 @@ class Eagle3Proposer(StaticProposerState):
         cols = self.slots.write(cursor, positions, live)
         q, k, v = d.qkv(e, g, positions)
         self.skv.write(cols, k, v)
-        return d.finish(g, cache_attention(q, *self.skv.view(self.slots.view), self.slots.visible(positions)))
+        # a chain query (live is None) sees its own key, just written; observe's dead columns may see none
+        return d.finish(g, cache_attention(q, *self.skv.view(self.slots.view), self.slots.visible(positions),
+                                           sees_a_key=live is None))
 
     @staticmethod
     def _last_live(out, positions, valid):
