@@ -51,6 +51,16 @@ class StaticDecoder:
                                        persistent_inputs=True)
         return st
 
+    def outputs(self, st: dict, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The state's output buffers (tokens, log-probabilities ``[R, width]``): the accept step writes them in
+        place, so a captured graph needs the same tensors on every request of this shape."""
+        key = ("outputs", width)
+        if key not in st:
+            R, dev = st["cache"].batch, st["cache"].device
+            st[key] = (torch.zeros(R, width, dtype=torch.long, device=dev),
+                       torch.zeros(R, width, dtype=torch.float32, device=dev))
+        return st[key]
+
     def graph_status(self) -> dict:
         out = {}
         for key, st in self.states._states.items():
@@ -146,7 +156,7 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     from repro.rollout.engine import RolloutResult
 
     pol, k, dev = engine.policy, engine.k, engine.policy.device
-    on_gpu = dev.type == "cuda"
+    graphs = dev.type == "cuda" or GraphedCallable.emulate_replay     # graphs (or their CPU emulation)
     temp = 1.0 if greedy else float(temperature)
     gen = torch.Generator(device=dev)
     gen.manual_seed(seed)
@@ -155,12 +165,12 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     P = max(lens)
     R = batch_bucket(B) if engine.bucket_batch else B
     size = engine.static_slots(P, max_new_tokens)        # before any work: a too-small cache fails here
-    st = engine.static_decoder.state(R, size, on_gpu)
+    st = engine.static_decoder.state(R, size, graphs)
     cache = st["cache"]
     cache.start()
     proposer = engine.proposer
     if proposer is not None:
-        proposer.prepare(R, size, cuda_graphs=on_gpu)
+        proposer.prepare(R, size, cuda_graphs=graphs)
 
     # -- prefill (left padding; pads are dead slots; idle bucket rows repeat the first prompt, never read) ------
     rows_prompts = list(prompts) + [prompts[0]] * (R - B)
@@ -182,8 +192,7 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
 
     # -- device state -----------------------------------------------------------------------------------------
     width = max_new_tokens + k + 1
-    out_tok = torch.zeros(R, width, dtype=torch.long, device=dev)
-    out_lp = torch.zeros(R, width, dtype=torch.float32, device=dev)
+    out_tok, out_lp = engine.static_decoder.outputs(st, width)
     out_tok[:, 0], out_lp[:, 0] = tok0, lp0
     stops = sorted({int(s) for s in stop_tokens})
     stop = torch.tensor(stops, dtype=torch.long, device=dev) if stops else None
