@@ -441,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="run folder (bench.json, metrics.jsonl, env.json)")
     ap.add_argument("--envcheck", default=None, help="envcheck's env.json, bench.json or run folder (floor row)")
     ap.add_argument("--batch-sizes", default=None, help="comma-separated batch sizes (default: the profile's)")
+    ap.add_argument("--pretrain-steps", type=int, default=None, help="policy pre-training steps")
     ap.add_argument("--train-steps", type=int, default=None, help="draft training steps per family")
     ap.add_argument("--new-tokens", type=int, default=None, help="tokens generated per row")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per point")
@@ -459,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{flag} {bad} not in {allowed}")
         return vals
 
-    over = {"train_steps": args.train_steps, "new_tokens": args.new_tokens, "repeats": args.repeats,
+    over = {"pretrain_steps": args.pretrain_steps, "train_steps": args.train_steps, "new_tokens": args.new_tokens,
+            "repeats": args.repeats,
             "families": listed(args.families, FAMILIES, "--families"),
             "engine_modes": listed(args.modes, CUDA_GRAPH_MODES, "--modes"),
             "peers": listed(args.peers, PEERS, "--peers")}
