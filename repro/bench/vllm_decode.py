@@ -1,6 +1,6 @@
 """vLLM decode benchmark: throughput and acceptance length of vLLM with and without our EAGLE-3 draft.
 
-The same workload as ``repro.bench.decode``'s ``cpu-tiny`` preset, decoded by vLLM through
+The cpu-tiny decode workload of ``repro.bench.decode`` (its numbers fixed here), decoded by vLLM through
 ``repro.rollout.vllm_backend.VllmRolloutEngine``: a tiny Qwen3 (``head_dim`` 32, the smallest vLLM's
 CPU attention has kernels for) pre-trained briefly on a synthetic Markov language, an EAGLE-3 draft
 trained on the policy's own samples, both exported to vLLM's checkpoint layouts.
