@@ -1,32 +1,54 @@
-"""Decode benchmark: throughput of our rollout engine with and without each draft family, batch 1..64.
+"""Decode benchmark: our engine with and without each draft family beside the peers a user would pick and the floor.
 
-Builds the profile's policy (``cpu-tiny``: the tiny Qwen3; ``h200``: a ~0.4B Qwen3 in bf16), pre-trains
-it briefly on a synthetic Markov language (``repro.models.synthetic``: no checkpoint is available, and
-a random-init policy's near-uniform distribution gives drafts nothing to learn), samples rollouts
-from it at the benchmark temperature, briefly trains an EAGLE-3, a DFlash and a DSpark draft on those
-samples (``repro.models.train_draft``), then times decoding of fresh prompts (temperature 1, exact
-rejection sampling) with the plain engine and with each draft at every batch size. Per (family, batch) it records the raw time
-samples, tokens/s, acceptance length (accepted + 1 per verify step), the speedup over plain decoding
-measured in the same run, and speedup / acceptance length (the engine-overhead figure of merit).
-It also checks that greedy speculative output is token-identical to plain greedy output (fp32) and
-records the fraction of identical rows. Writes ``bench.json``, ``metrics.jsonl``, ``env.json`` (and
-W&B offline logs where wandb is installed) through ``repro.core.timing.BenchRun``.
+Builds the profile's policy (a Qwen3 of the ``decode:`` section's scale and overrides), pre-trains it briefly
+on a synthetic Markov language (``repro.models.synthetic``: no checkpoint is available, and a random-init
+policy's near-uniform distribution gives drafts nothing to learn), samples rollouts from it at the
+benchmark temperature, briefly trains an EAGLE-3, a DFlash and a DSpark draft on those samples, then, in
+one run on the same weights and fresh prompts (temperature 1, exact rejection sampling, no stop token):
 
-    python -m repro.bench.decode --profile cpu-tiny                    # ~5 min on 2 CPU cores
-    python -m repro.bench.decode --profile cpu-tiny --batch-sizes 1,4 --train-steps 20   # quick look
+* ``suite-<mode>/<family>/b<B>``: our engine (``RolloutEngine(cuda_graphs=<mode>)`` for each of the section's
+  ``engine_modes``) for plain decoding and each family: raw time samples, ms per step (time / policy
+  forwards), tokens/s, acceptance length, speedup over plain decoding in the same mode, speedup / AL, and
+  the same from process CPU time (``*_cpu``: the robust ratio on a shared CPU machine);
+* ``bound/<family>/b<B>``: the policy's static verify step over k+1 tokens against its one-token decode step
+  (``verify_over_decode``): speedup / AL cannot pass ``1 / verify_over_decode`` however cheap the draft;
+* ``peer/<peer>/b<B>``: transformers ``generate`` with ``StaticCache`` + ``torch.compile(mode="reduce-overhead")``,
+  transformers eagerly with its ``DynamicCache``, and vLLM where importable (``repro.rollout.peers``); a peer
+  that cannot run is listed with its reason in the config's ``peer_status``, never invented;
+* ``floor/b<B>``: reading the policy's weights once at envcheck's measured copy bandwidth (``--envcheck``);
+  without it the row is skipped and the config says so;
+* ``identity/<family>/<mode>``: greedy speculative output token-identical to plain greedy output (fp32).
+
+On CUDA the engine self-check (``repro.rollout.self_check``) runs first, writes ``self_check.json`` and prints
+its verdict; ``--self-check-only`` stops there; a failed check makes the program exit non-zero. Writes
+``bench.json``, ``metrics.jsonl``, ``env.json`` (and W&B offline logs where wandb is installed) through
+``repro.core.timing.BenchRun``; CPU runs are labelled cpu-emulated by the provenance.
+
+    python -m repro.bench.decode --profile cpu-tiny --out results/cpu-2c/cpu-tiny/decode \\
+        --envcheck results/cpu-2c/cpu-tiny/envcheck/env.json               # ~10 min on 2 CPU cores
+    python -m repro.bench.decode --profile h200 --self-check-only --out /tmp/dec    # the GPU check alone
+    python -m repro.bench.decode --profile my.yaml --batch-sizes 1,4 --train-steps 20 --out /tmp/dec   # quick
 """
 from __future__ import annotations
 
 import argparse
-import copy
+import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
+from pydantic import ValidationError
 
-from repro.core.profile import load_profile
-from repro.core.provenance import hardware
+from repro.core.io import write_json_atomic
+from repro.core.profile import (
+    Decode,
+    ProfileError,
+    describe_error,
+    load_profile,
+    load_profile_model,
+)
 from repro.core.timing import BenchRun, summarize, time_samples
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dflash import DFlashDraft
@@ -34,44 +56,66 @@ from repro.models.dspark import DSparkDraft
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.models.policy import build_policy
 from repro.models.synthetic import MarkovLanguage, pretrain_policy
-from repro.models.train_draft import sample_sequences, train_draft
-from repro.rollout.engine import RolloutEngine
+from repro.models.train_draft import train_draft
+from repro.rollout.engine import CUDA_GRAPH_MODES, RolloutEngine
+from repro.rollout.peers import PEERS, PeerUnavailable, make_peer
+from repro.rollout.samples import sample_sequences
+from repro.rollout.self_check import run_self_check, verdict_table
 
 FAMILIES = ("eagle3", "dflash", "dspark")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
-# Workload per profile: what the decode benchmark runs at each scale (the profile gives device/dtype).
-# The policy is first pre-trained on a synthetic Markov language (repro.models.synthetic) so its
-# distribution is peaked and learnable; prompts come from that language.
-PRESETS = {
-    "cpu-tiny": dict(scale="tiny", vocab_size=128, lang_tokens=120, pretrain_steps=200, pretrain_batch=16,
-                     pretrain_len=64, pretrain_lr=3e-3, train_prompts=64, prompt_len=8, sample_tokens=32,
-                     train_steps=80, train_batch=16, lr=3e-3, new_tokens=32, temperature=1.0,
-                     batch_sizes=(1, 4, 16, 64), repeats=3, eagle_k=3, block_size=4, block_layers=2),
-    "h200": dict(scale="gpu", vocab_size=32000, lang_tokens=2048, pretrain_steps=300, pretrain_batch=32,
-                 pretrain_len=128, pretrain_lr=1e-3, train_prompts=256, prompt_len=16, sample_tokens=128,
-                 train_steps=300, train_batch=32, lr=1e-3, new_tokens=128, temperature=1.0,
-                 batch_sizes=(1, 4, 16, 64), repeats=3, eagle_k=4, block_size=8, block_layers=2),
-}
+
+def decode_settings(section: Decode | dict | None, profile: str, overrides: dict | None = None) -> Decode:
+    """A profile's ``decode:`` section (typed by repro.core.profile.Decode), with the command line's overrides
+    (None = keep) validated alike; ProfileError naming the key otherwise."""
+    if section is None:
+        raise ProfileError(f"profile {profile!r} has no decode: section (the decode benchmark's workload: "
+                           f"{', '.join(Decode.model_fields)})")
+    vals = section.model_dump() if isinstance(section, Decode) else dict(section)
+    vals.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return Decode.model_validate(vals)
+    except ValidationError as exc:
+        raise ProfileError(f"profile {profile!r}: " + "; ".join(describe_error({**e, "loc": ("decode", *e["loc"])})
+                                                               for e in exc.errors())) from None
 
 
-def make_draft(family: str, policy, preset: dict):
-    """A fresh draft of ``family`` sized from the policy, and a factory of its proposer.
+def copy_bandwidth_gbps(path: str | Path) -> float:
+    """envcheck's measured copy bandwidth (GB/s, read + write counted) from its env.json, bench.json or folder."""
+    p = Path(path)
+    cands = [p / "env.json", p / "bench.json"] if p.is_dir() else [p]
+    for c in cands:
+        if not c.is_file():
+            continue
+        data = json.loads(c.read_text())
+        bw = (data.get("ceilings") or {}).get("copy_bw_gbps")
+        if bw is None:
+            bw = next((r["metrics"].get("copy_bw_gbps") for r in data.get("records", []) if r.get("row") == "copy"),
+                      None)
+        if bw:
+            return float(bw)
+    raise ValueError(f"--envcheck {str(p)!r}: no copy_bw_gbps found (expected envcheck's env.json with "
+                     "'ceilings', its bench.json with a 'copy' row, or their folder)")
 
-    The draft's parameters are ``preset["draft_dtype"]`` (fp32 master weights by default: AdamW on
-    bf16 parameters loses small updates); it reads bf16 taps and rides the bf16 policy's head.
-    """
+
+# -- workload ---------------------------------------------------------------------------------------------------
+def make_draft(family: str, policy, s: Decode):
+    """A fresh draft of ``family`` sized from the policy (fp32 master weights by default: AdamW on bf16
+    parameters loses small updates); it reads the policy's taps and rides the policy's head."""
     torch.manual_seed(0)
-    ddtype = DTYPES[preset.get("draft_dtype", "float32")]
+    ddtype = DTYPES[s.draft_dtype]
     if family == "eagle3":
-        d = Eagle3Draft(Eagle3Config.from_policy(policy, ttt_steps=preset["eagle_k"]))
-        d = d.to(device=policy.device, dtype=ddtype)
+        d = Eagle3Draft(Eagle3Config.from_policy(policy, ttt_steps=s.eagle_k)).to(device=policy.device, dtype=ddtype)
         d.init_from_policy(policy)
-        return d, (lambda dd=d: Eagle3Proposer(dd, preset["eagle_k"]))
-    cfg = BlockDraftConfig.from_policy(policy, num_layers=preset["block_layers"], block_size=preset["block_size"])
+        return d
+    cfg = BlockDraftConfig.from_policy(policy, num_layers=s.block_layers, block_size=s.block_size)
     cls = DFlashDraft if family == "dflash" else DSparkDraft
-    d = cls(cfg, policy).to(device=policy.device, dtype=ddtype)
-    return d, (lambda dd=d: BlockProposer(dd))
+    return cls(cfg, policy).to(device=policy.device, dtype=ddtype)
+
+
+def proposer_for(family: str, draft, s: Decode):
+    return Eagle3Proposer(draft, s.eagle_k) if family == "eagle3" else BlockProposer(draft)
 
 
 def loss_ends(losses: list[float]) -> dict[str, float]:
@@ -80,147 +124,283 @@ def loss_ends(losses: list[float]) -> dict[str, float]:
     return {"loss_first": sum(losses[:k]) / k, "loss_last": sum(losses[-k:]) / k}
 
 
-def pretrain_recorded(bench: BenchRun, policy, lang: MarkovLanguage, preset: dict) -> None:
-    """Pre-train ``policy`` on ``lang`` with the preset's settings and record it as the ``pretrain`` row."""
+def pretrain_recorded(bench: BenchRun, policy, lang: MarkovLanguage, s) -> None:
+    """Pre-train ``policy`` on ``lang`` (settings ``s``: attributes or a dict) and record the ``pretrain`` row."""
+    get = (lambda k: s[k]) if isinstance(s, dict) else (lambda k: getattr(s, k))
     t0 = time.perf_counter()
-    losses = pretrain_policy(policy, lang, steps=preset["pretrain_steps"], batch_size=preset["pretrain_batch"],
-                             seq_len=preset["pretrain_len"], lr=preset["pretrain_lr"])
+    losses = pretrain_policy(policy, lang, steps=get("pretrain_steps"), batch_size=get("pretrain_batch"),
+                             seq_len=get("pretrain_len"), lr=get("pretrain_lr"))
     bench.record("pretrain", {"steps": len(losses)},
                  extra={"pretrain_time_s": time.perf_counter() - t0, **loss_ends(losses),
                         "language_entropy": lang.entropy()})
 
 
-def proposer_for(family: str, draft, preset: dict):
-    return Eagle3Proposer(draft, preset["eagle_k"]) if family == "eagle3" else BlockProposer(draft)
-
-
-
-def identity_check(policy, drafts: dict, preset: dict, prompts) -> dict[str, float]:
-    """Fraction of rows whose greedy speculative output equals plain greedy output, in fp32."""
+def identity_check(policy, drafts: dict, s: Decode, prompts, mode: str) -> dict[str, float]:
+    """Fraction of rows whose greedy speculative output (engine ``mode``) equals plain greedy output, in fp32."""
+    import copy
     pol32 = policy.copy_as(torch.float32) if policy.dtype != torch.float32 else policy
-    plain = RolloutEngine(pol32).generate(prompts, max_new_tokens=preset["new_tokens"] // 2, greedy=True)
+    plain = RolloutEngine(pol32).generate(prompts, max_new_tokens=s.new_tokens // 2, greedy=True)
     out = {}
     for fam, d in drafts.items():
         d32 = copy.deepcopy(d).float() if policy.dtype != torch.float32 else d
         if hasattr(d32, "attach"):
             d32.attach(pol32)
         pol32.set_taps(d32.tap_spec)
-        spec = RolloutEngine(pol32, proposer_for(fam, d32, preset)).generate(
-            prompts, max_new_tokens=preset["new_tokens"] // 2, greedy=True)
+        spec = RolloutEngine(pol32, proposer_for(fam, d32, s), cuda_graphs=mode).generate(
+            prompts, max_new_tokens=s.new_tokens // 2, greedy=True)
         out[fam] = sum(a == b for a, b in zip(spec.tokens, plain.tokens)) / len(prompts)
     return out
 
 
-def run(profile_name: str, out: Path, overrides: dict, deadline_s: float | None = None) -> list[dict]:
-    """Run the benchmark into ``out``. With ``deadline_s`` (seconds from now), points not yet started when
-    it passes are skipped (listed in the run's config) so the run still ends cleanly with its bench.json."""
+class Timer:
+    """Wall and process-CPU seconds per call of a decode function (one warm-up call first)."""
+
+    def __init__(self, device: torch.device, repeats: int):
+        self.device, self.repeats = device, repeats
+
+    def __call__(self, fn):
+        result, cpu = {}, []
+
+        def go():
+            c0 = time.process_time()
+            result["r"] = fn()
+            cpu.append(time.process_time() - c0)
+
+        samples = time_samples(go, warmup=1, repeats=self.repeats, device=self.device)
+        return samples, summarize(cpu[1:])["median"], result["r"]
+
+
+def policy_step_ratio(policy, batch: int, k: int, prompt_len: int, repeats: int) -> tuple[float, float, float]:
+    """The policy's static verify step over k+1 tokens against its one-token decode step, both after the same
+    prompt: (ratio of the medians, verify seconds, decode seconds). The two are timed alternately, so a load
+    change on a shared machine hits both."""
+    cache = policy.new_static_cache(batch, 256)
+    dev = policy.device
+    ids = torch.randint(0, policy.vocab_size - 1, (batch, prompt_len), device=dev)
+    cache.start()
+    policy.decode_step_static(ids, torch.arange(prompt_len, device=dev).expand(batch, -1), cache)
+    steps = {}
+    for q in (1, k + 1):
+        qi = torch.randint(0, policy.vocab_size - 1, (batch, q), device=dev)
+        qp = prompt_len + torch.arange(q, device=dev).expand(batch, -1)
+
+        def step(qi=qi, qp=qp):
+            cache.next_col = prompt_len          # the same columns every call: a steady-state step
+            policy.decode_step_static(qi, qp, cache)
+
+        steps[q] = step
+    times = {q: [] for q in steps}
+    for _ in range(max(10, 4 * repeats)):
+        for q, step in steps.items():
+            times[q] += time_samples(step, warmup=1, repeats=1, device=dev)
+    verify, decode = (summarize(times[q])["median"] for q in (k + 1, 1))
+    return verify / decode, verify, decode
+
+
+# -- the run ----------------------------------------------------------------------------------------------------
+def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck: str | None = None,
+        deadline_s: float | None = None, self_check_only: bool = False) -> list[dict]:
+    """Run the benchmark into ``out``. With ``deadline_s`` (seconds from now), points not yet started when it
+    passes are skipped (listed in the run's config) so the run still ends cleanly with its bench.json."""
     t_start = time.monotonic()
     late = lambda: deadline_s is not None and time.monotonic() - t_start > deadline_s
-    profile = load_profile(profile_name)
-    if profile_name not in PRESETS:
-        raise SystemExit(f"decode has no workload for profile {profile_name!r}; expected one of {sorted(PRESETS)}")
-    preset = {**PRESETS[profile_name], **{k: v for k, v in overrides.items() if v is not None}}
+    model = load_profile_model(profile_ref)
+    profile = load_profile(profile_ref)
+    s = decode_settings(model.decode, model.name, overrides)
+    bw = copy_bandwidth_gbps(envcheck) if envcheck else None     # a bad --envcheck fails before any work
     want_cuda = profile["hardware"]["device"] == "cuda"
     if want_cuda and not torch.cuda.is_available():
-        raise SystemExit(f"profile {profile_name!r} needs a CUDA GPU and this machine has none")
+        raise SystemExit(f"profile {profile['name']!r} needs a CUDA GPU and this machine has none")
+    if s.threads:
+        torch.set_num_threads(s.threads)
     device = torch.device("cuda" if want_cuda else "cpu")
     dtype = DTYPES[profile["dtype"]] if want_cuda else torch.float32
-    families = preset.get("families") or FAMILIES
-    config = {"profile": profile_name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-              "families": list(families), **{k: (list(v) if isinstance(v, tuple) else v) for k, v in preset.items()
-                                           if k != "families"}}
-    policy = build_policy("qwen3", preset["scale"], seed=0, dtype=dtype, device=device,
-                          vocab_size=preset["vocab_size"])
+    config = {"profile": profile["name"], "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+              "threads": torch.get_num_threads(), **{k: (list(v) if isinstance(v, tuple) else v)
+                                                     for k, v in s.model_dump().items()}}
+    policy = build_policy("qwen3", s.scale, seed=0, dtype=dtype, device=device, vocab_size=s.vocab_size,
+                          **s.policy_overrides)
     config["policy_parameters"] = policy.num_parameters()
-    # the MASK id of the block drafts (last vocabulary id) must stay out of the language
-    lang = MarkovLanguage(policy.vocab_size - 1, preset["lang_tokens"], seed=0)
-    train_prompts = lang.sample(preset["train_prompts"], preset["prompt_len"], seed=1).tolist()
-    eval_prompts = lang.sample(max(preset["batch_sizes"]), preset["prompt_len"], seed=2).tolist()
-    temp = preset["temperature"]
+    weight_bytes = sum(p.numel() * p.element_size() for p in policy.model.parameters())
+    config["policy_weight_bytes"] = weight_bytes
+    lang = MarkovLanguage(policy.vocab_size - 1, s.lang_tokens, seed=0)
+    train_prompts = lang.sample(s.train_prompts, s.prompt_len, seed=1).tolist()
+    eval_prompts = lang.sample(max(s.batch_sizes), s.prompt_len, seed=2).tolist()
     skipped: list[str] = []
+    peer_status: dict[str, str] = {}
     config["skipped_for_deadline"] = skipped      # shared with BenchRun's (shallow) copy of the config
-    with BenchRun(out, artifact="decode", profile=profile_name, config=config) as bench:
-        pretrain_recorded(bench, policy, lang, preset)
+    config["peer_status"] = peer_status
+    config["floor"] = (f"weights read once at envcheck's copy bandwidth {bw:.1f} GB/s ({envcheck})" if bw else
+                       "skipped: no --envcheck given (the floor needs envcheck's measured copy bandwidth)")
+    if not bw:
+        print("decode: no --envcheck given, so no floor row (it needs envcheck's copy bandwidth)", flush=True)
+    check_failed = None
+    with BenchRun(out, artifact="decode", profile=profile["name"], config=config) as bench:
+        pretrain_recorded(bench, policy, lang, s)
         t0 = time.perf_counter()
-        seqs, plens = sample_sequences(policy, train_prompts, max_new_tokens=preset["sample_tokens"],
-                                       temperature=temp)
+        seqs, plens = sample_sequences(policy, train_prompts, max_new_tokens=s.sample_tokens,
+                                       temperature=s.temperature)
         bench.record("sample", {"prompts": len(seqs)}, extra={"sample_time_s": time.perf_counter() - t0})
         drafts = {}
-        for fam in families:
-            d, _ = make_draft(fam, policy, preset)
+        for fam in s.families:
+            d = make_draft(fam, policy, s)
             t0 = time.perf_counter()
-            losses = train_draft(d, policy, seqs, plens, steps=preset["train_steps"], lr=preset["lr"],
-                                 batch_size=preset["train_batch"],
+            losses = train_draft(d, policy, seqs, plens, steps=s.train_steps, lr=s.lr, batch_size=s.train_batch,
                                  fallback_backend="torch")
             bench.record(f"train/{fam}", {"family": fam, "steps": len(losses), "attn_backend": d.attn_backend},
                          extra={"train_time_s": time.perf_counter() - t0, **loss_ends(losses)})
             drafts[fam] = d.eval()
-        ident = identity_check(policy, drafts, preset, eval_prompts[:4])
-        for fam, frac in ident.items():
-            bench.record(f"identity/{fam}", {"family": fam, "rows": 4}, extra={"greedy_identical_frac": frac})
-        for B in preset["batch_sizes"]:
+        if device.type == "cuda" or self_check_only:
+            check_failed = self_check(bench, policy, drafts, s, eval_prompts, lang, out)
+            if self_check_only:
+                return bench.records
+        for mode in s.engine_modes:
+            for fam, frac in identity_check(policy, drafts, s, eval_prompts[:4], mode).items():
+                bench.record(f"identity/{fam}/{mode}", {"family": fam, "mode": mode, "rows": 4},
+                             extra={"greedy_identical_frac": frac})
+        timer = Timer(device, s.repeats)
+        for B in s.batch_sizes:
             if late():
                 skipped.append(f"b{B}")
                 continue
-            prompts = eval_prompts[:B]
-            base = None
-            for fam in ("plain", *families):
-                if fam != "plain":
-                    policy.set_taps(drafts[fam].tap_spec)
-                eng = RolloutEngine(policy, None if fam == "plain" else proposer_for(fam, drafts[fam], preset))
-                result = {}
-
-                def go(eng=eng, prompts=prompts, result=result):
-                    result["r"] = eng.generate(prompts, max_new_tokens=preset["new_tokens"], temperature=temp)
-
-                samples = time_samples(go, warmup=1, repeats=preset["repeats"], device=device)
-                r = result["r"]
-                ntok = sum(len(t) for t in r.tokens)
-                med = summarize(samples)["median"]
-                extra = {"tokens_per_s": ntok / med, "acceptance_length": r.counters.acceptance_length,
-                         "policy_forwards": r.policy_forwards, "new_tokens": ntok}
-                if fam == "plain":
-                    base = med
-                else:
-                    extra["speedup"] = base / med
-                    extra["speedup_over_al"] = extra["speedup"] / r.counters.acceptance_length
-                    for i, a in enumerate(r.counters.accepted_per_pos):
-                        extra[f"accept_rate_pos{i}"] = a / max(1, r.counters.verify_steps)
-                bench.record(f"{fam}/b{B}", {"family": fam, "batch": B, "new_tokens": preset["new_tokens"]},
-                             samples, extra=extra)
-        # acceptance under greedy decoding, batch 8: acceptance only, one run each
-        for fam in families:
+            sweep_batch(bench, timer, policy, drafts, s, eval_prompts[:B], B)
+            peers_batch(bench, timer, policy, s, eval_prompts[:B], B, peer_status, out)
+            if bw:
+                floor_s = weight_bytes / (bw * 1e9)
+                bench.record(f"floor/b{B}", {"batch": B, "copy_bw_gbps": bw, "weight_bytes": weight_bytes},
+                             extra={"ms_per_step": floor_s * 1e3, "tokens_per_s": B / floor_s})
+        for fam in s.families:                 # acceptance under greedy decoding, batch 8: acceptance only
             if late():
                 skipped.append(f"{fam}/greedy")
                 continue
             policy.set_taps(drafts[fam].tap_spec)
-            r = RolloutEngine(policy, proposer_for(fam, drafts[fam], preset)).generate(
-                eval_prompts[:8], max_new_tokens=preset["new_tokens"], greedy=True)
+            r = RolloutEngine(policy, proposer_for(fam, drafts[fam], s)).generate(
+                eval_prompts[:8], max_new_tokens=s.new_tokens, greedy=True)
             bench.record(f"{fam}/greedy", {"family": fam, "batch": 8, "greedy": True},
                          extra={"acceptance_length": r.counters.acceptance_length})
-        return bench.records
+    if check_failed:
+        raise SystemExit(f"decode: the engine self-check failed: {check_failed}")
+    return bench.records
+
+
+def self_check(bench, policy, drafts, s: Decode, prompts, lang, out: Path) -> str | None:
+    """Run the engine self-check, write self_check.json, print the verdict; the failures joined, or None."""
+    ragged = [p[: max(2, len(p) - i % 4)] for i, p in enumerate(prompts[:4])]
+    stop = int(lang.sample(1, 1, seed=9)[0, 0])
+    report = run_self_check(policy, drafts, lambda fam, d: proposer_for(fam, d, s), ragged,
+                            new_tokens=s.self_check_tokens, stop_token=stop,
+                            timing_batches=(min(s.batch_sizes), max(s.batch_sizes)), timing_prompts=prompts,
+                            progress=lambda m: print(m, flush=True))
+    write_json_atomic(out / "self_check.json", report)
+    print(verdict_table(report), flush=True)
+    for key, frac in report["identity"].items():
+        bench.record(f"self_check/identity/{key}", {"check": key}, extra={"greedy_identical_frac": frac})
+    for key, v in report["ms_per_step"].items():
+        bench.record(f"self_check/time/{key}", {"check": key}, extra=v)
+    return None if report["passed"] else "; ".join(report["failures"])
+
+
+def sweep_batch(bench, timer: Timer, policy, drafts, s: Decode, prompts, B: int) -> None:
+    """Our engine at batch ``B``: plain decoding and every family, in every engine mode."""
+    for mode in s.engine_modes:
+        base = None
+        for fam in ("plain", *s.families):
+            if fam != "plain":
+                policy.set_taps(drafts[fam].tap_spec)
+            eng = RolloutEngine(policy, None if fam == "plain" else proposer_for(fam, drafts[fam], s),
+                                cuda_graphs="off" if fam == "plain" and mode == "draft" else mode)
+            samples, cpu, r = timer(lambda eng=eng: eng.generate(prompts, max_new_tokens=s.new_tokens,
+                                                                  temperature=s.temperature))
+            ntok = sum(len(t) for t in r.tokens)
+            med = summarize(samples)["median"]
+            al = r.counters.acceptance_length
+            extra = {"tokens_per_s": ntok / med, "ms_per_step": med / r.policy_forwards * 1e3, "cpu_s": cpu,
+                     "acceptance_length": al, "policy_forwards": r.policy_forwards, "new_tokens": ntok}
+            if fam == "plain":
+                base = (med, cpu)
+            else:
+                extra.update(speedup=base[0] / med, speedup_over_al=base[0] / med / al,
+                             speedup_cpu=base[1] / cpu, speedup_cpu_over_al=base[1] / cpu / al)
+                for i, a in enumerate(r.counters.accepted_per_pos):
+                    extra[f"accept_rate_pos{i}"] = a / max(1, r.counters.verify_steps)
+            bench.record(f"suite-{mode}/{fam}/b{B}", {"engine": "suite", "mode": mode, "family": fam, "batch": B,
+                                                      "new_tokens": s.new_tokens}, samples, extra=extra)
+    for fam in s.families:
+        k = proposer_for(fam, drafts[fam], s).num_proposals
+        ratio, verify_s, decode_s = policy_step_ratio(policy, B, k, s.prompt_len, s.repeats)
+        bench.record(f"bound/{fam}/b{B}", {"family": fam, "batch": B, "verify_tokens": k + 1},
+                     extra={"verify_over_decode": ratio, "max_speedup_over_al": 1 / ratio,
+                            "verify_ms": verify_s * 1e3, "decode_ms": decode_s * 1e3})
+
+
+def peers_batch(bench, timer: Timer, policy, s: Decode, prompts, B: int, status: dict, out: Path) -> None:
+    """The peers at batch ``B`` (a peer that cannot run is recorded in ``status`` with its reason)."""
+    for name in s.peers:
+        if status.get(name, "").startswith("unavailable"):
+            continue
+        try:
+            t0 = time.perf_counter()
+            with tempfile.TemporaryDirectory(prefix="decode_peer_") as work:
+                peer = make_peer(name, policy, new_tokens=s.new_tokens, temperature=s.temperature, workdir=work,
+                                 max_model_len=s.prompt_len + s.new_tokens + 8)
+                try:
+                    setup_s = time.perf_counter() - t0
+                    samples, cpu, toks = timer(lambda peer=peer: peer.generate(prompts))
+                finally:
+                    peer.close()
+        except PeerUnavailable as exc:
+            status[name] = f"unavailable: {exc}"
+            print(f"decode: peer {name} unavailable: {exc}", flush=True)
+            continue
+        except Exception as exc:          # noqa: BLE001 - a peer's failure is recorded, the benchmark goes on
+            status[f"{name}/b{B}"] = f"failed: {type(exc).__name__}: {str(exc)[:300]}"
+            print(f"decode: peer {name} failed at batch {B}: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        status.setdefault(name, "ran")
+        ntok = sum(len(t) for t in toks)
+        med = summarize(samples)["median"]
+        bench.record(f"peer/{name}/b{B}", {"engine": name, "family": "plain", "batch": B, "new_tokens": s.new_tokens},
+                     samples, extra={"tokens_per_s": ntok / med, "ms_per_step": med / s.new_tokens * 1e3,
+                                     "cpu_s": cpu, "setup_s": setup_s, "new_tokens": ntok})
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Decode throughput with and without each draft family.")
-    ap.add_argument("--profile", default="cpu-tiny", help="hardware profile: cpu-tiny or h200 (default cpu-tiny)")
-    ap.add_argument("--out", type=Path, default=None, help="run folder (default results/<hw>/<profile>/decode)")
+    ap = argparse.ArgumentParser(description="Decode throughput of our engine, its peers and the floor.")
+    ap.add_argument("--profile", required=True, help="profile name, or a .yaml path; its decode: section is read")
+    ap.add_argument("--out", type=Path, required=True, help="run folder (bench.json, metrics.jsonl, env.json)")
+    ap.add_argument("--envcheck", default=None, help="envcheck's env.json, bench.json or run folder (floor row)")
     ap.add_argument("--batch-sizes", default=None, help="comma-separated batch sizes (default: the profile's)")
+    ap.add_argument("--pretrain-steps", type=int, default=None, help="policy pre-training steps")
     ap.add_argument("--train-steps", type=int, default=None, help="draft training steps per family")
     ap.add_argument("--new-tokens", type=int, default=None, help="tokens generated per row")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per point")
     ap.add_argument("--families", default=None, help="comma-separated subset of eagle3,dflash,dspark")
+    ap.add_argument("--modes", default=None, help=f"comma-separated engine modes, of {','.join(CUDA_GRAPH_MODES)}")
+    ap.add_argument("--peers", default=None, help=f"comma-separated peers, of {','.join(PEERS)} ('none': no peer)")
+    ap.add_argument("--self-check-only", action="store_true", help="train, run the engine self-check, stop")
     args = ap.parse_args(argv)
-    over = {"train_steps": args.train_steps, "new_tokens": args.new_tokens, "repeats": args.repeats,
-            "batch_sizes": tuple(int(b) for b in args.batch_sizes.split(",")) if args.batch_sizes else None,
-            "families": tuple(args.families.split(",")) if args.families else None}
-    if over["families"]:
-        bad = [f for f in over["families"] if f not in FAMILIES]
+
+    def listed(text, allowed, flag):
+        if text is None:
+            return None
+        vals = () if text == "none" else tuple(v for v in text.split(",") if v)
+        bad = [v for v in vals if v not in allowed]
         if bad:
-            raise SystemExit(f"--families {bad} not in {FAMILIES}")
-    out = args.out or Path("results") / hardware()["tag"] / args.profile / "decode"
-    run(args.profile, out, over)
-    print(f"wrote {out}/bench.json")
+            raise SystemExit(f"{flag} {bad} not in {allowed}")
+        return vals
+
+    over = {"pretrain_steps": args.pretrain_steps, "train_steps": args.train_steps, "new_tokens": args.new_tokens,
+            "repeats": args.repeats,
+            "families": listed(args.families, FAMILIES, "--families"),
+            "engine_modes": listed(args.modes, CUDA_GRAPH_MODES, "--modes"),
+            "peers": listed(args.peers, PEERS, "--peers")}
+    if args.batch_sizes:
+        try:
+            over["batch_sizes"] = tuple(int(b) for b in args.batch_sizes.split(","))
+        except ValueError:
+            raise SystemExit(f"--batch-sizes must be comma-separated integers, got {args.batch_sizes!r}") from None
+    run(args.profile, args.out, over, envcheck=args.envcheck, self_check_only=args.self_check_only)
+    print(f"wrote {args.out}/bench.json")
     return 0
 
 

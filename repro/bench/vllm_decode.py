@@ -1,6 +1,6 @@
 """vLLM decode benchmark: throughput and acceptance length of vLLM with and without our EAGLE-3 draft.
 
-The same workload as ``repro.bench.decode``'s ``cpu-tiny`` preset, decoded by vLLM through
+The cpu-tiny decode workload of ``repro.bench.decode`` (its numbers fixed here), decoded by vLLM through
 ``repro.rollout.vllm_backend.VllmRolloutEngine``: a tiny Qwen3 (``head_dim`` 32, the smallest vLLM's
 CPU attention has kernels for) pre-trained briefly on a synthetic Markov language, an EAGLE-3 draft
 trained on the policy's own samples, both exported to vLLM's checkpoint layouts.
@@ -37,8 +37,9 @@ from repro.core.timing import BenchRun, summarize, time_samples
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.models.policy import build_policy
 from repro.models.synthetic import MarkovLanguage
-from repro.models.train_draft import sample_sequences, train_draft
+from repro.models.train_draft import train_draft
 from repro.rollout.engine import RolloutEngine
+from repro.rollout.samples import sample_sequences
 from repro.rollout.vllm_backend import VllmRolloutEngine, require_vllm
 
 PRESET = {"vocab_size": 128, "lang_tokens": 120, "head_dim": 32, "pretrain_steps": 100, "pretrain_batch": 16,

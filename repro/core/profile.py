@@ -228,29 +228,53 @@ class Fig7(Section):
 
 
 class Decode(Section):
-    """Decoding speed of the rollout engine, plain and with each draft, and its peers (repro.bench.decode): a
+    """Decoding speed of the rollout engine, plain and with each draft, beside its peers (repro.bench.decode): a
     policy pre-trained briefly on a synthetic Markov language, drafts trained on its samples, then timed."""
-    scale: Literal["tiny", "gpu"]
-    vocab_size: PosInt
-    lang_tokens: PosInt
-    pretrain_steps: NonNegInt
-    pretrain_batch: PosInt
-    pretrain_len: PosInt
-    pretrain_lr: PosFloat
-    train_prompts: PosInt
-    prompt_len: PosInt
-    sample_tokens: PosInt
-    train_steps: NonNegInt
-    train_batch: PosInt
-    lr: PosFloat
-    new_tokens: PosInt
-    temperature: PosFloat
-    batch_sizes: list[PosInt]
-    repeats: PosInt
-    eagle_k: PosInt
-    block_size: Annotated[StrictInt, Field(ge=2)]
-    block_layers: PosInt
-    draft_dtype: DType = "float32"
+    scale: Literal["tiny", "gpu"]              # policy scale of repro.models.policy
+    vocab_size: Annotated[StrictInt, Field(ge=3)]   # policy vocabulary (the block drafts' MASK is its last id)
+    lang_tokens: Annotated[StrictInt, Field(ge=2)]  # tokens of the synthetic language (< vocab_size)
+    policy_overrides: dict[str, StrictInt] = {}     # HF config overrides (layers, hidden size, heads...)
+    pretrain_steps: PosInt = 200
+    pretrain_batch: PosInt = 16
+    pretrain_len: PosInt = 64
+    pretrain_lr: PosFloat = 3e-3
+    train_prompts: PosInt = 64                 # prompts whose policy samples train the drafts
+    prompt_len: PosInt = 8
+    sample_tokens: PosInt = 32
+    train_steps: PosInt = 80                   # draft training steps per family
+    train_batch: PosInt = 16
+    lr: PosFloat = 3e-3
+    new_tokens: PosInt = 32                    # tokens generated per row in every timed call
+    temperature: PosFloat = 1.0
+    batch_sizes: tuple[PosInt, ...] = (1, 4, 16, 64)
+    repeats: PosInt = 3                        # timed calls per point (after one warm-up call)
+    eagle_k: PosInt = 3                        # EAGLE-3 proposals per step (= its TTT passes)
+    block_size: Annotated[StrictInt, Field(ge=2)] = 4   # DFlash/DSpark block (proposals: block - 1 / block)
+    block_layers: PosInt = 2
+    draft_dtype: DType = "float32"             # draft master weights
+    families: tuple[Literal["eagle3", "dflash", "dspark"], ...] = ("eagle3", "dflash", "dspark")
+    engine_modes: tuple[Literal[CUDA_GRAPH_MODES], ...] = ("off", "all")   # type: ignore[valid-type]
+    peers: tuple[Literal["hf-static-compile", "hf-dynamic", "vllm"], ...] = ("hf-static-compile", "hf-dynamic",
+                                                                             "vllm")
+    threads: NonNegInt = 0                     # torch intra-op threads (0: torch's default)
+    self_check_tokens: PosInt = 24
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_off(cls, data):
+        """YAML 1.1 reads a bare ``off`` as false: in engine_modes it means the mode "off"."""
+        if isinstance(data, Mapping) and isinstance(data.get("engine_modes"), (list, tuple)):
+            data = {**data, "engine_modes": ["off" if m is False else m for m in data["engine_modes"]]}
+        return data
+
+    @model_validator(mode="after")
+    def _checked(self) -> Decode:
+        if not self.lang_tokens < self.vocab_size:
+            raise ValueError(f"decode.lang_tokens={self.lang_tokens} is invalid: expected an integer in "
+                             f"(1, vocab_size={self.vocab_size}) (the last id is the MASK)")
+        if not self.batch_sizes or not self.engine_modes:
+            raise ValueError("decode.batch_sizes and decode.engine_modes must name at least one value")
+        return self
 
 
 # -- paper scale through NeMo-RL --------------------------------------------------------------------------------

@@ -23,6 +23,9 @@ from torch import nn
 
 from kernels.attention import block_draft_attention, block_draft_plan, block_mask, dense_attention
 from kernels.attention.padded import padded_block_attention, padded_block_mask
+from repro.decoding.kv import SlotTable
+from repro.decoding.sampling import proposal_noise
+from repro.decoding.static_kv import StaticKV, StaticProposerState
 from repro.models.draft_layers import (
     DraftKV,
     RMSNorm,
@@ -35,9 +38,6 @@ from repro.models.draft_layers import (
 )
 from repro.models.taps import TapSpec
 from repro.parallel.cp_batch import PackedShard
-from repro.rollout.kv import SlotTable
-from repro.rollout.sampling import proposal_noise
-from repro.rollout.static_kv import StaticKV, StaticProposerState
 
 # "padded": one masked SDPA over the right-padded rows (kernels.attention.padded; no host work, CUDA-graph safe);
 # "kernels": the packed ring route (block_draft_attention, the CP path's kernel at one rank); "dense": the oracle
@@ -356,7 +356,7 @@ class BlockProposer(StaticProposerState):
             for kv in self.kvs:
                 kv.gather(order)
 
-    def _observe_static(self, taps, positions, valid, cursor) -> None:
+    def _observe_static(self, taps, positions, valid, cursor, *, view: int) -> None:   # view: no attention here
         bb = self.draft.backbone
         bb.rope.forget()            # positions is a static buffer refilled in place
         ctx = bb.context(taps)
@@ -379,11 +379,12 @@ class BlockProposer(StaticProposerState):
         vis = torch.cat([vis_ctx, torch.ones(*vis_ctx.shape[:2], Bs, dtype=torch.bool,
                                              device=vis_ctx.device)], dim=2)
         h = bb.embed(bb.block_inputs(last_token))
+        S = vis_ctx.shape[2]        # the static caches' view, or the growing caches' length
         for layer, kv in zip(bb.layers, kvs):
             q, k, v = layer.block_qkv(h, pos, bb.rope)
-            K = torch.cat([kv.k, k.transpose(1, 2).to(kv.k.dtype)], dim=2)
-            V = torch.cat([kv.v, v.transpose(1, 2).to(kv.v.dtype)], dim=2)
-            h = layer.finish(h, cache_attention(q, K, V, vis))
+            K = torch.cat([kv.k[:, :, :S], k.transpose(1, 2).to(kv.k.dtype)], dim=2)
+            V = torch.cat([kv.v[:, :, :S], v.transpose(1, 2).to(kv.v.dtype)], dim=2)
+            h = layer.finish(h, cache_attention(q, K, V, vis, sees_a_key=True))   # the block sees itself
         return bb.norm(h)
 
     @torch.no_grad()
@@ -397,13 +398,15 @@ class BlockProposer(StaticProposerState):
             extra = () if noise is None else (sb.stage("noise", noise),)
             out = self._graphs["propose"](sb.stage("last_tok", last_token), sb.stage("last_pos", last_pos), *extra,
                                           greedy=bool(greedy), temperature=float(temperature),
-                                          confidence_threshold=float(getattr(self.draft, "confidence_threshold", 0.0)))
+                                          confidence_threshold=float(getattr(self.draft, "confidence_threshold", 0.0)),
+                                          view=self.view_after(0))
             return tuple(sb.take(x) for x in out)
         hidden = self.block_hidden(last_token, last_pos)
         return self.draft.sample_block(hidden, last_token, greedy=greedy, temperature=temperature, noise=noise)
 
-    def _propose_static(self, last_token, last_pos, *noise, greedy, temperature, confidence_threshold):
+    def _propose_static(self, last_token, last_pos, *noise, greedy, temperature, confidence_threshold, view):
         # confidence_threshold (DSpark's, read by sample_block) is an argument so that graphs are keyed by it
+        self.slots.view = view
         self.draft.backbone.rope.forget()
         hidden = self._block_hidden(last_token, last_pos, self.skvs, self.slots.visible)
         return self.draft.sample_block(hidden, last_token, greedy=greedy, temperature=temperature,

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from repro.decoding.sampling import probs_from_logits, sample_with_noise
 from repro.models.block_draft import BlockDraftBackbone, BlockDraftConfig, sample_anchors
 from repro.models.taps import TapSpecFromConfig
 from repro.parallel.cp_batch import PackedShard
-from repro.rollout.sampling import probs_from_logits, sample_with_noise
 
 
 def gather_rows(x: torch.Tensor, idx: torch.Tensor, fill=0) -> torch.Tensor:

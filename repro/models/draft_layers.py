@@ -2,7 +2,7 @@
 
 Training-time attention of the drafts goes through ``kernels.attention`` (the TTT and block masks
 live there). Inference-time attention over a draft's ragged KV cache uses the masks of
-``repro.rollout.kv.SlotTable`` (the same rule as the policy's cache) and torch SDPA.
+``repro.decoding.kv.SlotTable`` (the same rule as the policy's cache) and torch SDPA.
 
     rope = Rotary(head_dim=64, theta=1e4)
     q = rope(q, positions)                 # q [..., T, H, D], positions [..., T]
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import Layout, make_layout
-from repro.rollout.kv import SlotTable, gather_slots
+from repro.decoding.kv import SlotTable, gather_slots
 
 
 class RMSNorm(nn.Module):
@@ -26,7 +26,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
+        w = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
+        return F.rms_norm(x, (x.shape[-1],), w, self.eps)
 
 
 class SwiGLU(nn.Module):
@@ -57,9 +58,12 @@ class Rotary(nn.Module):
         if m is not None and m[0] is positions and m[1] == dtype:
             return m[2], m[3]
         cdt = torch.float64 if dtype == torch.float64 else torch.float32
-        ang = positions.to(cdt).unsqueeze(-1) * self.inv_freq.to(cdt)       # [..., T, D/2]
+        inv = self.inv_freq if self.inv_freq.dtype == cdt else self.inv_freq.to(cdt)
+        ang = positions.to(cdt).unsqueeze(-1) * inv                            # [..., T, D/2]
         emb = torch.cat([ang, ang], dim=-1).unsqueeze(-2)                      # [..., T, 1, D]
-        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = emb.cos(), emb.sin()
+        if dtype != cdt:
+            cos, sin = cos.to(dtype), sin.to(dtype)
         self._memo = (positions, dtype, cos, sin)
         return cos, sin
 
@@ -103,15 +107,21 @@ class DraftKV:
             self.k, self.v = gather_slots(self.k, order), gather_slots(self.v, order)
 
 
-def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, *,
+                    sees_a_key: bool = False) -> torch.Tensor:
     """SDPA of ``q [B, q, H, D]`` over ``k/v [B, G, S, D]`` with a bool ``visible [B, q, S]``; out ``[B, q, H, D]``.
 
-    Rows that see no key return 0 (never NaN).
+    Rows that see no key return 0 (never NaN). A caller whose every query sees a key (its own, just written)
+    says so with ``sees_a_key=True`` and skips that guard's five ops.
     """
     H = q.shape[2]
     G = k.shape[1]
     if H % G:
         raise ValueError(f"query heads {H} must be a multiple of key/value heads {G}")
+    if sees_a_key:
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=visible.unsqueeze(1),
+                                             enable_gqa=H != G)
+        return out.transpose(1, 2)
     any_key = visible.any(-1, keepdim=True)                                  # [B, q, 1]
     vis = visible | ~any_key                                                  # keep SDPA NaN-free
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=vis.unsqueeze(1),

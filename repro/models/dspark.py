@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from repro.decoding.sampling import probs_from_logits, sample_with_noise
 from repro.models.block_draft import BlockDraftBackbone, BlockDraftConfig, sample_anchors
 from repro.models.dflash import gather_rows
 from repro.models.taps import TapSpecFromConfig
 from repro.parallel.cp_batch import PackedShard
-from repro.rollout.sampling import probs_from_logits, sample_with_noise
 
 
 @dataclass

@@ -31,6 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import dense_attention, eagle3_ttt_attention, eagle3_ttt_mask
+from repro.decoding.kv import SlotTable
+from repro.decoding.sampling import probs_from_logits, proposal_noise, sample_with_noise
+from repro.decoding.static_kv import StaticKV, StaticProposerState
 from repro.models.draft_layers import (
     DraftKV,
     RMSNorm,
@@ -44,9 +47,6 @@ from repro.models.draft_layers import (
 from repro.models.taps import TapSpec, TapSpecFromConfig
 from repro.models.vocab import check_vocab_maps, draft_to_target_ids, full_draft_vocab
 from repro.parallel.cp_batch import PackedShard
-from repro.rollout.kv import SlotTable
-from repro.rollout.sampling import probs_from_logits, proposal_noise, sample_with_noise
-from repro.rollout.static_kv import StaticKV, StaticProposerState
 
 ATTN_IMPLS = ("kernels", "dense")
 
@@ -157,7 +157,7 @@ class Eagle3Draft(TapSpecFromConfig, nn.Module):
         if taps.shape[-1] != want:
             raise ValueError(f"fused taps have {taps.shape[-1]} features, expected {want} "
                              f"({len(self.cfg.tap_spec.layers)} taps x hidden {self.cfg.target_hidden})")
-        return self.fc(taps.to(self.fc.weight.dtype))
+        return self.fc(taps if taps.dtype == self.fc.weight.dtype else taps.to(self.fc.weight.dtype))
 
     def qkv(self, e: torch.Tensor, g: torch.Tensor, positions: torch.Tensor):
         """q/k/v ``[..., T, heads, D]`` of embeddings ``e`` and hidden ``g`` at RoPE ``positions``."""
@@ -296,7 +296,7 @@ class Eagle3Proposer(StaticProposerState):
     Two cache modes: ``reset(batch)`` grows a ``SlotTable``/``DraftKV`` cache (trimmed and compacted as it
     goes); ``prepare(batch, max_slots, cuda_graphs=...)`` uses preallocated ``[B, G, S_max, D]`` caches
     whose per-verify-step ``observe`` and ``propose`` have static shapes and run as CUDA graphs on a GPU
-    (``repro.rollout.cuda_graph``). Both sample with ``sample_with_noise`` from the same generator draws."""
+    (``repro.decoding.cuda_graph``). Both sample with ``sample_with_noise`` from the same generator draws."""
 
     def __init__(self, draft: Eagle3Draft, num_proposals: int):
         if num_proposals < 1:
@@ -335,7 +335,7 @@ class Eagle3Proposer(StaticProposerState):
         self.table.append(positions, live)
         q, k, v = d.qkv(e, g, positions)
         K, V = self.kv.append(k, v)
-        return d.finish(g, cache_attention(q, K, V, self.table.visible(positions)))
+        return d.finish(g, cache_attention(q, K, V, self.table.visible(positions), sees_a_key=live is None))
 
     def _static_step(self, e, g, positions, cursor, live=None) -> torch.Tensor:
         """``_step`` on the static caches: the new slots go to columns ``cursor + j``."""
@@ -343,7 +343,9 @@ class Eagle3Proposer(StaticProposerState):
         cols = self.slots.write(cursor, positions, live)
         q, k, v = d.qkv(e, g, positions)
         self.skv.write(cols, k, v)
-        return d.finish(g, cache_attention(q, self.skv.k, self.skv.v, self.slots.visible(positions)))
+        # a chain query (live is None) sees its own key, just written; observe's dead columns may see none
+        return d.finish(g, cache_attention(q, *self.skv.view(self.slots.view), self.slots.visible(positions),
+                                           sees_a_key=live is None))
 
     @staticmethod
     def _last_live(out, positions, valid):
@@ -375,8 +377,9 @@ class Eagle3Proposer(StaticProposerState):
         self.trunk_len = self.table.length
         self.g_last, self.pos_last = self._last_live(out, positions, valid)
 
-    def _observe_static(self, tokens, taps, positions, valid, cursor) -> None:
+    def _observe_static(self, tokens, taps, positions, valid, cursor, *, view: int) -> None:
         d = self.draft
+        self.slots.view = view
         d.rope.forget()             # positions is a static buffer refilled in place
         g = d.fuse(taps)
         e = d.embed_tokens(tokens).to(g.dtype)
@@ -407,18 +410,20 @@ class Eagle3Proposer(StaticProposerState):
     @torch.no_grad()
     def propose(self, last_token, last_pos, *, greedy, temperature, generator):
         pos_last = self.sb.take(self.pos_last) if self.static else self.pos_last
-        if not torch.equal(pos_last + 1, last_pos):
+        if (self.check_steps or not self.static) and not torch.equal(pos_last + 1, last_pos):
             raise RuntimeError("EAGLE-3 proposer out of step with the engine: last ingested positions "
                                f"{pos_last.tolist()} vs newest token positions {last_pos.tolist()}")
         noise = self._noise(last_token.shape[0], greedy, generator)
         if self.static:
             cursor = self.cursor.set(self.next_col, self.num_proposals - 1)
             extra = () if noise is None else (self.sb.stage("noise", noise),)
-            toks, q = self._graphs["propose"](cursor, *extra, greedy=bool(greedy), temperature=float(temperature))
+            toks, q = self._graphs["propose"](cursor, *extra, greedy=bool(greedy), temperature=float(temperature),
+                                              view=self.view_after(self.num_proposals - 1))
             return self.sb.take(toks), self.sb.take(q)
         return self._chain(noise, greedy, temperature, lambda e, g, pos, m: self._step(e, g, pos))
 
-    def _propose_static(self, cursor, *noise, greedy, temperature):
+    def _propose_static(self, cursor, *noise, greedy, temperature, view):
+        self.slots.view = view
         self.draft.rope.forget()
         return self._chain(noise[0] if noise else None, greedy, temperature,
                            lambda e, g, pos, m: self._static_step(e, g, pos, cursor + m))

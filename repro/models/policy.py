@@ -8,7 +8,7 @@ Three ways to get one, all returning a ``Policy``:
 
 ``Policy.forward_train`` runs a whole packed or padded batch (no cache) and returns logits plus the
 taps named by its ``TapSpec``; ``Policy.decode_step`` runs a few new tokens per row against an HF
-``DynamicCache`` whose slots are described by a ``repro.rollout.kv.SlotTable`` (ragged acceptance).
+``DynamicCache`` whose slots are described by a ``repro.decoding.kv.SlotTable`` (ragged acceptance).
 Attention masks are passed to the HF model pre-built, so every family sees the same rule.
 
     python -m repro.models.policy --family qwen3 --scale gpu     # print the config and parameter count
@@ -26,8 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from repro.decoding.kv import SlotTable
+from repro.decoding.policy_cache import StaticPolicyCache
 from repro.models.taps import TapRecorder, TapSpec
-from repro.rollout.kv import SlotTable
 
 FAMILIES = ("qwen3", "qwen3_moe", "llama", "gpt_oss")
 SCALES = ("tiny", "gpu")
@@ -56,13 +57,13 @@ def policy_config(family: str, scale: str, *, vocab_size: int | None = None, **o
         raise ValueError(f"policy scale {scale!r} is not one of {SCALES} (real checkpoints: load_policy)")
     cfg_cls, _ = _classes(family)
     if scale == "tiny":
-        base = dict(vocab_size=vocab_size or 128, hidden_size=64, intermediate_size=128,
-                    num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                    max_position_embeddings=1024, rope_theta=1e4, tie_word_embeddings=False)
+        base = {"vocab_size": vocab_size or 128, "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                    "max_position_embeddings": 1024, "rope_theta": 1e4, "tie_word_embeddings": False}
     else:  # ~0.4B parameters with a 32K vocabulary: Qwen3-0.6B's shape, 24 layers
-        base = dict(vocab_size=vocab_size or 32000, hidden_size=1024, intermediate_size=3072,
-                    num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                    max_position_embeddings=8192, rope_theta=1e6, tie_word_embeddings=False)
+        base = {"vocab_size": vocab_size or 32000, "hidden_size": 1024, "intermediate_size": 3072,
+                    "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                    "max_position_embeddings": 8192, "rope_theta": 1e6, "tie_word_embeddings": False}
     if family == "qwen3_moe":
         base.update(num_experts=4 if scale == "tiny" else 16, num_experts_per_tok=2,
                     moe_intermediate_size=base["intermediate_size"] // 2, decoder_sparse_step=1,
@@ -171,8 +172,8 @@ class Policy(nn.Module):
 
     # -- forwards ------------------------------------------------------------------------------------
     def _run(self, input_ids, mask, position_ids, cache, want_taps: bool) -> StepOutput:
-        kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=cache
-                      is not None)
+        kwargs = {"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids, "use_cache": cache
+                      is not None}
         if cache is not None:
             kwargs[self._cache_kwarg] = cache
         if want_taps:
@@ -185,13 +186,16 @@ class Policy(nn.Module):
             out = self.model(**kwargs)
         return StepOutput(out.logits, taps)
 
+    def _windows(self) -> dict[str, int | None]:
+        return {t: (self._window if t == "sliding_attention" else None) for t in self._layer_types}
+
+    def _mask_arg(self, masks: dict[str, torch.Tensor]):
+        # one layer type: a bare 4D mask (families whose model has no per-type mask mapping take only that)
+        return masks if len(masks) > 1 or self.family == "gpt_oss" else masks[self._layer_types[0]]
+
     def _masks(self, table: SlotTable, q_pos: torch.Tensor):
         dtype = self.dtype
-        masks = {}
-        for t in self._layer_types:
-            window = self._window if t == "sliding_attention" else None
-            masks[t] = table.additive_mask(q_pos, dtype, window)
-        return masks if len(masks) > 1 or self.family == "gpt_oss" else masks[self._layer_types[0]]
+        return self._mask_arg({t: table.additive_mask(q_pos, dtype, w) for t, w in self._windows().items()})
 
     @torch.no_grad()
     def decode_step(self, input_ids: torch.Tensor, positions: torch.Tensor, cache, table: SlotTable,
@@ -200,6 +204,26 @@ class Policy(nn.Module):
         table.append(positions, live)
         q_pos = positions.to(table.pos.device)
         return self._run(input_ids, self._masks(table, q_pos), positions, cache, want_taps)
+
+    @torch.no_grad()
+    def decode_step_static(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: StaticPolicyCache,
+                           live: torch.Tensor | None = None, want_taps: bool = False,
+                           cursor: torch.Tensor | None = None, view: int | None = None) -> StepOutput:
+        """Run ``input_ids [B, q]`` at ``positions [B, q]`` on a static cache, writing the q columns at ``cursor``
+        (a device scalar from ``cache.reserve``; None: reserve them here) and attending over the first ``view``
+        columns (``cache.used_view()``). Device work only: capturable."""
+        cache.begin(positions, live, cursor, view)
+        masks = cache.additive_masks(positions, self._windows())
+        return self._run(input_ids, self._mask_arg(masks), positions, cache.hf, want_taps)
+
+    def new_static_cache(self, batch: int, max_slots: int) -> StaticPolicyCache:
+        """A static KV cache of ``max_slots`` columns for ``batch`` rows, in this policy's dtype and device."""
+        cfg = self.config
+        heads = int(cfg.num_attention_heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or self.hidden_size // heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        return StaticPolicyCache(batch, max_slots, num_layers=self.num_layers, kv_heads=kv_heads, head_dim=head_dim,
+                                 dtype=self.dtype, device=self.device)
 
     def forward_train(self, input_ids: torch.Tensor, want_taps: bool = True,
                       attention_mask: torch.Tensor | None = None) -> StepOutput:

@@ -1,12 +1,12 @@
 """Train a draft offline on the policy's own samples (the CPU tests and the one-GPU decode benchmark).
 
-The policy generates rollouts with the plain engine; a training step runs the policy forward on a
+The samples come from the plain engine (``repro.rollout.samples.sample_sequences``); a training step runs the policy forward on a
 minibatch (taps and logits, detached), then the draft's ``draft_loss`` through the
 ``repro.parallel.draft_interface`` contract (``TargetFeatures`` + ``DraftBatch``), the same call the
 co-training loop makes. ``loss_mask[t] = 1`` when ``x_{t+1}`` is a response token (the prediction made
 at position t counts).
 
-    seqs, plens = sample_sequences(policy, prompts, max_new_tokens=64)
+    seqs, plens = sample_sequences(policy, prompts, max_new_tokens=64)   # repro.rollout.samples
     losses = train_draft(draft, policy, seqs, plens, steps=200, lr=1e-3)
 """
 from __future__ import annotations
@@ -16,21 +16,6 @@ from collections.abc import Sequence
 import torch
 
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
-from repro.rollout.engine import RolloutEngine
-
-
-def sample_sequences(policy, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, greedy: bool = False,
-                     temperature: float = 1.0, seed: int = 0, batch_size: int = 64):
-    """Prompt + rollout token lists from the plain engine, and the prompt lengths."""
-    eng = RolloutEngine(policy, max_model_len=max(len(p) for p in prompts) + max_new_tokens + 1)
-    seqs, plens = [], []
-    for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i:i + batch_size]
-        out = eng.generate(chunk, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
-                           seed=seed + i)
-        seqs += [list(p) + t for p, t in zip(chunk, out.tokens)]
-        plens += [len(p) for p in chunk]
-    return seqs, plens
 
 
 def policy_batch(policy, seqs: Sequence[Sequence[int]], plens: Sequence[int]):

@@ -34,7 +34,8 @@ def build(artifact: str, tidy_path: Path, out_dir: Path, profile: str | None = N
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Build an artifact's tables and figures from collected data.")
-    ap.add_argument("--artifact", required=True, choices=ARTIFACTS)
+    ap.add_argument("--artifact", required=True, choices=ARTIFACTS + ("decode",),
+                    help="a paper artifact, or decode (the suite's decoding benchmark)")
     ap.add_argument("--tidy", type=Path, required=True, help="tidy metrics CSV (from collect)")
     ap.add_argument("--out", type=Path, required=True, help="output folder (paper_figures/<profile>)")
     ap.add_argument("--profile", help="only measurements of this profile")

@@ -9,7 +9,7 @@ becomes its kernels (measured: 11-12 ms per 64-row call graphed, 13-16 ms eager)
 2. rows are right-padded to a multiple of ``seq_bucket`` tokens (few shapes over a run, so few captures;
    pad tokens are never anchors, never visible context and never targets, so the loss is unchanged);
 3. ``loss = draft.anchored_loss(...)`` and ``torch.autograd.grad(loss, draft parameters)`` run as one
-   graph (``repro.rollout.cuda_graph.GraphedCallable``: warm-up, capture, replay; eager on CPU, when
+   graph (``repro.decoding.cuda_graph.GraphedCallable``: warm-up, capture, replay; eager on CPU, when
    disabled, or when capture fails, with the reason kept);
 4. the gradients are added to ``p.grad`` times the caller's weight (``lambda x rows share``), as the
    eager ``(weight * loss).backward()`` would.
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from repro.decoding.cuda_graph import GraphedCallable
 from repro.models.block_draft import sample_anchors
-from repro.rollout.cuda_graph import GraphedCallable
 
 
 def _pad_rows(x: torch.Tensor, length: int) -> torch.Tensor:

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from repro.core.progress import Progress
+from repro.decoding.cuda_graph import GraphedCallable
 from repro.rl.checkpoint import load_checkpoint, save_checkpoint, warm_start_digest
 from repro.rl.config import RunConfig
 from repro.rl.drafts import build_draft, make_proposer
@@ -40,7 +41,6 @@ from repro.rl.tasks.math import MathTaskSet
 from repro.rl.tasks.workplace import WorkplaceTaskSet
 from repro.rl.tokenizer import WorkloadTokenizer
 from repro.rl.warmstart import DTYPES, load_draft_weights, make_policy, update_autocast_dtype
-from repro.rollout.cuda_graph import GraphedCallable
 from repro.rollout.engine import RolloutEngine
 
 # metric names of the per-step rows (prefix "train/" or "val/": the tables' summary names stay free);

@@ -3,12 +3,12 @@
 ``RolloutEngine(policy, proposer=None).generate(prompts, ...)`` decodes a batch of prompts with a KV
 cache for the policy (and the draft's own cache inside the proposer), ragged acceptance per row,
 stop tokens and a length limit. Each verify step feeds ``[last token, d_1..d_k]`` through the policy
-once, accepts a prefix by ``repro.rollout.sampling.verify`` and commits ``accepted + 1`` tokens.
+once, accepts a prefix by ``repro.decoding.sampling.verify`` and commits ``accepted + 1`` tokens.
 Without a proposer (k = 0) the same loop is the plain decoding baseline.
 
 ``cuda_graphs="draft"`` runs the proposer on static-shape caches sized for the request
-(``repro.rollout.static_kv``) so that its per-step ``propose``/``observe`` replay as CUDA graphs on a
-GPU (``repro.rollout.cuda_graph``); the policy forward stays eager. On a CPU the same static path runs
+(``repro.decoding.static_kv``) so that its per-step ``propose``/``observe`` replay as CUDA graphs on a
+GPU (``repro.decoding.cuda_graph``); the policy forward stays eager. On a CPU the same static path runs
 eagerly. ``"off"`` (default) keeps the growing, compacted draft caches. ``max_draft_slots`` caps the
 static cache (slots per row); a request that needs more fails before decoding. ``bucket_batch=True`` rounds the
 draft's static batch up to a power of two (a multi-turn rollout's shrinking turns then share captured graphs).
@@ -30,15 +30,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from repro.decoding.kv import SlotTable, gather_hf_cache, select_hf_cache_rows, trim_hf_cache
+from repro.decoding.sampling import verify
+from repro.decoding.static_kv import batch_bucket, bucketed, slots_needed
 from repro.models.policy import Policy
 from repro.models.sdpa_choice import no_cudnn_sdpa
-from repro.rollout.kv import SlotTable, gather_hf_cache, select_hf_cache_rows, trim_hf_cache
 from repro.rollout.proposer import Proposer
-from repro.rollout.sampling import verify
-from repro.rollout.static_kv import batch_bucket, bucketed, slots_needed
+from repro.rollout.static_loop import StaticDecoder, generate_static
 
 log = logging.getLogger(__name__)
-CUDA_GRAPH_MODES = ("off", "draft")
+CUDA_GRAPH_MODES = ("off", "draft", "all")
 BUCKETED_STATES = 16      # static states a proposer keeps when batches are bucketed (every turn shape of a request)
 
 
@@ -115,7 +116,7 @@ class RolloutEngine:
         if cuda_graphs not in CUDA_GRAPH_MODES:
             raise ValueError(f"cuda_graphs={cuda_graphs!r} is invalid: expected one of {CUDA_GRAPH_MODES}")
         if bucket_batch and cuda_graphs == "off":
-            raise ValueError("bucket_batch=True needs cuda_graphs='draft' (it buckets the draft's static batch)")
+            raise ValueError("bucket_batch=True needs cuda_graphs='draft' or 'all' (it buckets the static batch)")
         if bucket_batch and proposer is not None and not hasattr(proposer, "keep_states"):
             raise ValueError(f"bucket_batch=True needs a proposer with static states (keep_states()); "
                              f"{type(proposer).__name__} has none")
@@ -128,8 +129,8 @@ class RolloutEngine:
         self.max_draft_slots = max_draft_slots     # cap on the static draft cache (slots per row)
         # the draft's static batch rounded up to a power of two (static_kv.batch_bucket), the extra rows idle: a
         # multi-turn rollout's shrinking batches then reuse a few captured states instead of capturing per size
-        self.bucket_batch = bucket_batch and proposer is not None
-        if self.bucket_batch:
+        self.bucket_batch = bucket_batch and (proposer is not None or cuda_graphs == "all")
+        if self.bucket_batch and proposer is not None:
             proposer.keep_states(BUCKETED_STATES)
         self._said_cpu = False
         self.policy = policy
@@ -146,6 +147,12 @@ class RolloutEngine:
                                  f"{want.as_output_layers()} (output convention); call policy.set_taps(draft.tap_spec)")
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+        self.static_decoder = None
+        if cuda_graphs == "all":
+            self.static_decoder = StaticDecoder(policy, self.k, keep_states=BUCKETED_STATES if self.bucket_batch
+                                                else 4)
+            if proposer is not None:
+                proposer.check_steps = False      # its per-step check would be a second host sync
         self.max_model_len = max_model_len
         self.compact_every = 16           # verify steps between checks for dead slots to squeeze out
         self.compact_min_waste = 64       # ... and the fewest columns worth a compaction
@@ -153,18 +160,25 @@ class RolloutEngine:
     def graph_status(self) -> dict:
         """Per graphed proposer call: captures, replays, eager calls, and why capture failed (if it did)."""
         status = getattr(self.proposer, "graph_status", None)
-        return status() if status is not None else {}
+        out = status() if status is not None else {}
+        if self.static_decoder is not None:
+            out.update(self.static_decoder.graph_status())
+        return out
 
-    def _start_proposer(self, B: int, P: int, max_new_tokens: int) -> None:
-        if self.cuda_graphs == "off":
-            self.proposer.reset(B)
-            return
+    def static_slots(self, P: int, max_new_tokens: int) -> int:
+        """Columns per row of the static caches for a request (longest prompt ``P``), refused past the cap."""
         need = slots_needed(P, max_new_tokens, self.k)
         if self.max_draft_slots is not None and need > self.max_draft_slots:
             raise ValueError(f"the request needs {need} draft cache slots per row (longest prompt {P} + "
                              f"(max_new_tokens {max_new_tokens} - 1) x {self.k + 1}), over "
                              f"max_draft_slots={self.max_draft_slots}")
-        size = bucketed(need) if self.max_draft_slots is None else min(bucketed(need), self.max_draft_slots)
+        return bucketed(need) if self.max_draft_slots is None else min(bucketed(need), self.max_draft_slots)
+
+    def _start_proposer(self, B: int, P: int, max_new_tokens: int) -> None:
+        if self.cuda_graphs == "off":
+            self.proposer.reset(B)
+            return
+        size = self.static_slots(P, max_new_tokens)
         on_gpu = self.policy.device.type == "cuda"
         if not on_gpu and not self._said_cpu:
             log.warning("cuda_graphs=%r on device %s: the draft runs eagerly on its static caches",
@@ -186,6 +200,13 @@ class RolloutEngine:
         pol, k, dev = self.policy, self.k, self.policy.device
         check_request(prompts, max_new_tokens, greedy, temperature, num_proposals=k,
                       max_model_len=self.max_model_len, vocab_size=pol.vocab_size)
+        if self.cuda_graphs == "all":
+            if self.policy.device.type != "cuda" and not self._said_cpu:
+                log.warning("cuda_graphs='all' on device %s: policy and draft run eagerly on their static caches",
+                            self.policy.device)
+                self._said_cpu = True
+            return generate_static(self, prompts, max_new_tokens=max_new_tokens, greedy=greedy,
+                                   temperature=temperature, stop_tokens=stop_tokens, seed=seed)
         lens = [len(p) for p in prompts]
         temp = 1.0 if greedy else float(temperature)
         gen = torch.Generator(device=dev)

@@ -16,9 +16,11 @@ Per verify step the engine calls ``propose`` once and then ``observe`` once:
 * ``reset(batch)`` starts a request on growing caches (``cuda_graphs="off"``). A proposer with a
   static-cache path also has ``prepare(batch, max_slots, *, cuda_graphs)``, which the engine calls
   instead under ``cuda_graphs="draft"``: caches preallocated for ``max_slots`` columns per row (the
-  engine sizes it from the request, ``repro.rollout.static_kv.slots_needed``), the per-verify-step
+  engine sizes it from the request, ``repro.decoding.static_kv.slots_needed``), the per-verify-step
   ``observe`` (fixed width k+1) and ``propose`` replayed as CUDA graphs when ``cuda_graphs`` is True
-  (a GPU), eager otherwise; and ``graph_status()`` (captures, replays, fallback reasons).
+  (a GPU), eager otherwise; and ``graph_status()`` (captures, replays, fallback reasons). Under
+  ``cuda_graphs="all"`` the engine keeps every row in the batch to the end (no ``select``) and sets the
+  proposer's ``check_steps = False`` (its per-step host-side check would be a second device sync).
 * Sampled proposals draw uniform noise from the engine's ``generator`` (``sampling.proposal_noise``)
   and pick by ``sampling.sample_with_noise``, so graphed and eager paths give the same tokens.
 

@@ -12,9 +12,10 @@ from repro.models.dspark import DSparkDraft
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.models.policy import build_policy
 from repro.models.taps import TapSpec
-from repro.models.train_draft import policy_batch, sample_sequences, train_draft
+from repro.models.train_draft import policy_batch, train_draft
 from repro.models.vocab import build_draft_vocab, check_vocab_maps
 from repro.rollout.engine import RolloutEngine
+from repro.rollout.samples import sample_sequences
 
 FAMILIES = ("eagle3", "dflash", "dspark")
 

@@ -21,3 +21,23 @@ def test_cotrainer_rollout_with_draft_graphs_equals_default(tmp_path, tok, draft
     assert torch.equal(off.input_ids, on.input_ids) and torch.equal(off.loss_mask, on.loss_mask)
     torch.testing.assert_close(off.rollout_logp, on.rollout_logp, rtol=0, atol=1e-6)
     assert off.policy_forwards == on.policy_forwards and off.gen_tokens == on.gen_tokens
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("draft", [None, "eagle3", "dspark"])
+def test_cotrainer_all_static_logprobs_equal_the_trainers(tmp_path, tok, draft):
+    """``cuda_graphs: all`` (eager on CPU): the engine's log-probabilities of the sampled tokens equal the
+    trainer policy's recomputation (teacher-forced, fp32) to 1e-5, and the rollout is well formed."""
+    tr = CoTrainer(tiny_config(tmp_path, draft=draft, cuda_graphs="all"), tok)
+    assert tr.engine.cuda_graphs == "all"
+    batch = tr.rollout(0)
+    assert batch.gen_tokens == int(batch.loss_mask.sum()) > 0
+    with torch.no_grad():
+        logits = tr.policy.forward_train(batch.input_ids, want_taps=False,
+                                         attention_mask=batch.attention_mask).logits.float()
+    temp = tr.cfg.grpo.temperature
+    lp = torch.log_softmax(logits[:, :-1] / temp, -1).gather(2, batch.input_ids[:, 1:, None])[:, :, 0]
+    m = batch.loss_mask[:, 1:] > 0
+    torch.testing.assert_close(batch.rollout_logp[:, 1:][m], lp[m], rtol=0, atol=1e-5)
+    if draft is not None:
+        assert batch.counters.verify_steps > 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from repro.rollout import sampling
+from repro.decoding import sampling
 
 
 class OracleProposer:

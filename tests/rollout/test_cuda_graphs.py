@@ -11,17 +11,18 @@ import logging
 import pytest
 import torch
 
+from repro.decoding.cuda_graph import GraphedCallable
+from repro.decoding.sampling import sample_with_noise
+from repro.decoding.static_kv import Cursor, StaticSlots, slots_needed
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dflash import DFlashDraft
 from repro.models.dspark import DSparkDraft
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.models.policy import build_policy
-from repro.models.train_draft import sample_sequences, train_draft
+from repro.models.train_draft import train_draft
 from repro.models.vocab import build_draft_vocab
-from repro.rollout.cuda_graph import GraphedCallable
 from repro.rollout.engine import CUDA_GRAPH_MODES, RolloutEngine
-from repro.rollout.sampling import sample_with_noise
-from repro.rollout.static_kv import Cursor, StaticSlots, slots_needed
+from repro.rollout.samples import sample_sequences
 
 from .helpers import OracleProposer
 
@@ -215,7 +216,7 @@ def test_graphed_callable_is_eager_on_cpu_and_keys_by_shape(caplog):
     assert k1 != g.graph_key((x,), {"scale": 3.0})
     # a capture that fails (here: no CUDA at all) runs eagerly, says why once, and stays eager
     g.would_capture = lambda inputs: g.fallback_reason is None
-    with caplog.at_level(logging.WARNING, logger="repro.rollout.cuda_graph"):
+    with caplog.at_level(logging.WARNING, logger="repro.decoding.cuda_graph"):
         assert torch.equal(g(x, scale=3.0), 3 * x)
         assert torch.equal(g(x, scale=3.0), 3 * x)
     assert g.fallback_reason and g.captures == 0 and g.eager_calls == 3
@@ -231,7 +232,7 @@ def test_bad_values_fail_clearly(trained):
     pol, prompts, drafts = trained
     d = drafts["eagle3"]
     pol.set_taps(d.tap_spec)
-    with pytest.raises(ValueError, match=r"cuda_graphs='full' is invalid: expected one of \('off', 'draft'\)"):
+    with pytest.raises(ValueError, match=r"cuda_graphs='full' is invalid: expected one of \('off', 'draft', 'all'\)"):
         RolloutEngine(pol, proposer(d), cuda_graphs="full")
     with pytest.raises(ValueError, match="OracleProposer has none"):
         RolloutEngine(pol, OracleProposer(pol, 2, prompts[:1]), cuda_graphs="draft")
@@ -249,7 +250,7 @@ def test_bad_values_fail_clearly(trained):
         cur.set(5, 4)
     with pytest.raises(ValueError, match="max_slots must be >= 1"):
         StaticSlots(2, 0, "cpu")
-    assert CUDA_GRAPH_MODES == ("off", "draft")
+    assert CUDA_GRAPH_MODES == ("off", "draft", "all")
 
 
 def test_rl_config_switch():
@@ -262,7 +263,9 @@ def test_rl_config_switch():
     assert h200.cuda_graphs == "draft" and h200.to_dict()["cuda_graphs"] == "draft"
     assert tiny.cuda_graphs == "off" and "cuda_graphs" not in tiny.to_dict()
     tiny.cuda_graphs = "all"
-    with pytest.raises(ConfigError, match=r"cuda_graphs='all' is invalid"):
+    assert tiny.validate().to_dict()["cuda_graphs"] == "all"
+    tiny.cuda_graphs = "full"
+    with pytest.raises(ConfigError, match=r"cuda_graphs='full' is invalid"):
         tiny.validate()
     prof = load_run_profile("cpu-tiny")
     prof["rl"]["rollout"] = {"cuda_graph": "draft"}
@@ -286,7 +289,7 @@ def test_bucketed_batch_generates_what_the_exact_batch_does(trained, family):
     """bucket_batch: a request of 6 rows runs in a static batch of 8 (2 rows idle from the start), then shrinking
     multi-turn-like requests of 5, 3 and 6 rows reuse the bucketed states; tokens, counters and log-probabilities equal
     the exact-batch static path's and the growing caches'."""
-    from repro.rollout.static_kv import batch_bucket
+    from repro.decoding.static_kv import batch_bucket
 
     pol, prompts, drafts = trained
     d = drafts[family]
@@ -309,7 +312,7 @@ def test_bucketed_batch_generates_what_the_exact_batch_does(trained, family):
 
 
 def test_bucket_batch_is_checked(trained):
-    from repro.rollout.static_kv import batch_bucket
+    from repro.decoding.static_kv import batch_bucket
 
     pol, prompts, drafts = trained
     d = drafts["dflash"]
@@ -321,3 +324,97 @@ def test_bucket_batch_is_checked(trained):
         RolloutEngine(pol, proposer(d), bucket_batch=True)
     with pytest.raises(ValueError, match="bucket_batch=True needs a proposer with static states"):
         RolloutEngine(pol, OracleProposer(pol, 2, prompts[:1]), cuda_graphs="draft", bucket_batch=True)
+
+
+# -- cuda_graphs="all": the policy on its static cache too, decisions on the device (eager on CPU) -------------
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("family", ("plain", *FAMILIES))
+@pytest.mark.parametrize("bucket", [False, True])
+def test_all_static_greedy_is_plain_greedy(trained, family, bucket):
+    """Ragged prompts, a stop token that ends some rows early, idle bucket rows: every row's tokens, stop
+    reasons and log-probabilities as on the dynamic caches, and the same acceptance counters."""
+    pol, prompts, drafts = trained
+    if family != "plain":
+        pol.set_taps(drafts[family].tap_spec)
+    prop = (lambda: None) if family == "plain" else (lambda: proposer(drafts[family]))
+    ps = ragged(prompts)
+    plain = RolloutEngine(pol).generate(ps, max_new_tokens=16, greedy=True)
+    stop = plain.tokens[1][5]                                # row 1 (at least) stops early
+    kw = {"max_new_tokens": 16, "greedy": True, "stop_tokens": [stop]}
+    ref = RolloutEngine(pol).generate(ps, **kw)
+    assert "stop" in ref.finish_reason and "length" in ref.finish_reason
+    off = RolloutEngine(pol, prop()).generate(ps, **kw)
+    eng = RolloutEngine(pol, prop(), cuda_graphs="all", bucket_batch=bucket)
+    for _ in range(2):                                       # the second call reuses the static state
+        got = eng.generate(ps, **kw)
+        assert got.tokens == ref.tokens
+        assert got.finish_reason == ref.finish_reason
+        assert got.counters.as_dict() == off.counters.as_dict()
+        assert got.policy_forwards == off.policy_forwards
+        for a, b in zip(got.logprobs, off.logprobs):
+            torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=0, atol=1e-5)
+    if family != "plain":
+        assert got.counters.accepted > 0                     # the drafts' proposals were verified and kept
+    assert got.cache_slots == 256 and got.cache_compactions == 0
+
+
+@pytest.mark.timeout(60)
+def test_all_static_sampling_equals_itself_and_differs_by_seed(trained):
+    """Sampling on the static path: a seed fixes the output; another seed changes it; AL stays in range."""
+    pol, prompts, drafts = trained
+    d = drafts["dspark"]
+    pol.set_taps(d.tap_spec)
+    eng = RolloutEngine(pol, proposer(d), cuda_graphs="all")
+    ps = ragged(prompts)
+    a = eng.generate(ps, max_new_tokens=12, temperature=0.8, seed=1)
+    b = eng.generate(ps, max_new_tokens=12, temperature=0.8, seed=1)
+    c = eng.generate(ps, max_new_tokens=12, temperature=0.8, seed=2)
+    assert a.tokens == b.tokens and a.logprobs == b.logprobs
+    assert a.tokens != c.tokens
+    assert all(len(t) == 12 for t in a.tokens)
+    assert 1.0 <= a.counters.acceptance_length <= d.num_proposals + 1
+
+
+@pytest.mark.timeout(60)
+def test_all_static_edge_requests(trained):
+    pol, _, drafts = trained
+    d = drafts["eagle3"]
+    pol.set_taps(d.tap_spec)
+    eng = RolloutEngine(pol, proposer(d), cuda_graphs="all")
+    one = eng.generate([[1, 2, 3]], max_new_tokens=1, greedy=True)
+    assert one.tokens == RolloutEngine(pol).generate([[1, 2, 3]], max_new_tokens=1, greedy=True).tokens
+    assert one.policy_forwards == 1 and one.finish_reason == ["length"]
+    capped = RolloutEngine(pol, proposer(d), cuda_graphs="all", max_draft_slots=40)
+    with pytest.raises(ValueError, match=r"needs 61 draft cache slots per row .* over max_draft_slots=40"):
+        capped.generate([[1, 2, 3, 4, 5]], max_new_tokens=15, greedy=True)
+    with pytest.raises(ValueError, match="needs cuda_graphs='draft' or 'all'"):
+        RolloutEngine(pol, proposer(d), bucket_batch=True)
+    assert RolloutEngine(pol, cuda_graphs="all").static_decoder is not None
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("family", ("plain", *FAMILIES))
+def test_all_static_under_replay_emulation(trained, family, monkeypatch):
+    """The graphed calls under CPU replay emulation (static inputs copied in, static outputs overwritten by
+    every call, warm-up runs first): the same tokens as the eager static path, over requests of two shapes,
+    greedy and sampled. A buffer passed anew where a graph writes in place, or an output kept across steps,
+    would diverge here as it would on a GPU."""
+    pol, prompts, drafts = trained
+    if family != "plain":
+        pol.set_taps(drafts[family].tap_spec)
+    make = (lambda: None) if family == "plain" else (lambda: proposer(drafts[family]))
+    ps = ragged(prompts)
+    stop = RolloutEngine(pol).generate(ps, max_new_tokens=12, greedy=True).tokens[1][4]
+    requests = [(ps, True, 0), (ps[:3], False, 1), (ps, False, 2), (ps, True, 3)]
+    eager = RolloutEngine(pol, make(), cuda_graphs="all")
+    want = [eager.generate(p, max_new_tokens=12, greedy=g, temperature=0.9, seed=s, stop_tokens=[stop])
+            for p, g, s in requests]
+    monkeypatch.setattr(GraphedCallable, "emulate_replay", True)
+    eng = RolloutEngine(pol, make(), cuda_graphs="all")
+    for (p, g, s), w in zip(requests, want):
+        got = eng.generate(p, max_new_tokens=12, greedy=g, temperature=0.9, seed=s, stop_tokens=[stop])
+        assert got.tokens == w.tokens and got.finish_reason == w.finish_reason
+        assert got.counters.as_dict() == w.counters.as_dict()
+        assert got.logprobs == w.logprobs
+    status = eng.graph_status()
+    assert status and all(v["replays"] > 0 for k, v in status.items() if "accept" in k or "step" in k)

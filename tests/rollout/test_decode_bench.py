@@ -1,32 +1,98 @@
-"""The decode benchmark program: its CLI and a deadline that skips points but still writes bench.json.
+"""The decode benchmark program: its settings reader, CLI, envcheck floor, and a deadline that skips points but
+still writes bench.json.
 
     .venv/bin/python -m pytest -q tests/rollout/test_decode_bench.py
 """
 import json
 
 import pytest
+import yaml
 
 from repro.bench import decode
+from repro.core.profile import PROFILE_DIR, ProfileError
+
+TINY = {"scale": "tiny", "vocab_size": 64, "lang_tokens": 50, "pretrain_steps": 2, "train_prompts": 4,
+        "prompt_len": 4, "sample_tokens": 4, "train_steps": 1, "new_tokens": 4, "batch_sizes": [1, 2],
+        "repeats": 1, "families": ["dspark"], "engine_modes": [False, "all"], "peers": ["hf-dynamic", "vllm"],
+        "block_layers": 1}
 
 
-def test_help_and_bad_arguments(capsys):
+def profile_file(tmp_path, decode_section):
+    prof = yaml.safe_load((PROFILE_DIR / "cpu-tiny.yaml").read_text())
+    if decode_section is not None:
+        prof["decode"] = decode_section
+    path = tmp_path / "prof.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    return path
+
+
+def test_help_and_bad_arguments(capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         decode.main(["--help"])
     assert e.value.code == 0 and "--profile" in capsys.readouterr().out
     with pytest.raises(SystemExit, match=r"--families \['medusa'\]"):
-        decode.main(["--families", "medusa"])
+        decode.main(["--profile", "cpu-tiny", "--out", str(tmp_path), "--families", "medusa"])
+    with pytest.raises(SystemExit, match=r"--modes \['full'\]"):
+        decode.main(["--profile", "cpu-tiny", "--out", str(tmp_path), "--modes", "full"])
     with pytest.raises(Exception, match="unknown profile 'tpu'"):
-        decode.main(["--profile", "tpu", "--out", "/tmp/never"])
+        decode.main(["--profile", "tpu", "--out", str(tmp_path)])
+    with pytest.raises(ProfileError, match="has no decode: section"):
+        decode.run(str(profile_file(tmp_path, None)), tmp_path / "x")
+    with pytest.raises(ValueError, match="no copy_bw_gbps found"):
+        decode.run(str(profile_file(tmp_path, TINY)), tmp_path / "x", envcheck=str(tmp_path))
+    assert not (tmp_path / "x").exists()
+
+
+def test_settings_reader():
+    s = decode.decode_settings(TINY, "p", {"repeats": 5, "train_steps": None})
+    assert s.engine_modes == ("off", "all") and s.repeats == 5 and s.train_steps == 1 and s.batch_sizes == (1, 2)
+    with pytest.raises(ProfileError, match=r"decode.batch: unknown key 'batch'; expected one of"):
+        decode.decode_settings({**TINY, "batch": 3}, "p")
+    with pytest.raises(ProfileError, match=r"decode.lang_tokens: missing"):
+        decode.decode_settings({"scale": "tiny", "vocab_size": 64}, "p")
+    with pytest.raises(ProfileError, match=r"decode.lang_tokens=64 is invalid"):
+        decode.decode_settings({**TINY, "lang_tokens": 64}, "p")
+    with pytest.raises(ProfileError, match=r"decode.peers.0: 'sglang' is invalid"):
+        decode.decode_settings({**TINY, "peers": ["sglang"]}, "p")
+
+
+def test_envcheck_bandwidth(tmp_path):
+    (tmp_path / "env.json").write_text(json.dumps({"ceilings": {"copy_bw_gbps": 12.5}}))
+    assert decode.copy_bandwidth_gbps(tmp_path) == 12.5
+    b = tmp_path / "bench.json"
+    b.write_text(json.dumps({"records": [{"row": "matmul", "metrics": {}}, {"row": "copy",
+                                                                            "metrics": {"copy_bw_gbps": 7.0}}]}))
+    assert decode.copy_bandwidth_gbps(b) == 7.0
+
+
+@pytest.mark.timeout(180)
+def test_run_writes_every_row_kind(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "env.json").write_text(json.dumps({"ceilings": {"copy_bw_gbps": 10.0}}))
+    decode.run(str(profile_file(tmp_path, TINY)), tmp_path / "run", {"batch_sizes": (2,)},
+               envcheck=str(tmp_path / "env"))
+    bench = json.loads((tmp_path / "run" / "bench.json").read_text())
+    rows = {r["row"]: r for r in bench["records"]}
+    for row in ("suite-off/plain/b2", "suite-all/plain/b2", "suite-off/dspark/b2", "suite-all/dspark/b2",
+                "bound/dspark/b2", "peer/hf-dynamic/b2", "floor/b2", "identity/dspark/all"):
+        assert row in rows, sorted(rows)
+    assert rows["identity/dspark/all"]["metrics"]["greedy_identical_frac"] == 1.0
+    spec = rows["suite-all/dspark/b2"]["metrics"]
+    assert spec["speedup_over_al"] == pytest.approx(spec["speedup"] / spec["acceptance_length"])
+    assert rows["floor/b2"]["metrics"]["ms_per_step"] == pytest.approx(
+        bench["config"]["policy_weight_bytes"] / 10e9 * 1e3)
+    assert bench["config"]["peer_status"]["vllm"].startswith("unavailable: vllm is not importable")
+    assert bench["config"]["engine_modes"] == ["off", "all"]
 
 
 @pytest.mark.timeout(120)
 def test_deadline_skips_points_and_writes_bench_json(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    tiny = dict(pretrain_steps=2, train_prompts=4, sample_tokens=4, train_steps=1, new_tokens=4,
-                batch_sizes=(1, 2), repeats=1, families=("dspark",))
-    decode.run("cpu-tiny", tmp_path, tiny, deadline_s=0.0)
-    bench = json.loads((tmp_path / "bench.json").read_text())
+    decode.run(str(profile_file(tmp_path, TINY)), tmp_path / "run", deadline_s=0.0)
+    bench = json.loads((tmp_path / "run" / "bench.json").read_text())
     rows = [r["row"] for r in bench["records"]]
-    assert rows[:3] == ["pretrain", "sample", "train/dspark"] and "identity/dspark" in rows
-    assert not any(r.startswith("plain/") for r in rows)
+    assert rows[:3] == ["pretrain", "sample", "train/dspark"] and "identity/dspark/off" in rows
+    assert not any(r.startswith("suite-") for r in rows)
     assert bench["config"]["skipped_for_deadline"] == ["b1", "b2", "dspark/greedy"]
+    assert bench["config"]["floor"].startswith("skipped: no --envcheck")

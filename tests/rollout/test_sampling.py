@@ -9,10 +9,10 @@ the outcome is deterministic; a broken sampler fails with p-values many orders b
 import pytest
 import torch
 
+from repro.decoding.sampling import verify, verify_with_noise
 from repro.models.policy import build_policy
 from repro.rollout.engine import RolloutEngine
 from repro.rollout.law import chi2_pvalue, exact_pair_laws
-from repro.rollout.sampling import verify
 
 from .helpers import OracleProposer
 
@@ -98,10 +98,12 @@ def test_verify_with_cut_chains_is_exact():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["off", "all"])
 @pytest.mark.parametrize("family", ["eagle3_reduced_vocab", "dflash", "dspark"])
-def test_real_drafts_sample_the_policy_distribution(family):
+def test_real_drafts_sample_the_policy_distribution(family, mode):
     """The drafts' own proposal distributions (reduced-vocabulary EAGLE-3 mapped to the target
-    vocabulary, DFlash's per-slot head, DSpark's sequential Markov chain) keep sampling exact."""
+    vocabulary, DFlash's per-slot head, DSpark's sequential Markov chain) keep sampling exact, on the
+    growing caches (``off``) and on the static caches with the device-side acceptance (``all``)."""
     from repro.models.block_draft import BlockDraftConfig, BlockProposer
     from repro.models.dflash import DFlashDraft
     from repro.models.dspark import DSparkDraft
@@ -123,9 +125,45 @@ def test_real_drafts_sample_the_policy_distribution(family):
             torch.nn.init.normal_(d.markov_out.weight, std=0.5)    # make the Markov bias matter
         prop = BlockProposer(d)
     pol.set_taps(d.tap_spec)
-    out = RolloutEngine(pol, prop).generate([prompt] * N, max_new_tokens=3, temperature=temp, seed=12)
+    out = RolloutEngine(pol, prop, cuda_graphs=mode).generate([prompt] * N, max_new_tokens=3, temperature=temp,
+                                                               seed=12)
     assert 1.05 < out.counters.acceptance_length < prop.num_proposals + 1
     toks = torch.tensor(out.tokens)
     joint12, joint23 = exact_pair_laws(pol, prompt, temperature=temp)
     assert chi2_pvalue(torch.bincount(toks[:, 0] * V + toks[:, 1], minlength=V * V), joint12) > ALPHA
     assert chi2_pvalue(torch.bincount(toks[:, 1] * V + toks[:, 2], minlength=V * V), joint23) > ALPHA
+
+
+@pytest.mark.timeout(120)
+def test_static_plain_decoding_samples_the_policy_distribution():
+    """Plain decoding on the static path (first token and every later one drawn by the noise race)."""
+    V, prompt, N, temp = 12, [3, 1, 4], 2500, 0.9
+    pol = build_policy("qwen3", "tiny", seed=7, vocab_size=V, init_std=0.2)
+    out = RolloutEngine(pol, cuda_graphs="all").generate([prompt] * N, max_new_tokens=3, temperature=temp, seed=5)
+    toks = torch.tensor(out.tokens)
+    joint12, joint23 = exact_pair_laws(pol, prompt, temperature=temp)
+    assert chi2_pvalue(torch.bincount(toks[:, 0] * V + toks[:, 1], minlength=V * V), joint12) > ALPHA
+    assert chi2_pvalue(torch.bincount(toks[:, 1] * V + toks[:, 2], minlength=V * V), joint23) > ALPHA
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("one_hot_draft", [False, True])
+def test_verify_with_noise_is_exact(one_hot_draft):
+    """The graph-safe acceptance (noise drawn beforehand) draws the first committed token and the bonus
+    from the policy's law; a residual that skips the rejection correction would fail."""
+    g = torch.Generator().manual_seed(5)
+    V, k, N = 6, 2, 60000
+    logits = (torch.randn(1, k + 1, V, generator=g) * 1.5).expand(N, -1, -1)
+    q = torch.softmax(torch.randn(1, k, V, generator=g), -1).expand(N, -1, -1)
+    d = torch.stack([torch.multinomial(q[0, i].expand(N, V), 1, generator=g)[:, 0] for i in range(k)], 1)
+    v = verify_with_noise(logits, d, None if one_hot_draft else q, greedy=False,
+                          accept_noise=torch.rand(N, k, generator=g), token_noise=torch.rand(N, V, generator=g))
+    first = torch.where(v.accepted > 0, d[:, 0], v.next_token)
+    assert chi2_pvalue(torch.bincount(first, minlength=V), torch.softmax(logits[0, 0], -1)) > ALPHA
+    rows = v.accepted == k
+    assert chi2_pvalue(torch.bincount(v.next_token[rows], minlength=V), torch.softmax(logits[0, k], -1)) > ALPHA
+    skipped = torch.where(v.accepted > 0, d[:, 0], torch.multinomial(torch.softmax(logits[:, 0], -1), 1,
+                                                                     generator=g)[:, 0])
+    assert chi2_pvalue(torch.bincount(skipped, minlength=V), torch.softmax(logits[0, 0], -1)) < 1e-6
+    with pytest.raises(ValueError, match="sampling needs token_noise"):
+        verify_with_noise(logits, d, q, greedy=False)

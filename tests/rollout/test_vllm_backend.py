@@ -33,8 +33,9 @@ from repro.models.dflash import DFlashDraft
 from repro.models.dspark import DSparkDraft
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.models.policy import build_policy
-from repro.models.train_draft import sample_sequences, train_draft
+from repro.models.train_draft import train_draft
 from repro.rollout.engine import RolloutEngine
+from repro.rollout.samples import sample_sequences
 from repro.rollout.vllm_backend import VllmRolloutEngine, dspark_blocker
 from repro.rollout.vllm_export import dflash_vllm_config, export_policy
 

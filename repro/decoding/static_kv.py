@@ -1,12 +1,14 @@
 """Static-shape draft caches for CUDA-graphed proposers: preallocated slots, written at device indices.
 
 ``StaticSlots(batch, max_slots, device)`` holds the token position of every slot ``[B, S_max]`` (-1:
-dead or unused) with the visibility rule of ``repro.rollout.kv.SlotTable.visible`` (live, position
+dead or unused) with the visibility rule of ``repro.decoding.kv.SlotTable.visible`` (live, position
 <= query position). ``StaticKV`` holds one draft layer's keys/values ``[B, G, S_max, D]``. Writes go
 to columns ``cursor + j`` where ``cursor`` is a device scalar, so a captured graph can write at a
 different place on each replay; attention always runs over all ``S_max`` slots under the mask, so
 every shape is static. Nothing is trimmed or compacted: ``S_max`` is sized for the whole request
 (``slots_needed``), and ``Cursor`` refuses (on the host, without a device sync) any write past it.
+Attention reads the first ``view`` columns (``StaticSlots.view``: the used ones rounded up to
+``VIEW_BUCKET``, ``view_columns``), a host-side number that keys the captured graphs.
 
     slots, kv = StaticSlots(2, 64, "cpu"), StaticKV(2, 2, 64, 16, torch.float32, "cpu")
     cols = slots.write(cursor_tensor, positions, live)      # positions/live [B, q]
@@ -20,10 +22,16 @@ from collections.abc import Callable, Hashable
 
 import torch
 
-from repro.rollout.cuda_graph import GraphedCallable
-from repro.rollout.kv import slot_visible
+from repro.decoding.cuda_graph import GraphedCallable
+from repro.decoding.kv import slot_visible
 
 SLOT_BUCKET = 256   # S_max is rounded up to this, so similar requests reuse buffers (and captured graphs)
+VIEW_BUCKET = 64    # attention reads the used columns rounded up to this (one captured graph per bucket)
+
+
+def view_columns(used: int, max_slots: int, bucket: int = VIEW_BUCKET) -> int:
+    """Columns attention reads when ``used`` are written: rounded up to ``bucket``, at most ``max_slots``."""
+    return max(1, min(max_slots, -(-used // bucket) * bucket))
 
 
 def slots_needed(prompt_len: int, max_new_tokens: int, num_proposals: int) -> int:
@@ -70,6 +78,7 @@ class StaticSlots:
         if max_slots < 1:
             raise ValueError(f"max_slots must be >= 1, got {max_slots}")
         self.pos = torch.full((batch, max_slots), -1, dtype=torch.long, device=device)
+        self.view = max_slots         # columns attention reads (set per call by the graphed caller)
 
     @property
     def max_slots(self) -> int:
@@ -82,14 +91,15 @@ class StaticSlots:
               ) -> torch.Tensor:
         """Slots ``cursor + j`` (j < q) take ``positions [B, q]`` (-1 where ``live`` is False); returns the columns."""
         cols = cursor + torch.arange(positions.shape[1], device=self.pos.device)
-        pos = positions.to(torch.long)
+        pos = positions if positions.dtype == torch.long else positions.to(torch.long)
         if live is not None:
             pos = torch.where(live, pos, torch.full_like(pos, -1))
         self.pos.index_copy_(1, cols, pos)
         return cols
 
     def visible(self, q_pos: torch.Tensor) -> torch.Tensor:
-        return slot_visible(self.pos, q_pos)
+        """Bool ``[B, q, view]``: the first ``view`` slots' visibility to queries at ``q_pos [B, q]``."""
+        return slot_visible(self.pos[:, :self.view], q_pos)
 
 
 class StaticKV:
@@ -99,8 +109,15 @@ class StaticKV:
 
     def write(self, cols: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Keys/values ``[B, q, G, D]`` into slots ``cols [q]``."""
-        self.k.index_copy_(2, cols, k.transpose(1, 2).to(self.k.dtype))
-        self.v.index_copy_(2, cols, v.transpose(1, 2).to(self.v.dtype))
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        if k.dtype != self.k.dtype:
+            k, v = k.to(self.k.dtype), v.to(self.v.dtype)
+        self.k.index_copy_(2, cols, k)
+        self.v.index_copy_(2, cols, v)
+
+    def view(self, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the first ``columns`` slots."""
+        return self.k[:, :, :columns], self.v[:, :, :columns]
 
 
 class StaticBatch:
@@ -184,6 +201,7 @@ class StaticProposerState:
 
     needs_taps = True
     compact_min_waste = 64        # growing caches: squeeze dead slots out once this many columns would go
+    check_steps = True            # host-side consistency checks per step (a device sync); the static engine skips them
 
     def init_static_state(self) -> None:
         self.static = False
@@ -222,13 +240,19 @@ class StaticProposerState:
         ``_observe_static``'s arguments (then the cursor). The prefill (the request's first observe, as wide
         as the prompt) runs eagerly; the per-verify-step ones (width k+1) replay the graph."""
         cursor = self.cursor.set(self.next_col, width)
+        view = self.view_after(width)
         if self.next_col == 0:       # rows idle from the start (a bucketed batch) take the fills, as later
             args = ([x for _, x, _ in inputs] if self.sb.full
                     else [self.sb.stage(f"prefill.{name}", x, fill=fill) for name, x, fill in inputs])
-            self._observe_static(*args, cursor)
+            self._observe_static(*args, cursor, view=view)
         else:
-            self._graphs["observe"](*(self.sb.stage(name, x, fill=fill) for name, x, fill in inputs), cursor)
+            self._graphs["observe"](*(self.sb.stage(name, x, fill=fill) for name, x, fill in inputs), cursor,
+                                    view=view)
         self.next_col += width
+
+    def view_after(self, width: int) -> int:
+        """The attention view of a call that writes ``width`` columns at the cursor."""
+        return view_columns(self.next_col + width, self.slots.max_slots)
 
     def graph_status(self) -> dict:
         """Per graphed call: captures, replays, eager calls, and why capture failed (if it did)."""

@@ -17,6 +17,12 @@ must not skip work through a memo keyed on tensor identity (the capture would re
 A failed capture never fails the run: the reason is logged once, kept in ``fallback_reason``, and
 this callable runs eagerly from then on (until ``reset()``).
 
+``GraphedCallable.emulate_replay = True`` (tests, CPU) makes an enabled callable on CPU tensors behave as a
+replayed graph would, short of recording kernels: the warm-up calls, then static inputs (inputs copied
+into the first call's tensors) and static outputs (every call's results copied into the first call's
+outputs, which the caller gets back each time). So a caller that passes a new tensor where the graph
+writes in place, or keeps an output across calls, goes wrong on the CPU as it would on a GPU.
+
     step = GraphedCallable(lambda x: model(x), "draft.propose", enabled=True)
     y = step(x, greedy=True)          # eager on CPU; captured once per input shape on CUDA, then replayed
     step.fallback_reason              # None, or why capture failed
@@ -54,8 +60,18 @@ def capture_into(graph: torch.cuda.CUDAGraph):
         graph.capture_end()
 
 
+def _copy_into(dst: Any, src: Any) -> None:
+    """Copy a call's outputs (tensors, possibly nested in tuples/lists, or None) into the static ones."""
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(src)
+    elif isinstance(dst, (tuple, list)):
+        for d, s in zip(dst, src):
+            _copy_into(d, s)
+
+
 class GraphedCallable:
     total_captures = 0       # every capture in this process (trainers log it: train/graph_captures)
+    emulate_replay = False   # tests: replay semantics on CPU (see the module docstring)
 
     def __init__(self, fn: Callable[..., Any], name: str, *, enabled: bool = True, warmup: int = 2,
                  persistent_inputs: bool = False):
@@ -84,6 +100,8 @@ class GraphedCallable:
 
     def __call__(self, *inputs: torch.Tensor, **settings: Hashable) -> Any:
         if not self.would_capture(inputs):
+            if self.enabled and GraphedCallable.emulate_replay and inputs:
+                return self._emulated(inputs, settings)
             self.eager_calls += 1
             return self.fn(*inputs, **settings)
         k = self.graph_key(inputs, settings)
@@ -107,6 +125,25 @@ class GraphedCallable:
             if s is not x:
                 s.copy_(x)
         graph.replay()
+        self.replays += 1
+        return static_out
+
+    def _emulated(self, inputs: tuple[torch.Tensor, ...], settings: dict[str, Hashable]) -> Any:
+        k = self.graph_key(inputs, settings)
+        entry = self._graphs.get(k)
+        if entry is None:
+            static_in = list(inputs) if self.persistent_inputs else [x.clone() for x in inputs]
+            for _ in range(self.warmup):
+                self.fn(*static_in, **settings)
+            entry = self._graphs[k] = (None, static_in, self.fn(*static_in, **settings))
+            self.captures += 1
+            GraphedCallable.total_captures += 1
+            return entry[2]
+        _, static_in, static_out = entry
+        for s, x in zip(static_in, inputs):
+            if s is not x:
+                s.copy_(x)
+        _copy_into(static_out, self.fn(*static_in, **settings))
         self.replays += 1
         return static_out
 

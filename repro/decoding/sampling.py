@@ -25,6 +25,7 @@ import torch
 class Verdict:
     accepted: torch.Tensor   # [B] long, number of accepted proposals (0..k)
     next_token: torch.Tensor  # [B] long, the policy's token after the accepted prefix
+    probs: torch.Tensor | None = None   # [B, k+1, V] the policy's sampling law (sampling mode; None when greedy)
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -51,12 +52,38 @@ def verify(policy_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs:
     if draft_probs is not None and draft_probs.shape != (B, k, V):
         raise ValueError(f"draft_probs must be [B={B}, k={k}, V={V}], got {tuple(draft_probs.shape)}")
     dev = policy_logits.device
-    rows = torch.arange(B, device=dev)
     if num_valid is not None:
         if num_valid.shape != (B,) or bool(((num_valid < 0) | (num_valid > k)).any()):
             raise ValueError(f"num_valid must be [B={B}] with values in [0, {k}], got {num_valid.tolist()}")
         num_valid = num_valid.to(dev, torch.long)
-    else:
+    if greedy:
+        return _accept(policy_logits, draft_tokens, None, greedy=True, temperature=1.0, num_valid=num_valid,
+                       uniform=None, draw=None)
+    u = torch.rand(B, k, device=dev, generator=generator) if k else None
+    return _accept(policy_logits, draft_tokens, draft_probs, greedy=False, temperature=temperature,
+                   num_valid=num_valid, uniform=u,
+                   draw=lambda dist: torch.multinomial(dist, 1, generator=generator).squeeze(1))
+
+
+def verify_with_noise(policy_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, *,
+                      greedy: bool, temperature: float = 1.0, num_valid: torch.Tensor | None = None,
+                      accept_noise: torch.Tensor | None = None, token_noise: torch.Tensor | None = None) -> Verdict:
+    """``verify`` with its randomness passed in: ``accept_noise [B, k]`` and ``token_noise [B, V]`` uniform on
+    [0, 1) (``proposal_noise``), the extra token drawn by ``sample_with_noise``. Device work only (no host
+    sync, no value checks), so it can be captured in a CUDA graph; the same law as ``verify``."""
+    if not greedy and (token_noise is None or (draft_tokens.shape[1] and accept_noise is None)):
+        raise ValueError("sampling needs token_noise [B, V] (and accept_noise [B, k] when k > 0)")
+    return _accept(policy_logits, draft_tokens, draft_probs, greedy=greedy, temperature=temperature,
+                   num_valid=None if num_valid is None else num_valid.long(), uniform=accept_noise,
+                   draw=None if greedy else (lambda dist: sample_with_noise(dist, token_noise)))
+
+
+def _accept(policy_logits, draft_tokens, draft_probs, *, greedy, temperature, num_valid, uniform, draw) -> Verdict:
+    B, k1, _V = policy_logits.shape
+    k = k1 - 1
+    dev = policy_logits.device
+    rows = torch.arange(B, device=dev)
+    if num_valid is None:
         num_valid = torch.full((B,), k, dtype=torch.long, device=dev)
     if greedy:
         target = policy_logits.argmax(dim=-1)                      # [B, k+1]
@@ -66,15 +93,13 @@ def verify(policy_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs:
 
     p = probs_from_logits(policy_logits, temperature)              # [B, k+1, V]
     if k == 0:
-        return Verdict(torch.zeros(B, dtype=torch.long, device=dev),
-                       torch.multinomial(p[:, 0], 1, generator=generator).squeeze(1))
+        return Verdict(torch.zeros(B, dtype=torch.long, device=dev), draw(p[:, 0]), p)
     p_d = p[:, :k].gather(2, draft_tokens.unsqueeze(2)).squeeze(2)            # [B, k]
     if draft_probs is None:
         q_d = torch.ones_like(p_d)
     else:
         q_d = draft_probs.float().gather(2, draft_tokens.unsqueeze(2)).squeeze(2)
-    u = torch.rand(B, k, device=dev, generator=generator)
-    ok = (u * q_d < p_d).long()                                      # u < p/q without dividing by q
+    ok = (uniform * q_d < p_d).long()                                # u < p/q without dividing by q
     accepted = torch.minimum(ok.cumprod(dim=1).sum(dim=1), num_valid)  # [B]
     # distribution of the extra token: residual at the first rejection, bonus after all valid accepted
     p_a = p[rows, accepted]                                           # [B, V]
@@ -90,8 +115,7 @@ def verify(policy_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs:
     # mass == 0 cannot follow a rejection in exact arithmetic; guard against rounding with p itself
     residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_a)
     dist = torch.where(rejected.unsqueeze(1), residual, p_a)
-    nxt = torch.multinomial(dist, 1, generator=generator).squeeze(1)
-    return Verdict(accepted, nxt)
+    return Verdict(accepted, draw(dist), p)
 
 
 def proposal_noise(shape: tuple[int, ...], generator: torch.Generator | None, device) -> torch.Tensor:

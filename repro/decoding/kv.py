@@ -97,7 +97,7 @@ class SlotTable:
 def slot_visible(slot_pos: torch.Tensor, q_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
     """Bool ``[B, q, S]``: slot (position ``slot_pos [B, S]``, -1 dead) visible to the query at ``q_pos [B, q]``."""
     kv = slot_pos.unsqueeze(1)
-    qp = q_pos.to(slot_pos.device).unsqueeze(2)
+    qp = (q_pos if q_pos.device == slot_pos.device else q_pos.to(slot_pos.device)).unsqueeze(2)
     vis = (kv >= 0) & (kv <= qp)
     if window is not None:
         vis &= kv > qp - window

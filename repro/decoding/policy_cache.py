@@ -1,0 +1,143 @@
+"""The policy's static KV cache: fixed slots per row, per-row lengths and liveness, behind transformers' Cache API.
+
+``StaticPolicyCache(batch, max_slots, num_layers, kv_heads, head_dim, dtype, device)`` preallocates every
+layer's keys/values ``[B, G, S_max, D]`` once. A forward writes its ``q`` new tokens at the columns
+``cursor + j`` (a device scalar, so a captured CUDA graph writes at a new place on every replay) of every
+row; each slot's token position lives in a ``StaticSlots`` table (-1: a left pad, a rejected proposal, an
+unused column), whose visibility rule (live, position <= query position, inside a sliding window) is the
+attention mask. So rows of different lengths share one shape and nothing is ever moved, trimmed or
+compacted; ``S_max`` is sized for the whole request (``static_kv.slots_needed``).
+
+The HF model sees the cache through ``hf`` (a ``transformers.Cache`` of ``SlotLayer`` s, one per decoder
+layer): its attention calls ``update(k, v)`` and gets the static keys/values back, then attends with the
+additive mask ``additive_masks`` builds. Attention reads the first ``view`` columns, the used ones rounded
+up to ``VIEW_BUCKET`` (a host-side number, no sync): a captured step is keyed by it, so a request replays a
+few graphs (one per bucket it passes) and a short row set does not pay for the whole ``S_max``.
+
+    cache = StaticPolicyCache(2, 256, num_layers=8, kv_heads=2, head_dim=16, dtype=torch.float32, device="cpu")
+    cache.start()                                     # a new request: every slot dead, cursor at column 0
+    cols = cache.begin(positions, live)               # the forward of positions [B, q] writes these columns
+    masks = cache.additive_masks(positions, {"full_attention": None})
+"""
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from repro.decoding.kv import slot_visible
+from repro.decoding.static_kv import Cursor, StaticSlots, view_columns
+
+
+class SlotLayer(CacheLayerMixin):
+    """One decoder layer's static keys/values; writes go to the owning cache's current columns."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, owner: StaticPolicyCache, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.owner, self.keys, self.values = owner, keys, values
+        self.is_initialized = True
+        self.device = keys.device
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise RuntimeError("a SlotLayer is allocated up front (StaticPolicyCache); it never initialises lazily")
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """``key/value_states [B, G, q, D]`` into the columns of the running forward; returns the whole cache."""
+        cols = self.owner.cols
+        if cols is None or cols.numel() != key_states.shape[2]:
+            raise RuntimeError(f"the static policy cache was not begun for this forward: {key_states.shape[2]} new "
+                               f"tokens, columns {None if cols is None else cols.numel()} (call begin() first)")
+        self.keys.index_copy_(2, cols, key_states.to(self.keys.dtype))
+        self.values.index_copy_(2, cols, value_states.to(self.values.dtype))
+        view = self.owner.view
+        return self.keys[:, :, :view], self.values[:, :, :view]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.view, 0
+
+    def get_seq_length(self) -> int:
+        # the model only asks when it is given no position ids (the policy always passes them)
+        raise RuntimeError("a StaticPolicyCache has no single sequence length: pass position_ids")
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[2]
+
+    def reset(self) -> None:
+        self.keys.zero_()
+        self.values.zero_()
+
+
+class StaticPolicyCache:
+    def __init__(self, batch: int, max_slots: int, *, num_layers: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device, value_head_dim: int | None = None):
+        for name, v in (("batch", batch), ("max_slots", max_slots), ("num_layers", num_layers),
+                        ("kv_heads", kv_heads), ("head_dim", head_dim)):
+            if int(v) < 1:
+                raise ValueError(f"StaticPolicyCache needs {name} >= 1, got {v}")
+        self.batch, self.max_slots, self.dtype = batch, max_slots, dtype
+        self.device = torch.device(device)
+        self.slots = StaticSlots(batch, max_slots, self.device)
+        self.cursor = Cursor(max_slots, self.device)
+        vd = value_head_dim or head_dim
+        layers = [SlotLayer(self, torch.zeros(batch, kv_heads, max_slots, head_dim, dtype=dtype, device=self.device),
+                            torch.zeros(batch, kv_heads, max_slots, vd, dtype=dtype, device=self.device))
+                  for _ in range(num_layers)]
+        self.hf = Cache(layers=layers)
+        self.cols: torch.Tensor | None = None     # the columns the running forward writes
+        self.view = max_slots                     # the columns the running forward's attention reads
+        self.next_col = 0                         # host copy of the cursor: the next free column
+
+    @property
+    def key_shape(self) -> tuple[int, ...]:
+        return tuple(self.hf.layers[0].keys.shape)
+
+    def start(self) -> None:
+        """A new request: every slot dead and the cursor at column 0 (stale keys/values stay, masked)."""
+        self.slots.clear()
+        self.next_col = 0
+
+    def reserve(self, width: int) -> torch.Tensor:
+        """Point the device cursor at the next ``width`` free columns (host-side check, no device sync)."""
+        cur = self.cursor.set(self.next_col, width)
+        self.next_col += width
+        return cur
+
+    def begin(self, positions: torch.Tensor, live: torch.Tensor | None = None,
+              cursor: torch.Tensor | None = None, view: int | None = None) -> torch.Tensor:
+        """Record the slot positions of a forward of ``positions [B, q]`` at the cursor's columns (``live`` False:
+        dead at once) and make those columns the ones every layer's ``update`` writes; attention reads the first
+        ``view`` columns. With no ``cursor`` the next ``q`` columns are reserved here (and ``view`` follows from
+        them); a graphed caller passes the device cursor and the view it reserved itself."""
+        if positions.dim() != 2 or positions.shape[0] != self.batch:
+            raise ValueError(f"positions must be [batch={self.batch}, q], got {tuple(positions.shape)}")
+        if cursor is None:
+            cursor = self.reserve(positions.shape[1])
+            view = self.used_view()
+        self.view = self.max_slots if view is None else int(view)
+        self.cols = self.slots.write(cursor, positions, live)
+        return self.cols
+
+    def used_view(self) -> int:
+        """The attention view covering every column reserved so far."""
+        return view_columns(self.next_col, self.max_slots)
+
+    def kill(self, cols: torch.Tensor, keep: torch.Tensor) -> None:
+        """Slots ``cols[j]`` die for ``j >= keep[b]`` (per row): rejected proposals. Device ops only."""
+        j = torch.arange(cols.numel(), device=self.device)
+        cur = self.slots.pos.index_select(1, cols)
+        self.slots.pos.index_copy_(1, cols, torch.where(j[None, :] < keep[:, None], cur, torch.full_like(cur, -1)))
+
+    def additive_masks(self, q_pos: torch.Tensor, windows: dict[str, int | None]) -> dict[str, torch.Tensor]:
+        """Per layer type, the ``[B, 1, q, view]`` additive mask (0 visible, dtype-min hidden) of queries at
+        ``q_pos [B, q]``; ``windows`` maps each layer type to its sliding window (None: full attention)."""
+        out = {}
+        slot_pos = self.slots.pos[:, :self.view]
+        for kind, window in windows.items():
+            vis = slot_visible(slot_pos, q_pos, window)
+            mask = torch.zeros(vis.shape, dtype=self.dtype, device=self.device)
+            mask.masked_fill_(~vis, torch.finfo(self.dtype).min)
+            out[kind] = mask.unsqueeze(1)
+        return out
+

@@ -1,0 +1,94 @@
+"""Decoders a user would pick instead of the suite's engine, on the same policy weights: the decode benchmark's peers.
+
+* ``hf-static-compile``: transformers ``generate`` with a ``StaticCache`` and the model's forward under
+  ``torch.compile(mode="reduce-overhead")`` (CUDA graphs on a GPU; on a CPU inductor's compiled kernels);
+* ``hf-dynamic``: transformers ``generate`` eagerly with its ``DynamicCache`` (the stock baseline);
+* ``vllm``: vLLM's plain decoding through ``repro.rollout.vllm_backend`` where vLLM is importable.
+
+``make_peer(name, policy, ...)`` returns a ``Peer`` whose ``generate(prompts)`` decodes ``new_tokens`` tokens
+per row (sampling at the given temperature, no stop token: every row runs to the length limit, as the
+engine's rows do in the benchmark). A peer that cannot run here raises ``PeerUnavailable`` with the reason;
+the benchmark records it and goes on. Prompts of one call must have one length (no padding needed).
+
+    peer = make_peer("hf-dynamic", policy, new_tokens=32, temperature=1.0)
+    tokens = peer.generate([[1, 2, 3], [4, 5, 6]])       # list of token lists
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+PEERS = ("hf-static-compile", "hf-dynamic", "vllm")
+
+
+class PeerUnavailable(RuntimeError):
+    """This peer cannot run in this process (missing package, unsupported device or model); the reason says why."""
+
+
+class Peer:
+    def __init__(self, name: str, generate, close=lambda: None):
+        self.name, self._generate, self.close = name, generate, close
+
+    def generate(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+        if len({len(p) for p in prompts}) != 1:
+            raise ValueError(f"peer {self.name}: prompts of one call need one length, got {sorted({len(p) for p in prompts})}")
+        return self._generate(prompts)
+
+
+def _hf_model(policy):
+    """A private copy of the policy's HF model (no tap hooks; compiling must not touch the engine's model)."""
+    model = copy.deepcopy(policy.model)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = None
+    return model.eval()
+
+
+def make_peer(name: str, policy, *, new_tokens: int, temperature: float, workdir: str | Path | None = None,
+              max_model_len: int = 4096) -> Peer:
+    if name not in PEERS:
+        raise ValueError(f"peer {name!r} is not one of {PEERS}")
+    if new_tokens < 1:
+        raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
+    if name == "vllm":
+        return _vllm_peer(policy, new_tokens=new_tokens, temperature=temperature, workdir=workdir,
+                          max_model_len=max_model_len)
+    model = _hf_model(policy)
+    dev = policy.device
+    kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": True, "temperature": float(temperature),
+              "top_k": 0, "top_p": 1.0}
+    if name == "hf-static-compile":
+        model.generation_config.cache_implementation = "static"
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    else:
+        kw["cache_implementation"] = "dynamic"
+
+    @torch.no_grad()
+    def generate(prompts):
+        ids = torch.tensor([list(p) for p in prompts], dtype=torch.long, device=dev)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+        return out[:, ids.shape[1]:].tolist()
+
+    return Peer(name, generate)
+
+
+def _vllm_peer(policy, *, new_tokens: int, temperature: float, workdir, max_model_len: int) -> Peer:
+    if importlib.util.find_spec("vllm") is None:
+        raise PeerUnavailable("vllm is not importable in this interpreter (it lives in .venv-vllm: "
+                              "bash scripts/setup.sh --vllm, then run the benchmark with .venv-vllm/bin/python)")
+    if workdir is None:
+        raise PeerUnavailable("the vllm peer needs a workdir to export the policy into")
+    from repro.rollout.vllm_backend import VllmRolloutEngine
+    try:
+        eng = VllmRolloutEngine.from_models(policy, None, workdir=Path(workdir) / "vllm_peer", max_model_len=max_model_len,
+                                            seed=0)
+    except Exception as exc:
+        raise PeerUnavailable(f"vllm could not start on this policy: {type(exc).__name__}: {exc}") from exc
+
+    def generate(prompts):
+        return eng.generate(prompts, max_new_tokens=new_tokens, temperature=temperature, seed=0).tokens
+
+    return Peer("vllm", generate, close=eng.close)

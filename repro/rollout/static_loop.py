@@ -1,0 +1,243 @@
+"""The engine's static decode loop (``cuda_graphs="all"``): policy and draft on static caches, decisions on the device.
+
+One request runs in a fixed batch of ``R`` rows (the request's, or its power-of-two bucket with idle rows)
+over a ``StaticPolicyCache`` sized for the whole request. Per verify step:
+
+1. the proposer (static mode) proposes ``k`` tokens per row;
+2. ``policy step``: the policy runs ``[last token, d_1..d_k]`` at ``last_pos + 0..k``, writing its keys and
+   values at the cursor's ``k+1`` columns of every row (logits, and the taps a draft needs);
+3. ``accept step``: exact acceptance from noise drawn beforehand (``sampling.verify_with_noise``), the
+   committed tokens and their log-probabilities, stop tokens and the length limit, the acceptance counters,
+   and the rejected slots marked dead, all as device tensors;
+4. the proposer observes the committed tokens; the loop reads one flag (is any row still running): the
+   step's only host sync.
+
+Finished rows stay in the batch, computed on and ignored, so every shape is static. On a GPU the policy
+and accept steps are replayed as CUDA graphs (``repro.decoding.cuda_graph.GraphedCallable``) per (rows,
+slots) shape, as are the proposer's; on a CPU, or if a capture fails, the same functions run eagerly, so
+the CPU tests exercise the indexing the GPU replays. Both graphed functions are replay-safe: the policy
+step's writes and the accept step's writes (the output rows past each row's length, dead slots) are the
+same whenever they run on the same inputs; the state advances by copies outside the graph.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from repro.decoding.cuda_graph import GraphedCallable
+from repro.decoding.sampling import proposal_noise, sample_with_noise, verify_with_noise
+from repro.decoding.static_kv import StateCache, batch_bucket
+
+
+class StaticDecoder:
+    """The policy's static caches and graphed steps of one engine, per request shape (last few kept)."""
+
+    def __init__(self, policy, num_proposals: int, *, keep_states: int = 4):
+        self.policy, self.k = policy, num_proposals
+        self.states = StateCache(keep_states)
+
+    def state(self, rows: int, max_slots: int, cuda_graphs: bool) -> dict:
+        st, _ = self.states.get((rows, max_slots), lambda: self._build(rows, max_slots))
+        for g in (st["step"], st["accept"]):
+            g.enabled = cuda_graphs
+        return st
+
+    def _build(self, rows: int, max_slots: int) -> dict:
+        st = {"cache": self.policy.new_static_cache(rows, max_slots)}
+        st["step"] = GraphedCallable(lambda *a, **kw: self._policy_step(st, *a, **kw), "policy.step",
+                                     persistent_inputs=True)
+        st["accept"] = GraphedCallable(lambda *a, **kw: self._accept_step(st, *a, **kw), "engine.accept",
+                                       persistent_inputs=True)
+        return st
+
+    def outputs(self, st: dict, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The state's output buffers (tokens, log-probabilities ``[R, width]``): the accept step writes them in
+        place, so a captured graph needs the same tensors on every request of this shape."""
+        key = ("outputs", width)
+        if key not in st:
+            R, dev = st["cache"].batch, st["cache"].device
+            st[key] = (torch.zeros(R, width, dtype=torch.long, device=dev),
+                       torch.zeros(R, width, dtype=torch.float32, device=dev))
+        return st[key]
+
+    def graph_status(self) -> dict:
+        out = {}
+        for key, st in self.states._states.items():
+            for name in ("step", "accept"):
+                out[f"{st[name].name}[{key[0]}x{key[1]}]"] = st[name].status()
+        return out
+
+    # -- the two graphed functions ---------------------------------------------------------------------------
+    def _policy_step(self, st, last_tok, last_pos, drafts, cursor, *, want_taps: bool, view: int):
+        inp = torch.cat([last_tok[:, None], drafts], dim=1)
+        qpos = last_pos[:, None] + torch.arange(self.k + 1, device=last_pos.device)
+        out = self.policy.decode_step_static(inp, qpos, st["cache"], want_taps=want_taps, cursor=cursor, view=view)
+        return out.logits, out.taps, qpos, st["cache"].cols
+
+    def _accept_step(self, st, logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt,
+                     has_stop: bool, has_probs: bool, has_valid: bool, greedy: bool, temperature: float,
+                     max_new: int):
+        opt = list(opt)
+        stop = opt.pop(0) if has_stop else None
+        probs = opt.pop(0) if has_probs else None
+        n_valid = opt.pop(0) if has_valid else None
+        acc_noise, tok_noise = (None, None) if greedy else (opt.pop(0) if self.k else None, opt.pop(0))
+        k = self.k
+        v = verify_with_noise(logits, drafts, probs, greedy=greedy, temperature=temperature, num_valid=n_valid,
+                              accept_noise=acc_noise, token_noise=tok_noise)
+        a = v.accepted
+        j = self._columns(logits.device)
+        # committed tokens: d_1..d_a, then the policy's token at column a (columns past a are never kept)
+        nxt = v.next_token[:, None]
+        committed = torch.where(j == a[:, None], nxt, torch.cat([drafts, nxt], 1)) if k else nxt
+        n_new = a + 1
+        if v.probs is None:          # greedy: the law at temperature 1
+            lp = torch.log_softmax(logits.float(), -1).gather(2, committed[:, :, None])[:, :, 0]
+        else:
+            lp = v.probs.gather(2, committed[:, :, None])[:, :, 0].log()
+        # rows keep their tokens up to a stop token (included) and the length limit; finished rows keep none
+        n_keep = torch.minimum(n_new, max_new - gen_len)
+        if stop is not None:
+            is_stop = torch.isin(committed, stop) & (j < n_keep[:, None])
+            n_keep = torch.where(is_stop.any(1), is_stop.long().argmax(1) + 1, n_keep)
+            hit_stop = is_stop.any(1) & active
+        else:
+            hit_stop = None
+        n_keep = n_keep * active
+        idx = gen_len[:, None] + j                 # past each row's length: the same writes on every replay
+        out_tok.scatter_(1, idx, committed)
+        out_lp.scatter_(1, idx, lp)
+        new_len = gen_len + n_keep
+        new_active = active & (new_len < max_new)
+        if hit_stop is not None:
+            new_active &= ~hit_stop
+        # rejected proposals (and every new slot of a finished row) become dead slots
+        st["cache"].slots.pos.index_copy_(1, cols, torch.where(j < (n_new * active)[:, None], qpos, -1))
+        # per row: accepted proposals, -1 for rows not running (the counters are summed at the end)
+        hist = torch.where(active, a, -1)
+        if n_valid is not None:
+            hist = torch.stack([hist, n_valid.long()], 0)
+        new_last = committed.gather(1, a[:, None])[:, 0]
+        return committed, j < n_new[:, None], new_last, last_pos + n_new, new_active, new_len, hit_stop, hist
+
+    def _columns(self, device) -> torch.Tensor:
+        j = getattr(self, "_j", None)
+        if j is None or j.device != device:
+            j = self._j = torch.arange(self.k + 1, device=device)[None, :]
+        return j
+
+
+def count_acceptance(history: list[torch.Tensor], k: int, has_valid: bool):
+    """Acceptance counters from the per-step ``[R]`` accepted counts (-1: row not running) of a request."""
+    from repro.rollout.engine import AcceptanceCounters
+    if not history:
+        return AcceptanceCounters(k)
+    h = torch.stack(history)                      # [steps, R] or [steps, 2, R]
+    a, n_valid = (h[:, 0], h[:, 1]) if has_valid else (h, None)
+    ran = a >= 0
+    per_pos = [int(((a > i) & ran).sum()) for i in range(k)]
+    drafts = int((n_valid * ran).sum()) if n_valid is not None else k * int(ran.sum())
+    return AcceptanceCounters(k, verify_steps=int(ran.sum()), draft_tokens=drafts, accepted=int((a * ran).sum()),
+                              accepted_per_pos=per_pos if k else [])
+
+
+def first_token(logits: torch.Tensor, *, greedy: bool, temperature: float, generator) -> torch.Tensor:
+    """The token after each prompt from the prefill's last logits ``[R, V]`` (argmax, or a draw from the law)."""
+    if greedy:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, -1)
+    return sample_with_noise(probs, proposal_noise(tuple(probs.shape), generator, logits.device))
+
+
+def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, greedy: bool,
+                    temperature: float, stop_tokens: Sequence[int], seed: int):
+    """``RolloutEngine.generate`` on static caches (``cuda_graphs="all"``); the request was checked by the caller."""
+    from repro.rollout.engine import RolloutResult
+
+    pol, k, dev = engine.policy, engine.k, engine.policy.device
+    graphs = dev.type == "cuda" or GraphedCallable.emulate_replay     # graphs (or their CPU emulation)
+    temp = 1.0 if greedy else float(temperature)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(seed)
+    B = len(prompts)
+    lens = [len(p) for p in prompts]
+    P = max(lens)
+    R = batch_bucket(B) if engine.bucket_batch else B
+    size = engine.static_slots(P, max_new_tokens)        # before any work: a too-small cache fails here
+    st = engine.static_decoder.state(R, size, graphs)
+    cache = st["cache"]
+    cache.start()
+    proposer = engine.proposer
+    if proposer is not None:
+        proposer.prepare(R, size, cuda_graphs=graphs)
+
+    # -- prefill (left padding; pads are dead slots; idle bucket rows repeat the first prompt, never read) ------
+    rows_prompts = list(prompts) + [prompts[0]] * (R - B)
+    rows_lens = lens + [lens[0]] * (R - B)
+    ids = torch.zeros(R, P, dtype=torch.long)
+    for i, p in enumerate(rows_prompts):
+        ids[i, P - len(p):] = torch.tensor(list(p), dtype=torch.long)
+    ids = ids.to(dev)
+    plen = torch.tensor(rows_lens, device=dev)
+    pos = torch.arange(P, device=dev)[None, :] - (P - plen)[:, None]
+    live = pos >= 0
+    pos = pos.clamp_min(0)
+    want_taps = proposer is not None and proposer.needs_taps
+    out = pol.decode_step_static(ids, pos, cache, live, want_taps=want_taps)
+    tok0 = first_token(out.logits[:, -1], greedy=greedy, temperature=temp, generator=gen)
+    lp0 = torch.log_softmax(out.logits[:, -1].float() / temp, -1).gather(1, tok0[:, None])[:, 0]
+    if proposer is not None:
+        proposer.observe(torch.cat([ids[:, 1:], tok0[:, None]], dim=1), out.taps, pos, live)
+
+    # -- device state -----------------------------------------------------------------------------------------
+    width = max_new_tokens + k + 1
+    out_tok, out_lp = engine.static_decoder.outputs(st, width)
+    out_tok[:, 0], out_lp[:, 0] = tok0, lp0
+    stops = sorted({int(s) for s in stop_tokens})
+    stop = torch.tensor(stops, dtype=torch.long, device=dev) if stops else None
+    stopped = torch.isin(tok0, stop) if stop is not None else torch.zeros(R, dtype=torch.bool, device=dev)
+    real = torch.arange(R, device=dev) < B
+    active = real & ~stopped & (max_new_tokens > 1)
+    gen_len = torch.ones(R, dtype=torch.long, device=dev)
+    last_tok, last_pos = tok0.clone(), plen.clone()
+    no_drafts = torch.zeros(R, 0, dtype=torch.long, device=dev)
+    history: list[torch.Tensor] = []
+    forwards = 1
+    for _ in range(max_new_tokens - 1):
+        if not bool(active.any()):          # the step's one host sync
+            break
+        n_valid = probs = None
+        if proposer is not None:
+            prop = proposer.propose(last_tok, last_pos, greedy=greedy, temperature=temp, generator=gen)
+            drafts, probs = prop[0], prop[1]
+            n_valid = prop[2] if len(prop) > 2 else None
+        else:
+            drafts = no_drafts
+        noise = [] if greedy else ([proposal_noise((R, k), gen, dev)] if k else []) + [
+            proposal_noise((R, pol.vocab_size), gen, dev)]
+        cursor = cache.reserve(k + 1)
+        logits, taps, qpos, cols = st["step"](last_tok, last_pos, drafts, cursor, want_taps=want_taps,
+                                              view=cache.used_view())
+        forwards += 1
+        opt = [x for x in (stop, probs, n_valid) if x is not None] + noise
+        committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["accept"](
+            logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt, has_stop=stop is not None,
+            has_probs=probs is not None, has_valid=n_valid is not None, greedy=bool(greedy), temperature=temp,
+            max_new=int(max_new_tokens))
+        if proposer is not None:
+            proposer.observe(committed, taps, qpos, valid)
+        last_tok.copy_(new_last)
+        last_pos.copy_(new_pos)
+        if hit_stop is not None:
+            stopped |= hit_stop
+        gen_len.copy_(new_len)
+        active.copy_(new_active)
+        history.append(hist.clone())       # a graph's output is overwritten by the next replay
+
+    # -- back to the host, once ---------------------------------------------------------------------------------
+    n = gen_len[:B].tolist()
+    toks_all, lps_all, stop_all = out_tok[:B].tolist(), out_lp[:B].tolist(), stopped[:B].tolist()
+    counters = count_acceptance(history, k, has_valid=bool(history) and history[0].dim() == 2)
+    return RolloutResult([t[:m] for t, m in zip(toks_all, n)], [x[:m] for x, m in zip(lps_all, n)],
+                         ["stop" if s else "length" for s in stop_all], counters, forwards, 0, size)
