@@ -19,6 +19,7 @@ TINY = {"scale": "tiny", "vocab_size": 64, "lang_tokens": 50, "pretrain_steps": 
 
 def profile_file(tmp_path, decode_section):
     prof = yaml.safe_load((PROFILE_DIR / "cpu-tiny.yaml").read_text())
+    prof.pop("decode", None)
     if decode_section is not None:
         prof["decode"] = decode_section
     path = tmp_path / "prof.yaml"
