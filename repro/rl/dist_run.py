@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             box = [{"mask_id": tok.mask_id,
                     "draft": {k: v.cpu() for k, v in trainer.draft.state_dict().items()} if trainer.draft else None}]
         dist.broadcast_object_list(box, src=0)
-        mesh = Mesh(shape)
+        mesh = Mesh(shape, "cuda" if cfg.device.startswith("cuda") else "cpu")
         policy = make_policy(cfg.policy, cfg.vocab_size, seed=cfg.seed, dtype=torch.float32, device=device,
                              warm_start=cfg.warm_start)
         sums = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]

@@ -12,18 +12,27 @@ A microbatch (``cfg.grpo.microbatch`` sequences, as ``JointUpdate`` cuts them) i
 tokens and sharded (``repro.parallel.cp_batch.PackedShard``); every microbatch of a step is padded
 with a filler document to the same length, so stage shapes are static within the step. Loss per
 microbatch on the last stage: GRPO's clipped loss over its rows (normalised by the batch's token
-count) plus ``lambda * (sequences / B) * L_draft`` (this rank's share of the draft loss). Gradients
-are summed over the CP group (the policy and the draft in separate buffers), the policy's global
-norm is reduced across PP stages and clipped, the draft is clipped on its own, then the same AdamW
-step as ``JointUpdate`` (tests/rl/test_mesh_update.py checks equality with it, PP=2 x CP=2).
+count) plus ``lambda * (sequences / B) * L_draft`` (this rank's share of the draft loss).
+
+The mesh is a ``DeviceMesh`` of dims ``("pp", "cp")`` (``init_device_mesh``; rank ``p * cp + c`` as above);
+the schedule runs on its ``pp`` groups, the ring attention on its ``cp`` groups. Each stage (the last one
+with its draft) is replicated over its CP group by ``DistributedDataParallel``, whose bucketed all-reduces
+sum the CP ranks' gradients while the backward of the step's last microbatch runs (the schedule runs the
+others under ``no_sync``, torch.distributed.pipelining's own DDP support). The policy's global gradient
+norm is reduced across the PP stages and clipped (``get_total_norm`` / ``clip_grads_with_norm_``, as
+torchtitan does across PP), the draft is clipped on its own, then the same AdamW step as ``JointUpdate``
+(tests/rl/test_mesh_update.py checks equality with it, PP=2 x CP=2). DDP, not FSDP2: the CP ranks of a
+stage hold the same parameters (as Megatron's DP x CP replicas do), and the draft reads the last stage's
+head and an embedding copy as plain tensors; FSDP2 would turn them into shards.
 ``autocast_dtype`` (bf16 on a GPU, as ``JointUpdate``'s) runs the stages' and the draft's forward passes under
 ``torch.autocast`` over fp32 weights; the ring attention then takes the fused bf16 kernels instead of the fp32
 fallback's per-segment loops.
 
 Block drafts (DFlash, DSpark) read the policy's embedding and head with the gradient stopped: the
-head is the last stage's own, the embedding a copy kept in sync with stage 0 after every step.
+head is the last stage's own, the embedding a copy that stage 0 sends it over the pipeline's group after
+every step.
 
-    mesh = Mesh(MeshShape(pp=2, cp=2))                       # collective, under torch.distributed
+    mesh = Mesh(MeshShape(pp=2, cp=2), "cpu")                # collective, under torch.distributed
     upd = MeshUpdate(cfg, mesh, policy, draft_state, mask_token_id=tok.mask_id)
     stats = upd.step(ids, attention_mask, loss_mask, rollout_logp, advantages, anchor_seed=0)
     weights = upd.gather_to_root()                           # rank 0: (policy, draft) state dicts
@@ -31,6 +40,7 @@ head is the last stage's own, the embedding a copy kept in sync with stage 0 aft
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import asdict, dataclass
@@ -38,7 +48,9 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.nn.parallel import DistributedDataParallel
 
 from kernels.transport import ChannelLayout, TapChannel, sequence_stamp
 from repro.core.specs import ConfigError
@@ -50,11 +62,11 @@ from repro.parallel.taps import TapRouter
 from repro.rl.config import RunConfig
 from repro.rl.cp import CPPolicyStage
 from repro.rl.dist_parts import (
-    allreduce_grads,
     clip_across,
     grpo_rows_loss,
     read_remote_taps,
     release_after_backward,
+    replicate_over,
     stage_to_hf,
     tap_sources,
 )
@@ -103,22 +115,23 @@ class MeshShape:
 
 
 class Mesh:
-    """The process groups of a PP x CP mesh; building it is collective over the world."""
+    """A PP x CP ``DeviceMesh`` (dims ``"pp"``, ``"cp"``) and this rank's place in it; building it is collective
+    over the world. ``pp_group`` / ``cp_group`` are None where that dim has one rank."""
 
-    def __init__(self, shape: MeshShape, backend: str | None = None):
+    def __init__(self, shape: MeshShape, device_type: str = "cpu"):
         world = dist.get_world_size()
         if shape.pp * shape.cp != world:
             raise ValueError(f"mesh {shape.pp}x{shape.cp} does not cover the world of {world} ranks")
+        if device_type not in ("cpu", "cuda"):
+            raise ValueError(f"mesh device_type={device_type!r}: expected 'cpu' (gloo) or 'cuda' (NCCL)")
         self.shape, self.rank = shape, dist.get_rank()
-        self.p, self.c = shape.coords(self.rank)
-        P, C = shape.pp, shape.cp
-        pp = [dist.new_group([shape.rank_of(p, c) for p in range(P)], backend=backend) for c in range(C)]
-        cp = [dist.new_group([shape.rank_of(p, c) for c in range(C)], backend=backend) for p in range(P)]
-        emb = [dist.new_group([shape.rank_of(0, c), shape.rank_of(P - 1, c)], backend=backend)
-               for c in range(C)] if P > 1 else []
-        self.pp_group = pp[self.c] if P > 1 else None
-        self.cp_group = cp[self.p] if C > 1 else None
-        self.embed_group = emb[self.c] if P > 1 and self.p in (0, P - 1) else None
+        self.device_mesh = init_device_mesh(device_type, (shape.pp, shape.cp), mesh_dim_names=("pp", "cp"))
+        self.p, self.c = self.device_mesh.get_coordinate()
+        if (self.p, self.c) != shape.coords(self.rank):    # the layout every other piece derives on its own
+            raise RuntimeError(f"rank {self.rank}: DeviceMesh placed it at (pp, cp) = {(self.p, self.c)}, "
+                               f"expected {shape.coords(self.rank)}")
+        self.pp_group = self.device_mesh.get_group("pp") if shape.pp > 1 else None
+        self.cp_group = self.device_mesh.get_group("cp") if shape.cp > 1 else None
 
     @property
     def is_first(self) -> bool:
@@ -178,6 +191,9 @@ class MeshUpdate:
         for t, s in self.taps.items():
             if s == mesh.p:
                 self.router.hook(s, self.stage.embed_tokens if t == -1 else self.stage.layers[str(t)], t)
+        # the last stage carries the draft as a sub-module (every schedule's backward reaches its parameters)
+        module = LastStage(self.stage, self.draft) if mesh.is_last and self.draft is not None else self.stage
+        self.module = replicate_over(module, mesh.cp_group, self.device)
         self.params = [p for p in self.stage.parameters() if p.requires_grad]
         self.dparams = trainable_parameters(self.draft) if self.draft is not None else []
         self.optimizer = joint_optimizer(self.params, self.dparams, cfg.grpo, cfg.draft)
@@ -277,15 +293,14 @@ class MeshUpdate:
             for i in range(self.n_mb):
                 stage.mb, stage.shard = i, shards[i]
                 self.router.current[0] = i
-                loss_fn(stage(x[i:i + 1]), target[i:i + 1]).backward()
+                with self._no_sync(last=i == self.n_mb - 1):
+                    loss_fn(self.module(x[i:i + 1]), target[i:i + 1]).backward()
         else:
             self._run_schedule(x, target, shards, loss_fn, T)
         if channel is not None:
             channel.flush()
         stage.shard = None
-        # gradients: summed over the CP group; the policy's norm spans the stages
-        allreduce_grads(self.params, mesh.cp_group)
-        allreduce_grads(self.dparams, mesh.cp_group)
+        # gradients are summed over the CP group (DDP, during the last backward); the policy's norm spans the stages
         p_norm = clip_across(self.params, cfg.grpo.max_grad_norm, mesh.pp_group)
         d_norm = float(torch.nn.utils.clip_grad_norm_(self.dparams, cfg.draft.max_grad_norm)) if self.dparams else 0.0
         if keep_grads:
@@ -312,6 +327,12 @@ class MeshUpdate:
                          draft_time_s=m[1], tap_wait_s=m[2], update_cpu_s=m[4], local_rows=T,
                          microbatches=self.n_mb)
 
+    def _no_sync(self, last: bool):
+        """DDP's gradient accumulation without communication, for every microbatch but the step's last."""
+        if last or not isinstance(self.module, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return self.module.no_sync()
+
     def _run_schedule(self, x, target, shards, loss_fn, T: int) -> None:
         """One 1F1B pass over the microbatches on this rank's pipeline (static shapes of this step)."""
         mesh, P, dev = self.mesh, self.mesh.shape.pp, self.device
@@ -319,8 +340,8 @@ class MeshUpdate:
         inp = torch.zeros(1, T, dtype=torch.long, device=dev) if mesh.is_first else \
             torch.zeros(1, T, self.H, device=dev, requires_grad=True)
         out = torch.zeros(1, T, self.V if mesh.is_last else self.H, device=dev, requires_grad=True)
-        module = LastStage(stage, self.draft) if mesh.is_last and self.draft is not None else stage
-        pipe = PipelineStage(module, mesh.p, P, dev, input_args=(inp,), output_args=(out,), group=mesh.pp_group)
+        pipe = PipelineStage(self.module, mesh.p, P, dev, input_args=(inp,), output_args=(out,),
+                             group=mesh.pp_group)
         self.router.track(mesh.p, pipe)
         tracked = pipe.forward_one_chunk
 
@@ -337,14 +358,17 @@ class MeshUpdate:
             schedule.step(*((x,) if mesh.is_first else ()))
 
     def _sync_embedding(self) -> None:
-        """Block drafts on the last stage read the embedding through a copy: refresh it from stage 0."""
-        g = self.mesh.embed_group
-        if g is None or self.cfg.draft is None or not self.block:
+        """Block drafts on the last stage read the embedding through a copy: stage 0 sends it the updated
+        weights over the pipeline's group (the schedule's traffic of the step is done by then)."""
+        mesh = self.mesh
+        if mesh.pp_group is None or self.cfg.draft is None or not self.block or not (mesh.is_first or mesh.is_last):
             return
-        src = self.mesh.shape.rank_of(0, self.mesh.c)
-        w = self.stage.embed_tokens.weight if self.mesh.is_first else self.embed_copy.weight
+        first, last = mesh.shape.rank_of(0, mesh.c), mesh.shape.rank_of(mesh.shape.pp - 1, mesh.c)
         with torch.no_grad():
-            dist.broadcast(w.data, src=src, group=g)
+            if mesh.is_first:
+                dist.send(self.stage.embed_tokens.weight.data, dst=last, group=mesh.pp_group)
+            else:
+                dist.recv(self.embed_copy.weight.data, src=first, group=mesh.pp_group)
 
     # -- weights back to rank 0 -------------------------------------------------------------------------
     def gather_to_root(self) -> tuple[dict, dict] | None:
@@ -387,7 +411,7 @@ def mesh_update_worker(rank: int, world: int, payloads: list[dict], pp: int, cp:
     fresh update of one step, or more with ``payload["more"]``); per payload this rank's parameters, the
     last step's clipped gradients and stats, and on rank 0 the gathered state."""
     from repro.rl.warmstart import make_policy
-    mesh = Mesh(MeshShape(pp, cp))
+    mesh = Mesh(MeshShape(pp, cp), "cpu")
     outs = []
     for payload in payloads:
         cfg = RunConfig.from_dict(payload["cfg"]).validate()
