@@ -53,13 +53,14 @@ from repro.rl.mesh_update import Mesh, MeshShape, MeshUpdate
 from repro.rl.trainer import CoTrainer, step_metrics
 
 DIST_ARTIFACT = "dist"       # MetricsLogger's artifact label of these runs (results/<hw>/<profile>/dist/...)
-TRANSPORTS = ("auto", "shm", "host_staging", "gloo", "cuda_ipc")
+TRANSPORTS = ("auto", "shm", "host_staging", "gloo", "p2p", "cuda_ipc")
+CROSS_NODE_TRANSPORTS = ("gloo", "p2p")     # the others share memory, so serve the ranks of one node
 EXAMPLES = """examples:
   # cpu-tiny row, 2 pipeline stages x 2 CP shards on one machine (gloo, taps over shared memory)
   torchrun --standalone --nproc-per-node 4 -m repro.rl.dist_run --artifact table1 --row "Qwen3-8B/EAGLE-3" \\
       --profile cpu-tiny --pp 2 --cp 2 --microbatch 4 --steps 4 --out /tmp/dist-eagle3
   # several nodes (one torchrun per node, e.g. from srun): same arguments, a shared rendezvous; a drafted
-  # row needs every pipeline (ranks p * cp + c, p = 0..pp-1) on one node for CUDA-IPC / shm taps
+  # row whose pipelines (ranks p * cp + c, p = 0..pp-1) span nodes sends its taps with --tap-transport p2p
   srun --nodes 2 --ntasks-per-node 1 torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
       --rdzv-endpoint $HEAD:29500 -m repro.rl.dist_run --artifact table1 --row ... --pp 1 --cp 16 --out ...
   # a paper profile's row without NeMo-RL: the real checkpoint, the layout of rl.policies.<p>.mesh (PP=4 x CP=2)
@@ -92,7 +93,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sampling-seed", type=int, default=None,
                     help="seed of sampling only (a baseline replica, as repro.rl.run's); default: --seed")
     ap.add_argument("--tap-transport", default="auto", choices=TRANSPORTS,
-                    help="TapChannel transport (auto: shm on CPU, cuda_ipc on GPUs of one node)")
+                    help="TapChannel transport (auto: shm on CPU, cuda_ipc on GPUs of one node; p2p: "
+                         "torch.distributed point-to-point, gloo on CPU and NCCL on GPUs, across nodes)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads per rank (0: torch's default)")
     ap.add_argument("--update-dtype", choices=("auto", "float32"), default="auto",
                     help="compute dtype of the update's forward passes: auto = the profile's dtype under autocast on "
@@ -145,14 +147,14 @@ def build_config(args: argparse.Namespace, world: int) -> tuple[RunConfig, MeshS
                           "torch sees none")
     transport = tap_transport(args.tap_transport, cfg.device)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    if cfg.draft is not None and shape.pp > 1 and transport != "gloo":
+    if cfg.draft is not None and shape.pp > 1 and transport not in CROSS_NODE_TRANSPORTS:
         for c in range(shape.cp):
             nodes = sorted({shape.rank_of(p, c) // local_world for p in range(shape.pp)})
             if len(nodes) > 1:
                 raise ConfigError(f"config --tap-transport={transport!r} is invalid for pp={shape.pp} x cp={shape.cp} "
                                   f"on nodes of {local_world} ranks: the pipeline of CP shard {c} spans nodes {nodes}, "
-                                  f"and {transport} serves one node; expected pp*cp <= {local_world} (or, on CPU, "
-                                  "--tap-transport gloo)")
+                                  f"and {transport} serves one node; expected pp*cp <= {local_world} (or "
+                                  "--tap-transport p2p)")
     if (Path(args.out) / "metrics.jsonl").exists():
         raise ConfigError(f"config out={args.out!r} is invalid: it already holds a run's metrics.jsonl (dist_run "
                           "does not resume); expected a new folder")

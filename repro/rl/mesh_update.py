@@ -216,13 +216,23 @@ class MeshUpdate:
         cap = rows if self.capacity == 0 else max(rows, self.capacity * 5 // 4)
         shape, P = self.mesh.shape, self.mesh.shape.pp
         specs = tap_sources(self.taps, P - 1, cap, self.H)
+        backend = "nccl" if self.transport == "p2p" and self.device.type == "cuda" else "gloo"
         for c in range(shape.cp):
             lay = ChannelLayout(sources=specs, stage_to_rank={s: shape.rank_of(s, c) for s in range(P)},
                                 consumer_rank=shape.rank_of(P - 1, c), ring_depth=self.n_mb)
-            self.channels.append(TapChannel.setup(lay, self.transport, device=self.device,
-                                                  get_timeout_s=self.tap_timeout_s, put_timeout_s=self.tap_timeout_s))
+            self.channels.append(TapChannel.setup(lay, self._new_transport(), backend=backend, device=self.device,
+                                                  get_timeout_s=self.tap_timeout_s,
+                                                  put_timeout_s=self.tap_timeout_s))
         self.capacity = cap
         self.router.channel = self.channels[self.mesh.c]
+
+    def _new_transport(self):
+        """The channel's transport: p2p carries every stamp in order from the first one the channel will see
+        (a channel reopened with larger slots starts at this step's first microbatch)."""
+        if self.transport != "p2p":
+            return self.transport
+        from kernels.transport.transports.p2p import P2PTransport
+        return P2PTransport(first_seq=sequence_stamp(self.steps_done, 0, self.n_mb))
 
     def _close_channels(self) -> None:
         for ch in self.channels:

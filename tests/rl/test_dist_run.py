@@ -64,6 +64,11 @@ def test_bad_layouts_are_refused_before_any_process_group(tmp_path, monkeypatch,
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")                   # 2 nodes of 2: stage 1 on the other node
     assert main(base[:-1] + [str(tmp_path / "r"), "--pp", "2", "--cp", "2", "--microbatch", "4"]) == 2
     assert "spans nodes [0, 1], and shm serves one node" in capsys.readouterr().err
+    from repro.rl.dist_run import build_config, parse_args
+    cross = parse_args(base[:-1] + [str(tmp_path / "r"), "--pp", "2", "--cp", "2", "--microbatch", "4",
+                                    "--tap-transport", "p2p"])
+    shape = build_config(cross, world=4)[1]                      # point to point crosses nodes
+    assert (shape.pp, shape.cp) == (2, 2)
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
     assert exc.value.code == 0 and "torchrun" in capsys.readouterr().out

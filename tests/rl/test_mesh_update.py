@@ -2,7 +2,7 @@
 stage's CP group, taps over one TapChannel per CP index, the draft's CP attention on the last stage)
 equals the single-process ``JointUpdate``: same clipped gradients, same updated policy and draft
 parameters, same losses, for EAGLE-3 and DSpark (two draft layers, so one tap crosses stages; also two steps under
-the draft's learning-rate warm-up); under bf16 autocast (the GPU path) it agrees with JointUpdate's autocast update
+the draft's learning-rate warm-up, with the taps over the p2p transport instead of shared memory); under bf16 autocast (the GPU path) it agrees with JointUpdate's autocast update
 to bf16 rounding; and with lambda = 0 the policy update is bit for bit the no-draft one.
 
     .venv/bin/python -m pytest -q tests/rl/test_mesh_update.py
@@ -67,11 +67,13 @@ def runs(tmp_path_factory, tok):
     # two steps of a block draft: the second sees the policy's updated embedding (synced to the last stage);
     # with a draft lr warm-up, so each rank's ramp must follow its own optimizer's count as JointUpdate's does
     two = _trainer(tmp, tok, "s2", spec=dataclasses.replace(DSPARK2, lr_warmup_steps=3))
-    batch2 = trainers["none"].rollout(1)
+    batch2 = trainers["none"].rollout(2)         # its longest microbatch is longer than the first batch's
     batch2.rewards = torch.tensor([0.0, 1.0, 1.0, 0.0])
     adv2 = group_advantages(batch2.rewards, 2)
+    # taps over the p2p transport; the second batch is the longer one, so the channels reopen with larger slots
+    # at step 1 and the point-to-point stream restarts at that step's first stamp
     payloads.append(make_payload(two.cfg, two.policy, two.draft, batch, adv, n_microbatches=2,
-                                 mask_token_id=tok.mask_id, anchor_seed=3))
+                                 mask_token_id=tok.mask_id, anchor_seed=3, transport="p2p"))
     payloads[-1]["more"] = [{"ids": batch2.input_ids, "att": batch2.attention_mask, "mask": batch2.loss_mask,
                              "old": batch2.rollout_logp, "adv": adv2, "anchor_seed": 4}]
     refs = {k: _reference(tr, batch, adv) for k, tr in trainers.items() if k in ("eagle3", "dspark", "dspark_bf16")}
