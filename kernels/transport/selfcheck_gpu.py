@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from kernels.launch import spawn
-from repro.core.io import write_json_atomic
 from kernels.transport import ChannelLayout, TapChannel, TapChannelError, TapSpec, sequence_stamp
+from repro.core.io import write_json_atomic
 
 N_MB, STEPS, HIDDEN, ROWS, DEPTH = 4, 3, 1024, 512, 2
 CONSUMER_DELAY_S = 0.02      # the draft reads late: sources two microbatches ahead wait for credit
@@ -68,7 +68,8 @@ CASES = (Case("cuda_ipc PP=2", "cuda_ipc", 2, "shared"), Case("cuda_ipc PP=4", "
 
 
 def fanin_layout(world: int) -> ChannelLayout:
-    taps = {0: [TapSpec("embed", (ROWS, HIDDEN), torch.bfloat16), TapSpec("L1", (ROWS, HIDDEN), torch.bfloat16)]}
+    taps = {0: [TapSpec("embed", (ROWS, HIDDEN), torch.bfloat16),
+                TapSpec("L1", (ROWS, HIDDEN), torch.bfloat16)]}
     for s in range(1, world - 1):
         taps[s] = [TapSpec(f"L{4 * s + 1}", (ROWS, HIDDEN), torch.bfloat16)]
     return ChannelLayout(sources=taps, stage_to_rank={s: s for s in range(world)}, consumer_rank=world - 1,
@@ -86,7 +87,8 @@ def fanin_worker(rank: int, world: int, case: Case, gpus: list[int]) -> dict:
     device = torch.device("cuda", gpus[rank])
     lay = fanin_layout(world)
     backend = "nccl" if case.transport == "p2p" else "gloo"
-    ch = TapChannel.setup(lay, case.transport, backend=backend, device=device, get_timeout_s=60, put_timeout_s=60)
+    ch = TapChannel.setup(lay, case.transport, backend=backend, device=device, get_timeout_s=60,
+                          put_timeout_s=60)
     bad, t0 = 0, time.perf_counter()
     for step in range(STEPS):
         for mb in range(N_MB):
@@ -128,8 +130,8 @@ def handshake_worker(rank: int, world: int, case: Case, gpus: list[int]) -> dict
         torch.cuda.synchronize()
         other = dataclasses.replace(lay, ring_depth=DEPTH + 1)
         refusals = {}
-        for what, bad_layout, bad_offer in (("layout", other, offer),
-                                            ("device", lay, dataclasses.replace(offer, device_uuid="GPU-not-this"))):
+        elsewhere = dataclasses.replace(offer, device_uuid="GPU-not-this")
+        for what, bad_layout, bad_offer in (("layout", other, offer), ("device", lay, elsewhere)):
             try:
                 accept_arena(bad_offer, bad_layout, rank)
                 refusals[what] = "accepted"

@@ -68,7 +68,7 @@ class Fig7Config:
     check: bool = True
 
     def __post_init__(self) -> None:
-        bad = [l for l in self.layouts if l not in TAP_LAYOUTS]
+        bad = [name for name in self.layouts if name not in TAP_LAYOUTS]
         if bad:
             raise ValueError(f"layouts {bad}: expected names from {sorted(TAP_LAYOUTS)}")
         if self.pp < 2:
@@ -79,7 +79,8 @@ class Fig7Config:
             raise ValueError(f"tokens {self.tokens} and repeats {self.repeats} must be positive")
         bad = [t for t in self.transports if t not in TRANSPORTS]
         if bad or not self.transports:
-            raise ValueError(f"transports {list(self.transports)}: expected a non-empty list of {list(TRANSPORTS)}")
+            raise ValueError(f"transports {list(self.transports)}: expected a non-empty list of "
+                             f"{list(TRANSPORTS)}")
 
 
 def unavailable(transport: str, cfg: Fig7Config, n_gpus: int) -> str | None:
@@ -185,7 +186,8 @@ def _measure_one(rank, cfg, layout_name, tokens, transport, compute, device) -> 
             if check:
                 for name, t in got.items():
                     spec = layout.ring(stage, name).tap
-                    mismatches += not torch.equal(t, tap_tensor(stage, name, spec.max_shape, spec.dtype, device))
+                    want = tap_tensor(stage, name, spec.max_shape, spec.dtype, device)
+                    mismatches += not torch.equal(t, want)
         _sync(device)
 
     def release_all(s):
@@ -248,7 +250,8 @@ def _measure_one(rank, cfg, layout_name, tokens, transport, compute, device) -> 
 
 
 def slowdown_pct(row: dict) -> float:
-    return 100.0 * (statistics.median(row["compute_with_transfer_s"]) / statistics.median(row["compute_s"]) - 1.0)
+    with_tx, base = statistics.median(row["compute_with_transfer_s"]), statistics.median(row["compute_s"])
+    return 100.0 * (with_tx / base - 1.0)
 
 
 def summarize_rows(per_rank: list[dict], cfg: Fig7Config) -> list[dict]:
@@ -324,8 +327,8 @@ def run(cfg: Fig7Config, out: Path, profile: str, timeout_s: float = 1800) -> li
                 for k, v in row.items():
                     if k in summary:
                         summary[k].append(v)
-                bench.record(f"pp={cfg.pp}/{layout}/T={tokens}", {"layout": layout, "tokens": tokens,
-                                                                  "transport": tap, "baseline": base}, extra=row)
+                pair = {"layout": layout, "tokens": tokens, "transport": tap, "baseline": base}
+                bench.record(f"pp={cfg.pp}/{layout}/T={tokens}", pair, extra=row)
         if summary["speedup_vs_host_staging"]:
             extra = {}
             for k, vals in summary.items():
@@ -337,7 +340,8 @@ def run(cfg: Fig7Config, out: Path, profile: str, timeout_s: float = 1800) -> li
 
 
 def config_for(profile: str, overrides: dict | None = None) -> Fig7Config:
-    """The ``fig7:`` section of the profile (``load_profile_model(profile).fig7``), with command-line overrides."""
+    """The ``fig7:`` section of the profile (``load_profile_model(profile).fig7``), with command-line
+    overrides."""
     from repro.core.profile import load_profile_model
     section = load_profile_model(profile).fig7
     if section is None:
@@ -367,10 +371,12 @@ def main(argv: list[str] | None = None) -> int:
         from repro.core.provenance import hardware
         args.out = Path("results") / hardware()["tag"] / args.profile / "fig7"
     records = run(cfg, args.out, args.profile, args.timeout)
-    print(f"{'layout':8} {'T':>6} {'transport':13} {'MB':>8} {'fan-in ms':>10} {'GB/s':>8} {'src %':>7} {'draft %':>8}")
+    print(f"{'layout':8} {'T':>6} {'transport':13} {'MB':>8} {'fan-in ms':>10} {'GB/s':>8} {'src %':>7} "
+          f"{'draft %':>8}")
     for r in records:
-        print(f"{r['layout']:8} {r['tokens']:>6} {r['transport']:13} {r['bytes'] / 1e6:>8.1f} {r['fanin_s'] * 1e3:>10.3f} "
-              f"{r['bandwidth_gbps']:>8.2f} {r['source_slowdown_pct']:>7.1f} {r['draft_slowdown_pct']:>8.1f}")
+        print(f"{r['layout']:8} {r['tokens']:>6} {r['transport']:13} {r['bytes'] / 1e6:>8.1f} "
+              f"{r['fanin_s'] * 1e3:>10.3f} {r['bandwidth_gbps']:>8.2f} {r['source_slowdown_pct']:>7.1f} "
+              f"{r['draft_slowdown_pct']:>8.1f}")
     return 0
 
 

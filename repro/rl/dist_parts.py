@@ -9,7 +9,8 @@
   ``clip_grad_norm_`` does across PP), clipped by ``torch.nn.utils.clip_grads_with_norm_``.
 * ``replicate_over``: a stage (with its draft) under ``DistributedDataParallel`` over the CP group, whose
   bucketed all-reduces *sum* the ranks' gradients (each CP rank's loss is its share of the batch's) and
-  overlap the backward of the step's last microbatch (the pipeline schedule runs the others under ``no_sync``).
+  overlap the backward of the step's last microbatch (the pipeline schedule runs the others under
+  ``no_sync``).
 * ``grpo_rows_loss``: GRPO's clipped loss over packed rows (``repro.parallel.cp_batch.grpo_targets``)
   plus the clip count and train-inference KL sum the metrics need.
 
@@ -99,11 +100,10 @@ def replicate_over(module: torch.nn.Module, group, device: torch.device) -> torc
 
     from torch.nn.parallel import DistributedDataParallel
     device = torch.device(device)
-    # buffers (RoPE's inverse frequencies) are equal on every rank: no broadcast before each forward; torch 2.13
-    # renamed the switch (``broadcast_buffers`` is deprecated there), 2.11 knows only the old name
-    no_buffer_sync = ({"forward_sync_buffers": False}
-                      if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
-                      else {"broadcast_buffers": False})
+    # buffers (RoPE's inverse frequencies) are equal on every rank: no broadcast before each forward; torch
+    # 2.13 renamed the switch (``broadcast_buffers`` is deprecated there), 2.11 knows only the old name
+    renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    no_buffer_sync = {"forward_sync_buffers": False} if renamed else {"broadcast_buffers": False}
     ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
                                   process_group=group, **no_buffer_sync)
     ddp.register_comm_hook(group, _sum_allreduce_hook)

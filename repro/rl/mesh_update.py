@@ -93,8 +93,8 @@ class MeshShape:
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"config {k}={v!r} is invalid: expected a positive integer")
         if self.pp * self.cp != world:
-            raise ConfigError(f"config pp*cp={self.pp}*{self.cp}={self.pp * self.cp} is invalid: expected the "
-                              f"world size {world} (one rank per (stage, CP shard))")
+            raise ConfigError(f"config pp*cp={self.pp}*{self.cp}={self.pp * self.cp} is invalid: expected "
+                              f"the world size {world} (one rank per (stage, CP shard))")
         if self.pp > num_layers:
             raise ConfigError(f"config pp={self.pp} is invalid: the policy has {num_layers} decoder layers, "
                               "expected at most one stage per layer")
@@ -102,21 +102,21 @@ class MeshShape:
             raise ConfigError(f"config grpo.kl_coef={cfg.grpo.kl_coef} is invalid under the PP x CP update: "
                               "expected 0 (the frozen reference policy is not sharded yet)")
         if cfg.draft is not None and cfg.draft.microbatch:
-            raise ConfigError(f"config draft.microbatch={cfg.draft.microbatch} is invalid under the PP x CP update: "
-                              "expected 0 (the draft runs in the last stage's microbatches; the deferred draft "
-                              "pass is the single-process update's, repro.rl.joint)")
+            raise ConfigError(f"config draft.microbatch={cfg.draft.microbatch} is invalid under the PP x CP "
+                              "update: expected 0 (the draft runs in the last stage's microbatches; the "
+                              "deferred draft pass is the single-process update's, repro.rl.joint)")
         B = cfg.grpo.prompts_per_step * cfg.grpo.generations_per_prompt
         n_mb = -(-B // cfg.grpo.microbatch)
         if self.pp > 1 and n_mb < self.pp:
-            raise ConfigError(f"config grpo.microbatch={cfg.grpo.microbatch} is invalid with pp={self.pp}: a batch "
-                              f"of {B} sequences makes {n_mb} microbatch(es), 1F1B needs at least {self.pp}; "
-                              f"expected microbatch <= {B // self.pp}")
+            raise ConfigError(f"config grpo.microbatch={cfg.grpo.microbatch} is invalid with pp={self.pp}: "
+                              f"a batch of {B} sequences makes {n_mb} microbatch(es), 1F1B needs at least "
+                              f"{self.pp}; expected microbatch <= {B // self.pp}")
         return n_mb
 
 
 class Mesh:
-    """A PP x CP ``DeviceMesh`` (dims ``"pp"``, ``"cp"``) and this rank's place in it; building it is collective
-    over the world. ``pp_group`` / ``cp_group`` are None where that dim has one rank."""
+    """A PP x CP ``DeviceMesh`` (dims ``"pp"``, ``"cp"``) and this rank's place in it; building it is
+    collective over the world. ``pp_group`` / ``cp_group`` are None where that dim has one rank."""
 
     def __init__(self, shape: MeshShape, device_type: str = "cpu"):
         world = dist.get_world_size()
@@ -183,7 +183,8 @@ class MeshUpdate:
                     if emb is None:
                         emb = copy.deepcopy(policy.embed_tokens).to(self.device).requires_grad_(False)
                         self.embed_copy = emb
-                    self.draft.attach(StopGradParts(SimpleNamespace(embed_tokens=emb, lm_head=self.stage.lm_head)))
+                    parts = SimpleNamespace(embed_tokens=emb, lm_head=self.stage.lm_head)
+                    self.draft.attach(StopGradParts(parts))
         self.sources = tap_sources(self.taps, P - 1, 1, self.H)   # rows are set when the channel opens
         self.channels: list[TapChannel] = []
         self.capacity = 0
@@ -201,8 +202,9 @@ class MeshUpdate:
         self.last_grads: dict | None = None
         info = None
         if mesh.c == 0:
+            draft_params = self.draft.named_parameters() if self.draft is not None else []
             info = (mesh.p, [(stage_to_hf(n), tuple(p.shape)) for n, p in self.stage.named_parameters()],
-                    [(n, tuple(p.shape)) for n, p in self.draft.named_parameters()] if self.draft is not None else [])
+                    [(n, tuple(p.shape)) for n, p in draft_params])
         box = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(info, box, dst=0)
         self._layout = {i[0]: i[1:] for i in box if i is not None} if box is not None else None
@@ -220,8 +222,8 @@ class MeshUpdate:
         for c in range(shape.cp):
             lay = ChannelLayout(sources=specs, stage_to_rank={s: shape.rank_of(s, c) for s in range(P)},
                                 consumer_rank=shape.rank_of(P - 1, c), ring_depth=self.n_mb)
-            self.channels.append(TapChannel.setup(lay, self._new_transport(), backend=backend, device=self.device,
-                                                  get_timeout_s=self.tap_timeout_s,
+            self.channels.append(TapChannel.setup(lay, self._new_transport(), backend=backend,
+                                                  device=self.device, get_timeout_s=self.tap_timeout_s,
                                                   put_timeout_s=self.tap_timeout_s))
         self.capacity = cap
         self.router.channel = self.channels[self.mesh.c]
@@ -255,8 +257,9 @@ class MeshUpdate:
         mb = cfg.grpo.microbatch
         slices = [slice(s, min(B, s + mb)) for s in range(0, B, mb)]
         if len(slices) != self.n_mb:
-            raise ValueError(f"a batch of {B} sequences makes {len(slices)} microbatches of {mb}; this update was "
-                             f"built for {self.n_mb} (prompts_per_step x generations_per_prompt changed?)")
+            raise ValueError(f"a batch of {B} sequences makes {len(slices)} microbatches of {mb}; this "
+                             f"update was built for {self.n_mb} (prompts_per_step x "
+                             "generations_per_prompt changed?)")
         lengths = att.long().sum(1).cpu()
         pad = max(padded_length(lengths[sl], C) for sl in slices)
         shards = [PackedShard.build(lengths[sl], S, mesh.cp_group, padded_total=pad) for sl in slices]
@@ -271,7 +274,7 @@ class MeshUpdate:
         self.optimizer.zero_grad(set_to_none=True)
         gen = torch.Generator().manual_seed(anchor_seed)
         lam = cfg.draft.loss_weight if cfg.draft is not None else 0.0
-        acc = {"policy_loss": 0.0, "draft_loss": 0.0, "clip": 0.0, "kl": 0.0, "tap_wait": 0.0, "draft_time": 0.0}
+        acc = dict.fromkeys(("policy_loss", "draft_loss", "clip", "kl", "tap_wait", "draft_time"), 0.0)
         stage = self.stage
 
         def loss_fn(logits, tgt):
@@ -290,7 +293,8 @@ class MeshUpdate:
                 acc["tap_wait"] += waited
             td = time.perf_counter()
             sl = slices[i]
-            dbatch = DraftBatch(input_ids=ids[sl], loss_mask=draft_loss_mask(mask[sl]), policy_logits=logits.detach(),
+            dbatch = DraftBatch(input_ids=ids[sl], loss_mask=draft_loss_mask(mask[sl]),
+                                policy_logits=logits.detach(),
                                 extras={"anchor_generator": gen, "cp": shards[i]})
             with autocast_or_off(dev.type, self.autocast_dtype):
                 dl = self.draft.draft_loss(TargetFeatures(feats), dbatch)
@@ -310,14 +314,17 @@ class MeshUpdate:
         if channel is not None:
             channel.flush()
         stage.shard = None
-        # gradients are summed over the CP group (DDP, during the last backward); the policy's norm spans the stages
+        # gradients are summed over the CP group (DDP, during the last backward); the policy's norm spans the
+        # stages
         p_norm = clip_across(self.params, cfg.grpo.max_grad_norm, mesh.pp_group)
-        d_norm = float(torch.nn.utils.clip_grad_norm_(self.dparams, cfg.draft.max_grad_norm)) if self.dparams else 0.0
+        d_norm = (float(torch.nn.utils.clip_grad_norm_(self.dparams, cfg.draft.max_grad_norm)) if self.dparams
+                  else 0.0)
         if keep_grads:
-            self.last_grads = {"policy": {stage_to_hf(n): p.grad.detach().clone() for n, p in stage.named_parameters()
-                                          if p.grad is not None},
-                               "draft": {n: p.grad.detach().clone() for n, p in self.draft.named_parameters()
-                                         if p.grad is not None} if self.dparams else {}}
+            def grads_of(module):
+                return {n: p.grad.detach().clone() for n, p in module.named_parameters()
+                        if p.grad is not None}
+            self.last_grads = {"policy": {stage_to_hf(n): g for n, g in grads_of(stage).items()},
+                               "draft": grads_of(self.draft) if self.dparams else {}}
         set_draft_lr(self.optimizer, cfg.draft)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -326,9 +333,10 @@ class MeshUpdate:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        sums = torch.tensor([acc["policy_loss"], acc["draft_loss"], acc["clip"], acc["kl"]], dtype=torch.float64,
-                            device=dev)
-        maxes = torch.tensor([wall, acc["draft_time"], acc["tap_wait"], d_norm, cpu], dtype=torch.float64, device=dev)
+        sums = torch.tensor([acc["policy_loss"], acc["draft_loss"], acc["clip"], acc["kl"]],
+                            dtype=torch.float64, device=dev)
+        maxes = torch.tensor([wall, acc["draft_time"], acc["tap_wait"], d_norm, cpu], dtype=torch.float64,
+                             device=dev)
         dist.all_reduce(sums)
         dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
         s, m = sums.tolist(), maxes.tolist()
@@ -360,7 +368,8 @@ class MeshUpdate:
             return tracked(fwd_chunk_id, *args, **kwargs)
         pipe.forward_one_chunk = forward_one_chunk
         if mesh.is_last and self.router.channel is not None:
-            release_after_backward(pipe, self.router.channel, self.sources, lambda: self.steps_done, self.n_mb)
+            release_after_backward(pipe, self.router.channel, self.sources, lambda: self.steps_done,
+                                   self.n_mb)
         schedule = Schedule1F1B(pipe, self.n_mb, loss_fn=loss_fn, scale_grads=False)
         if mesh.is_last:
             schedule.step(*((x,) if mesh.is_first else ()), target=target, losses=[])
@@ -371,7 +380,9 @@ class MeshUpdate:
         """Block drafts on the last stage read the embedding through a copy: stage 0 sends it the updated
         weights over the pipeline's group (the schedule's traffic of the step is done by then)."""
         mesh = self.mesh
-        if mesh.pp_group is None or self.cfg.draft is None or not self.block or not (mesh.is_first or mesh.is_last):
+        if mesh.pp_group is None or self.cfg.draft is None or not self.block:
+            return
+        if not (mesh.is_first or mesh.is_last):
             return
         first, last = mesh.shape.rank_of(0, mesh.c), mesh.shape.rank_of(mesh.shape.pp - 1, mesh.c)
         with torch.no_grad():
@@ -429,7 +440,8 @@ def mesh_update_worker(rank: int, world: int, payloads: list[dict], pp: int, cp:
         policy.model.load_state_dict(payload["policy"])
         upd = MeshUpdate(cfg, mesh, policy, payload["draft"], mask_token_id=payload["mask_token_id"],
                          transport=payload.get("transport", "shm"),
-                         autocast_dtype=getattr(torch, payload["autocast"]) if payload.get("autocast") else None)
+                         autocast_dtype=getattr(torch, payload["autocast"]) if payload.get("autocast")
+                         else None)
         for st in [payload, *payload.get("more", [])]:        # "more": later steps' batches, same keys
             stats = upd.step(st["ids"], st["att"], st["mask"], st["old"], st["adv"],
                              anchor_seed=st.get("anchor_seed", 0), keep_grads=True)
@@ -437,8 +449,8 @@ def mesh_update_worker(rank: int, world: int, payloads: list[dict], pp: int, cp:
         outs.append({"rank": rank, "coords": (mesh.p, mesh.c), "stats": asdict(stats),
                      "policy": {stage_to_hf(n): p.detach().clone() for n, p in upd.stage.named_parameters()},
                      "grads": upd.last_grads["policy"], "draft_grads": upd.last_grads["draft"],
-                     "draft": {k: v.clone() for k, v in upd.draft.state_dict().items()} if upd.draft is not None
-                     else None, "gathered": gathered})
+                     "draft": ({k: v.clone() for k, v in upd.draft.state_dict().items()}
+                               if upd.draft is not None else None), "gathered": gathered})
         upd.close()
     return outs
 
@@ -447,6 +459,7 @@ def cp_update_worker(rank: int, world: int, payload: dict) -> dict:
     """One rank of a CP=world joint update (PP=1, with or without a draft); returns its updated
     parameters (HF names), clipped gradients, the total policy loss and its local row count."""
     out = mesh_update_worker(rank, world, [payload], 1, world)[0]
-    return {"rank": rank, "policy": out["policy"], "grads": out["grads"], "policy_loss": out["stats"]["policy_loss"],
-            "draft_loss": out["stats"]["draft_loss"], "draft_grads": out["draft_grads"],
+    return {"rank": rank, "policy": out["policy"], "grads": out["grads"],
+            "policy_loss": out["stats"]["policy_loss"], "draft_loss": out["stats"]["draft_loss"],
+            "draft_grads": out["draft_grads"],
             "local_rows": out["stats"]["local_rows"]}

@@ -26,7 +26,8 @@ def fanin_layout(depth=3, l3_shape=(7, 3), consumer=2, stage_to_rank=None):
     return ChannelLayout(sources={0: [TapSpec("embed", (5, 4)), TapSpec("L1", (5, 4), torch.bfloat16)],
                                   1: [TapSpec("L3", l3_shape, torch.int64)],
                                   2: [TapSpec("L5", (2, 2))]},
-                         stage_to_rank=stage_to_rank or {0: 0, 1: 1, 2: 2}, consumer_rank=consumer, ring_depth=depth)
+                         stage_to_rank=stage_to_rank or {0: 0, 1: 1, 2: 2}, consumer_rank=consumer,
+                         ring_depth=depth)
 
 
 def test_arena_slots_are_aligned_disjoint_and_typed():
@@ -118,7 +119,8 @@ def test_stamp_only_after_the_copy_and_credit_only_after_the_reads():
 def handshake_worker(rank, world):
     # CPU storages go to several importers by file name (torch's default passes a file descriptor once)
     torch.multiprocessing.set_sharing_strategy("file_system")
-    lay = ChannelLayout(sources={0: [TapSpec("embed", (6, 4)), TapSpec("L1", (6, 4))], 1: [TapSpec("L5", (6, 4))]},
+    lay = ChannelLayout(sources={0: [TapSpec("embed", (6, 4)), TapSpec("L1", (6, 4))],
+                                 1: [TapSpec("L5", (6, 4))]},
                         stage_to_rank={0: 0, 1: 1}, consumer_rank=1, ring_depth=2)
     offsets, size = arena_offsets(lay)
     out = {}
@@ -133,9 +135,11 @@ def handshake_worker(rank, world):
             for s in range(lay.ring_depth):
                 slot_view(mapped, offsets[(r.index, s)], r).fill_(10 * r.index + s + 1)
         errors = {}
-        other = ChannelLayout(sources=lay.sources, stage_to_rank=lay.stage_to_rank, consumer_rank=1, ring_depth=3)
+        other = ChannelLayout(sources=lay.sources, stage_to_rank=lay.stage_to_rank, consumer_rank=1,
+                              ring_depth=3)
+        elsewhere = dataclasses.replace(offer, device_uuid="GPU-1234")
         for what, call in (("layout", lambda: accept_arena(offer, other, 0)),
-                           ("device", lambda: accept_arena(dataclasses.replace(offer, device_uuid="GPU-1234"), lay, 0)),
+                           ("device", lambda: accept_arena(elsewhere, lay, 0)),
                            ("rank", lambda: accept_arena(offer, lay, 7))):
             try:
                 call()
@@ -159,7 +163,8 @@ def test_handshake_maps_the_draft_arena_into_a_source_and_refuses_mismatches():
                               (2, 1): [0.0]}
     err = src["errors"]
     assert "different ChannelLayouts" in err["layout"] and "offers an arena of" in err["layout"], err
-    assert "allocated on device GPU-1234, but cpu in this process is device cpu" in err["device"] and "same CUDA_VISIBLE_DEVICES" in err["device"], err
+    assert "allocated on device GPU-1234, but cpu in this process is device cpu" in err["device"], err
+    assert "same CUDA_VISIBLE_DEVICES" in err["device"], err
     assert "no share for this rank" in err["rank"] and "source ranks [0]" in err["rank"], err
 
 
@@ -174,7 +179,8 @@ def test_gpu_selfcheck_plans_cases_by_gpu_count_and_says_why_not(tmp_path, capsy
         ["p2p/NCCL PP=2"]
     assert runnable[4] == [c.name for c in sc.CASES]
     apart = next(c for c in sc.CASES if c.placement == "apart")
-    assert apart.gpus(2) == [0, 1] and sc.CASES[1].gpus(1) == [0, 0, 0, 0] and sc.CASES[1].gpus(2) == [0, 1, 0, 1]
+    assert apart.gpus(2) == [0, 1]
+    assert sc.CASES[1].gpus(1) == [0, 0, 0, 0] and sc.CASES[1].gpus(2) == [0, 1, 0, 1]
     assert "NCCL needs one GPU per rank: PP=4 needs 4 GPUs; 2 here" == sc.CASES[-1].why_not(2)
     if torch.cuda.is_available():
         return

@@ -14,10 +14,12 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_real_tap_layouts_on_pp4():
     cfg = Fig7Config(pp=4, hidden=4096, tokens=(4096,))
-    eagle = fanin_layout(cfg, "eagle3", 4096)  # Qwen3-8B: 36 layers, 9 per stage; L32 stays on the draft's stage
+    # Qwen3-8B: 36 layers, 9 per stage; L32 stays on the draft's stage
+    eagle = fanin_layout(cfg, "eagle3", 4096)
     assert {s: [t.name for t in v] for s, v in eagle.sources.items()} == {0: ["embed", "L1"], 1: ["L17"]}
     dflash = fanin_layout(cfg, "dflash", 4096)  # L33 stays local
-    assert {s: [t.name for t in v] for s, v in dflash.sources.items()} == {0: ["L1"], 1: ["L9", "L17"], 2: ["L25"]}
+    names = {s: [t.name for t in v] for s, v in dflash.sources.items()}
+    assert names == {0: ["L1"], 1: ["L9", "L17"], 2: ["L25"]}
     assert dflash.consumer_rank == 3 and dflash.rings[0].tap.max_nbytes == 4096 * 4096 * 2
     with pytest.raises(ValueError, match="layouts \\['medusa'\\]"):
         Fig7Config(layouts=("medusa",))
@@ -33,7 +35,8 @@ def test_settings_come_from_the_typed_profile_and_bad_transports_are_named():
 
 
 def test_p2p_is_measured_where_the_machine_allows_it():
-    cpu, gpu = Fig7Config(transports=("shm", "p2p")), Fig7Config(device="cuda", transports=("cuda_ipc", "p2p"))
+    cpu = Fig7Config(transports=("shm", "p2p"))
+    gpu = Fig7Config(device="cuda", transports=("cuda_ipc", "p2p"))
     assert unavailable("p2p", cpu, n_gpus=0) is None                           # gloo on the host
     assert unavailable("p2p", gpu, n_gpus=4) is None                           # NCCL, one GPU per stage
     assert "needs one GPU per stage: pp=4, 1 GPU(s) here" in unavailable("p2p", gpu, n_gpus=1)
@@ -68,11 +71,12 @@ def test_report_builds_from_tidy_rows(tmp_path):
             rows.append(("pp=4/eagle3/T=4096/" + transport, metric, v))
     for metric, v in (("message_mb", 100.0), ("speedup_vs_host_staging", 50.0)):
         rows.append(("pp=4/eagle3/T=4096", metric, v))
-    for metric in ("write_bandwidth_gbps", "speedup_vs_host_staging", "source_slowdown_pct", "draft_slowdown_pct",
-                   "host_staging_slowdown_pct"):
+    for metric in ("write_bandwidth_gbps", "speedup_vs_host_staging", "source_slowdown_pct",
+                   "draft_slowdown_pct", "host_staging_slowdown_pct"):
         rows += [("pp=4", metric, 1.5), ("pp=4", metric + "_min", 1.0), ("pp=4", metric + "_max", 2.0)]
-    tidy = pd.DataFrame([{"artifact": "fig7", "profile": "h200", "hardware": "1xh200", "hardware_label": "gpu",
-                          "run": "r", "row": r, "step": i, "metric": m, "value": v} for i, (r, m, v) in enumerate(rows)])
+    base = {"artifact": "fig7", "profile": "h200", "hardware": "1xh200", "hardware_label": "gpu", "run": "r"}
+    tidy = pd.DataFrame([{**base, "row": r, "step": i, "metric": m, "value": v}
+                         for i, (r, m, v) in enumerate(rows)])
     paper = load_paper_numbers()
     paper = paper[paper["artifact"] == "fig7"]
     table = summary_table(tidy, paper)

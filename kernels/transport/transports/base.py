@@ -39,7 +39,8 @@ def arena_offsets(layout: ChannelLayout) -> tuple[dict[tuple[int, int], int], in
 def layout_digest(layout: ChannelLayout) -> str:
     """A short fingerprint of everything both sides derive the arena from (rings in order, their taps' shapes
     and dtypes, source ranks, ring depth, consumer rank, alignment): equal digests, equal arenas."""
-    rings = [(r.index, r.stage, r.tap.name, r.tap.max_shape, str(r.tap.dtype), r.source_rank) for r in layout.rings]
+    rings = [(r.index, r.stage, r.tap.name, r.tap.max_shape, str(r.tap.dtype), r.source_rank)
+             for r in layout.rings]
     desc = repr((rings, layout.ring_depth, layout.consumer_rank, ALIGN))
     return hashlib.sha256(desc.encode()).hexdigest()[:16]
 

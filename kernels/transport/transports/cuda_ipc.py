@@ -69,8 +69,8 @@ def offer_arena(arena: torch.Tensor, ctrl_name: str | None, layout: ChannelLayou
     """The consumer's side of the handshake for ``arena`` (flat uint8, ``arena_offsets(layout)`` bytes)."""
     _, size = arena_offsets(layout)
     if arena.dtype != torch.uint8 or arena.dim() != 1 or arena.numel() != size:
-        raise ValueError(f"arena of dtype {arena.dtype}, shape {tuple(arena.shape)}: expected a flat uint8 tensor "
-                         f"of {size} bytes for this layout")
+        raise ValueError(f"arena of dtype {arena.dtype}, shape {tuple(arena.shape)}: expected a flat uint8 "
+                         f"tensor of {size} bytes for this layout")
     sources = sorted({r.source_rank for r in layout.rings} - {layout.consumer_rank})
     # one pickle per receiver: each carries its own share of the allocation's reference count
     return ArenaOffer(ctrl_name, layout_digest(layout), size, device_uuid(arena.device),
@@ -84,24 +84,25 @@ def accept_arena(offer: ArenaOffer, layout: ChannelLayout, rank: int) -> torch.T
     mine = layout_digest(layout)
     if offer.layout_digest != mine or offer.nbytes != size:
         raise TapChannelError(
-            f"cuda_ipc rank {rank}: draft rank {layout.consumer_rank} offers an arena of {offer.nbytes} bytes for "
-            f"layout {offer.layout_digest}, this rank derives {size} bytes for layout {mine}: the ranks built "
-            "different ChannelLayouts (tap shapes, dtypes, ring depth or stage placement differ)")
+            f"cuda_ipc rank {rank}: draft rank {layout.consumer_rank} offers an arena of {offer.nbytes} "
+            f"bytes for layout {offer.layout_digest}, this rank derives {size} bytes for layout {mine}: "
+            "the ranks built different ChannelLayouts (tap shapes, dtypes, ring depth or stage "
+            "placement differ)")
     if rank not in offer.arenas:
-        raise TapChannelError(f"cuda_ipc rank {rank}: the draft's offer has no share for this rank (it serves "
-                              f"source ranks {sorted(offer.arenas)})")
+        raise TapChannelError(f"cuda_ipc rank {rank}: the draft's offer has no share for this rank (it "
+                              f"serves source ranks {sorted(offer.arenas)})")
     try:
         arena = ForkingPickler.loads(offer.arenas[rank])
     except Exception as exc:  # noqa: BLE001 - the cause is named in the error
-        raise TapChannelError(f"cuda_ipc rank {rank}: could not map draft rank {layout.consumer_rank}'s arena "
-                              f"(CUDA IPC needs both processes on one host, on GPUs they can both see): "
-                              f"{type(exc).__name__}: {exc}") from exc
+        raise TapChannelError(f"cuda_ipc rank {rank}: could not map draft rank {layout.consumer_rank}'s "
+                              "arena (CUDA IPC needs both processes on one host, on GPUs they can both "
+                              f"see): {type(exc).__name__}: {exc}") from exc
     got = device_uuid(arena.device)
     if got != offer.device_uuid:
         raise TapChannelError(
-            f"cuda_ipc rank {rank}: the draft's arena was allocated on device {offer.device_uuid}, but {arena.device} "
-            f"in this process is device {got}: every process of the channel must see the GPUs under the same "
-            "indices (same CUDA_VISIBLE_DEVICES)")
+            f"cuda_ipc rank {rank}: the draft's arena was allocated on device {offer.device_uuid}, but "
+            f"{arena.device} in this process is device {got}: every process of the channel must see the "
+            "GPUs under the same indices (same CUDA_VISIBLE_DEVICES)")
     if arena.dtype != torch.uint8 or arena.numel() != size:
         raise TapChannelError(f"cuda_ipc rank {rank}: the mapped arena is {arena.dtype} x {arena.numel()}, "
                               f"expected uint8 x {size}")
@@ -159,8 +160,8 @@ class CudaIpcTransport(Transport):
 
     def publish(self, ring: RingId, slot: int, tensor: torch.Tensor, seq: int, put_ns: int) -> None:
         if tensor.device.type != self.device.type:
-            raise ValueError(f"transport 'cuda_ipc' carries {self.device.type} tensors; tap {ring.tap.name!r} of "
-                             f"stage {ring.stage} is on {tensor.device}")
+            raise ValueError(f"transport 'cuda_ipc' carries {self.device.type} tensors; tap "
+                             f"{ring.tap.name!r} of stage {ring.stage} is on {tensor.device}")
         n = tensor.shape[0]
         done = self._copy_async(self._slots[(ring.index, slot)][:n], tensor)
         w = self.ctrl.words[ring.index, slot]
