@@ -186,8 +186,8 @@ class TapChannel:
             return self._held_view[(ring.index, slot)]
         if held is not None:
             raise TapChannelError(
-                f"get(source stage {stage}, tap {name!r}, seq {seq}) needs slot {slot}, which still holds seq "
-                f"{held} that was never released; release it first or raise ring_depth (now {d})")
+                f"get(source stage {stage}, tap {name!r}, seq {seq}) needs slot {slot}, which still holds "
+                f"seq {held} that was never released; release it first or raise ring_depth (now {d})")
         prev = self._last_released[ring.index][slot]
         if prev != EMPTY and seq <= prev:
             raise StampMismatchError(f"source stage {stage}, tap {name!r}: get of seq {seq} but seq {prev} "
@@ -201,8 +201,8 @@ class TapChannel:
             if stamp != prev:
                 hint = (f"; seq {stamp} was never consumed, so seq {seq} is more than ring depth {d} ahead"
                         if stamp < seq else "")
-                raise StampMismatchError(f"source stage {stage}, tap {name!r}: slot {slot} holds seq {stamp}, "
-                                         f"expected seq {seq}{hint}")
+                raise StampMismatchError(f"source stage {stage}, tap {name!r}: slot {slot} holds seq "
+                                         f"{stamp}, expected seq {seq}{hint}")
             return None
 
         length, put_ns, pub_ns = self._wait(arrived, lambda: (
@@ -222,7 +222,8 @@ class TapChannel:
 
     def get_stage(self, stage: int, seq: int, timeout_s: float | None = None) -> dict[str, torch.Tensor]:
         """Every tap of ``stage`` for ``seq``, by tap name."""
-        return {r.tap.name: self.get(stage, r.tap.name, seq, timeout_s) for r in self.layout.rings_of_stage(stage)}
+        return {r.tap.name: self.get(stage, r.tap.name, seq, timeout_s)
+                for r in self.layout.rings_of_stage(stage)}
 
     def release(self, stage: int, seq: int) -> None:
         """Return the slots of every tap of ``stage`` holding ``seq`` to their producers."""

@@ -78,7 +78,8 @@ class TapSpec:
             raise ValueError(f"{where}: tap {self.name!r} got shape {tuple(tensor.shape)}, expected "
                              f"(n, {', '.join(map(str, self.max_shape[1:]))}) with n <= {self.max_shape[0]}")
         if not 0 < tensor.shape[0] <= self.max_shape[0]:
-            raise ValueError(f"{where}: tap {self.name!r} length {tensor.shape[0]} outside 1..{self.max_shape[0]}")
+            raise ValueError(f"{where}: tap {self.name!r} length {tensor.shape[0]} outside "
+                             f"1..{self.max_shape[0]}")
         return int(tensor.shape[0])
 
 
@@ -113,7 +114,8 @@ class ChannelLayout:
         rings = []
         for stage in sorted(self.sources):
             if stage not in self.stage_to_rank:
-                raise ValueError(f"source stage {stage} has no rank in stage_to_rank {dict(self.stage_to_rank)}")
+                raise ValueError(f"source stage {stage} has no rank in stage_to_rank "
+                                 f"{dict(self.stage_to_rank)}")
             names = [t.name for t in self.sources[stage]]
             if len(set(names)) != len(names):
                 raise ValueError(f"source stage {stage} declares duplicate tap names {names}")
@@ -133,7 +135,8 @@ class ChannelLayout:
             return self._index[(stage, name)]
         except KeyError:
             known = sorted(self._index)
-            raise KeyError(f"no ring for source stage {stage}, tap {name!r}; known (stage, tap): {known}") from None
+            raise KeyError(f"no ring for source stage {stage}, tap {name!r}; known (stage, tap): "
+                           f"{known}") from None
 
     def rings_of_stage(self, stage: int) -> list[RingId]:
         if stage not in self.sources:

@@ -13,12 +13,17 @@ sent), one microbatch of T tokens each. Measured per (layout, T, transport):
               A/B interleaved.
 
 Settings (transports, hidden size, T, repeats, compute scale) come from the ``fig7:`` section of
-experiments/profiles/<profile>.yaml: GPU ``cuda_ipc`` (colocated processes; on one GPU all ranks
-share it) vs ``host_staging``; CPU ``shm`` vs ``host_staging`` (labelled cpu-emulated, sizes scaled
-down to hidden 1024, T = 256/1024). Slowdown and idle ranks: a stage without taps computes but is
-left out of the all-ranks average.
+experiments/profiles/<profile>.yaml (``repro.core.profile.Fig7``): GPU ``cuda_ipc`` (colocated processes;
+on one GPU all ranks share it) vs ``host_staging``; CPU ``shm`` vs ``host_staging`` (labelled cpu-emulated,
+sizes scaled down to hidden 1024, T = 256/1024). ``p2p`` (torch.distributed point-to-point, the remote-source
+transport) is a measured row wherever the machine allows it: over gloo on a CPU, over NCCL on GPUs when
+every stage has its own GPU (NCCL refuses two ranks on one device); a listed transport the machine cannot
+run is skipped with its reason in bench.json's ``summary.not_run``. The first measured transport other
+than host staging is the one the summary row compares. Slowdown and idle ranks: a stage without taps
+computes but is left out of the all-ranks average.
 Rows logged (metric names of experiments/paper_numbers.csv): per config
-``pp=4/<layout>/T=<T>/<transport>`` and ``pp=4/<layout>/T=<T>``; summary row ``pp=4`` with
+``pp=4/<layout>/T=<T>/<transport>`` (with its speedup over host staging of the same config) and
+``pp=4/<layout>/T=<T>``; summary row ``pp=4`` with
 write_bandwidth_gbps, speedup_vs_host_staging, source_slowdown_pct, draft_slowdown_pct,
 host_staging_slowdown_pct (medians over configs; min/max alongside).
 
@@ -39,11 +44,13 @@ import torch
 import torch.distributed as dist
 
 from kernels.transport import ChannelLayout, TapChannel, TapSpec
+from kernels.transport.transports import TRANSPORTS
 from repro.parallel.partition import split_layers, stage_of_tap
 
 QWEN3_8B = {"num_layers": 36, "hidden": 4096, "params": 8.2e9}
 TAP_LAYOUTS = {"eagle3": (-1, 1, 17, 32), "dflash": (1, 9, 17, 25, 33)}
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+BASELINE = "host_staging"
 
 @dataclass(frozen=True)
 class Fig7Config:
@@ -61,7 +68,7 @@ class Fig7Config:
     check: bool = True
 
     def __post_init__(self) -> None:
-        bad = [l for l in self.layouts if l not in TAP_LAYOUTS]
+        bad = [name for name in self.layouts if name not in TAP_LAYOUTS]
         if bad:
             raise ValueError(f"layouts {bad}: expected names from {sorted(TAP_LAYOUTS)}")
         if self.pp < 2:
@@ -70,6 +77,29 @@ class Fig7Config:
             raise ValueError(f"dtype {self.dtype!r}: expected one of {sorted(DTYPES)}")
         if any(t < 1 for t in self.tokens) or self.repeats < 1:
             raise ValueError(f"tokens {self.tokens} and repeats {self.repeats} must be positive")
+        bad = [t for t in self.transports if t not in TRANSPORTS]
+        if bad or not self.transports:
+            raise ValueError(f"transports {list(self.transports)}: expected a non-empty list of "
+                             f"{list(TRANSPORTS)}")
+
+
+def unavailable(transport: str, cfg: Fig7Config, n_gpus: int) -> str | None:
+    """Why this machine cannot run ``transport`` under ``cfg`` (None when it can)."""
+    cuda = cfg.device == "cuda"
+    if transport == "cuda_ipc" and not cuda:
+        return "cuda_ipc carries CUDA tensors; the profile's fig7 device is cpu"
+    if transport in ("shm", "gloo") and cuda:
+        return f"{transport} carries CPU tensors; the profile's fig7 device is cuda"
+    if transport == "p2p" and cuda and n_gpus < cfg.pp:
+        return (f"p2p on GPUs runs over NCCL, which needs one GPU per stage: pp={cfg.pp}, {n_gpus} GPU(s) "
+                "here")
+    return None
+
+
+def channel_backend(transport: str, device: torch.device) -> str:
+    """The channel group's backend: NCCL for device tensors over p2p, gloo for every other transport (their
+    group only exchanges names and barriers)."""
+    return "nccl" if transport == "p2p" and device.type == "cuda" else "gloo"
 
 
 def fanin_layout(cfg: Fig7Config, layout: str, tokens: int) -> ChannelLayout:
@@ -115,8 +145,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_worker(rank: int, world: int, cfg: Fig7Config) -> dict:
-    """One rank of the benchmark (call under kernels.launch.spawn, world == cfg.pp)."""
+def measure_worker(rank: int, world: int, cfg: Fig7Config, transports: tuple[str, ...]) -> dict:
+    """One rank of the benchmark (call under kernels.launch.spawn, world == cfg.pp) over ``transports``."""
     device = torch.device(cfg.device)
     if device.type == "cuda":
         torch.cuda.set_device(0 if torch.cuda.device_count() == 1 else rank % torch.cuda.device_count())
@@ -126,7 +156,7 @@ def measure_worker(rank: int, world: int, cfg: Fig7Config) -> dict:
         for tokens in cfg.tokens:
             flops = 2 * QWEN3_8B["params"] / cfg.pp * tokens * cfg.compute_scale
             compute = ComputeLoop(flops, device)
-            for transport in cfg.transports:
+            for transport in transports:
                 out.append(_measure_one(rank, cfg, layout_name, tokens, transport, compute, device))
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
@@ -136,7 +166,8 @@ def measure_worker(rank: int, world: int, cfg: Fig7Config) -> dict:
 def _measure_one(rank, cfg, layout_name, tokens, transport, compute, device) -> dict:
     layout = fanin_layout(cfg, layout_name, tokens)
     draft = layout.consumer_rank
-    ch = TapChannel.setup(layout, transport, device=device, get_timeout_s=300, put_timeout_s=300)
+    ch = TapChannel.setup(layout, transport, backend=channel_backend(transport, device), device=device,
+                          get_timeout_s=300, put_timeout_s=300)
     mine = {s: [(spec, tap_tensor(s, spec.name, spec.max_shape, spec.dtype, device)) for spec in specs]
             for s, specs in layout.sources.items() if layout.stage_to_rank[s] == rank}
     total_bytes = sum(spec.max_nbytes for specs in layout.sources.values() for spec in specs)
@@ -155,7 +186,8 @@ def _measure_one(rank, cfg, layout_name, tokens, transport, compute, device) -> 
             if check:
                 for name, t in got.items():
                     spec = layout.ring(stage, name).tap
-                    mismatches += not torch.equal(t, tap_tensor(stage, name, spec.max_shape, spec.dtype, device))
+                    want = tap_tensor(stage, name, spec.max_shape, spec.dtype, device)
+                    mismatches += not torch.equal(t, want)
         _sync(device)
 
     def release_all(s):
@@ -218,7 +250,8 @@ def _measure_one(rank, cfg, layout_name, tokens, transport, compute, device) -> 
 
 
 def slowdown_pct(row: dict) -> float:
-    return 100.0 * (statistics.median(row["compute_with_transfer_s"]) / statistics.median(row["compute_s"]) - 1.0)
+    with_tx, base = statistics.median(row["compute_with_transfer_s"]), statistics.median(row["compute_s"])
+    return 100.0 * (with_tx / base - 1.0)
 
 
 def summarize_rows(per_rank: list[dict], cfg: Fig7Config) -> list[dict]:
@@ -246,17 +279,30 @@ def run(cfg: Fig7Config, out: Path, profile: str, timeout_s: float = 1800) -> li
     from kernels.launch import spawn
     from repro.core.timing import BenchRun
 
-    per_rank = spawn(measure_worker, cfg.pp, args=(cfg,), timeout_s=timeout_s, backend="gloo")
+    n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    not_run = {t: why for t in cfg.transports if (why := unavailable(t, cfg, n_gpus))}
+    for t, why in not_run.items():
+        print(f"[fig7] not measuring {t}: {why}", flush=True)
+    transports = tuple(t for t in cfg.transports if t not in not_run)
+    if not transports:
+        raise ValueError(f"none of the transports {list(cfg.transports)} can run here: {not_run}")
+    per_rank = spawn(measure_worker, cfg.pp, args=(cfg, transports), timeout_s=timeout_s, backend="gloo")
     records = summarize_rows(per_rank, cfg)
     bad = [(r["layout"], r["tokens"], r["transport"]) for r in records if r["mismatches"]]
     if bad:
         raise RuntimeError(f"taps arrived corrupted for {bad}; no numbers written")
-    tap, base = cfg.transports[0], "host_staging"
+    base = BASELINE
+    tap = next((t for t in transports if t != base), None)
+    fanin = {(r["layout"], r["tokens"], r["transport"]): r["fanin_s"] for r in records}
     summary: dict[str, list[float]] = {"write_bandwidth_gbps": [], "speedup_vs_host_staging": [],
                                        "source_slowdown_pct": [], "draft_slowdown_pct": [],
                                        "host_staging_slowdown_pct": []}
     with BenchRun(out, artifact="fig7", profile=profile, config=asdict(cfg)) as bench:
+        bench.summary["not_run"] = not_run
         for r in records:
+            base_s = fanin.get((r["layout"], r["tokens"], base))
+            vs_base = {"speedup_vs_host_staging": base_s / r["fanin_s"]} \
+                if base_s is not None and r["transport"] != base else {}
             bench.record(f"pp={cfg.pp}/{r['layout']}/T={r['tokens']}/{r['transport']}",
                          {k: r[k] for k in ("layout", "tokens", "transport", "bytes", "n_taps")},
                          r["fanin_samples_s"],
@@ -264,12 +310,12 @@ def run(cfg: Fig7Config, out: Path, profile: str, timeout_s: float = 1800) -> li
                                 "message_mb": r["bytes"] / 1e6,
                                 "source_slowdown_pct": r["source_slowdown_pct"],
                                 "draft_slowdown_pct": r["draft_slowdown_pct"],
-                                "all_ranks_slowdown_pct": r["all_ranks_slowdown_pct"]})
+                                "all_ranks_slowdown_pct": r["all_ranks_slowdown_pct"], **vs_base})
             bench.records[-1]["per_rank"] = r["per_rank"]
         for layout in cfg.layouts:
             for tokens in cfg.tokens:
                 pick = {r["transport"]: r for r in records if r["layout"] == layout and r["tokens"] == tokens}
-                if tap not in pick or base not in pick or tap == base:
+                if tap not in pick or base not in pick:
                     continue
                 a, b = pick[tap], pick[base]
                 row = {"message_mb": a["bytes"] / 1e6,
@@ -281,8 +327,8 @@ def run(cfg: Fig7Config, out: Path, profile: str, timeout_s: float = 1800) -> li
                 for k, v in row.items():
                     if k in summary:
                         summary[k].append(v)
-                bench.record(f"pp={cfg.pp}/{layout}/T={tokens}", {"layout": layout, "tokens": tokens,
-                                                                  "transport": tap, "baseline": base}, extra=row)
+                pair = {"layout": layout, "tokens": tokens, "transport": tap, "baseline": base}
+                bench.record(f"pp={cfg.pp}/{layout}/T={tokens}", pair, extra=row)
         if summary["speedup_vs_host_staging"]:
             extra = {}
             for k, vals in summary.items():
@@ -294,21 +340,18 @@ def run(cfg: Fig7Config, out: Path, profile: str, timeout_s: float = 1800) -> li
 
 
 def config_for(profile: str, overrides: dict | None = None) -> Fig7Config:
-    """The ``fig7:`` section of experiments/profiles/<profile>.yaml, with command-line overrides."""
-    from repro.core.profile import load_profile
-    section = dict(load_profile(profile).get("fig7") or {})
-    if not section:
+    """The ``fig7:`` section of the profile (``load_profile_model(profile).fig7``), with command-line
+    overrides."""
+    from repro.core.profile import load_profile_model
+    section = load_profile_model(profile).fig7
+    if section is None:
         raise ValueError(f"profile {profile!r} has no fig7: section (experiments/profiles/{profile}.yaml); "
                          "profiles with one: cpu-tiny, h200")
-    unknown = sorted(set(section) - set(Fig7Config.__dataclass_fields__))
-    if unknown:
-        raise ValueError(f"profile {profile!r}, fig7: unknown keys {unknown}; expected some of "
-                         f"{sorted(Fig7Config.__dataclass_fields__)}")
-    section.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    values = section.model_dump()
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
     for k in ("transports", "tokens", "layouts"):
-        if k in section:
-            section[k] = tuple(section[k])
-    return Fig7Config(**section)
+        values[k] = tuple(values[k])
+    return Fig7Config(**values)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,10 +371,12 @@ def main(argv: list[str] | None = None) -> int:
         from repro.core.provenance import hardware
         args.out = Path("results") / hardware()["tag"] / args.profile / "fig7"
     records = run(cfg, args.out, args.profile, args.timeout)
-    print(f"{'layout':8} {'T':>6} {'transport':13} {'MB':>8} {'fan-in ms':>10} {'GB/s':>8} {'src %':>7} {'draft %':>8}")
+    print(f"{'layout':8} {'T':>6} {'transport':13} {'MB':>8} {'fan-in ms':>10} {'GB/s':>8} {'src %':>7} "
+          f"{'draft %':>8}")
     for r in records:
-        print(f"{r['layout']:8} {r['tokens']:>6} {r['transport']:13} {r['bytes'] / 1e6:>8.1f} {r['fanin_s'] * 1e3:>10.3f} "
-              f"{r['bandwidth_gbps']:>8.2f} {r['source_slowdown_pct']:>7.1f} {r['draft_slowdown_pct']:>8.1f}")
+        print(f"{r['layout']:8} {r['tokens']:>6} {r['transport']:13} {r['bytes'] / 1e6:>8.1f} "
+              f"{r['fanin_s'] * 1e3:>10.3f} {r['bandwidth_gbps']:>8.2f} {r['source_slowdown_pct']:>7.1f} "
+              f"{r['draft_slowdown_pct']:>8.1f}")
     return 0
 
 

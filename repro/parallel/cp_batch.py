@@ -64,8 +64,8 @@ class PackedShard:
             mult = 1 if C == 1 else 2 * C
             extra = padded_total - natural
             if extra < 0 or extra % mult:
-                raise ValueError(f"padded_total={padded_total} is invalid: expected >= {natural} (this microbatch "
-                                 f"padded for cp={C}) and {natural} plus a multiple of {mult}")
+                raise ValueError(f"padded_total={padded_total} is invalid: expected >= {natural} (this "
+                                 f"microbatch padded for cp={C}) and {natural} plus a multiple of {mult}")
             docs = torch.cat([lengths, torch.tensor([extra])])
         cu = torch.cat([torch.zeros(1, dtype=torch.long), docs.cumsum(0)])
         lay = make_layout(cu, group)
@@ -192,8 +192,8 @@ def grpo_targets(shard: PackedShard, ids: torch.Tensor, mask: torch.Tensor, logp
     """
     nxt_ok = shard.valid(shard.b, shard.t + 1) & shard.real
     label = torch.where(nxt_ok, shard.local(ids, 1), torch.zeros_like(shard.b))
-    m = torch.where(nxt_ok, shard.local(mask.double(), 1), torch.zeros(shard.num_local, dtype=torch.float64))
-    old = torch.where(nxt_ok, shard.local(logp_rollout.double(), 1), torch.zeros(shard.num_local, dtype=torch.float64))
-    adv = torch.where(shard.real, advantages.double()[shard.b.clamp(min=0)], torch.zeros(shard.num_local,
-                                                                                           dtype=torch.float64))
+    zero = torch.zeros(shard.num_local, dtype=torch.float64)
+    m = torch.where(nxt_ok, shard.local(mask.double(), 1), zero)
+    old = torch.where(nxt_ok, shard.local(logp_rollout.double(), 1), zero)
+    adv = torch.where(shard.real, advantages.double()[shard.b.clamp(min=0)], zero)
     return torch.stack([label.double(), m, old, adv], dim=-1)

@@ -59,10 +59,10 @@ class TargetFeatures:
     def concat(self, layers: Sequence[int] | None = None) -> Tensor:
         """Layer taps joined along the last axis in ascending layer order: [batch, seq, hidden*n]."""
         layers = self.layers if layers is None else tuple(sorted(layers))
-        missing = [l for l in layers if l not in self.hidden]
+        missing = [t for t in layers if t not in self.hidden]
         if missing:
             raise KeyError(f"taps {missing} were not shipped; present: {sorted(self.hidden)}")
-        return torch.cat([self.hidden[l] for l in layers], dim=-1)
+        return torch.cat([self.hidden[t] for t in layers], dim=-1)
 
 
 @dataclass(frozen=True)

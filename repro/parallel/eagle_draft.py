@@ -66,7 +66,8 @@ if __name__ == "__main__":
     d = TinyEagleDraft(cfg)
     b, s, hsz = 2, 16, cfg.hidden_size
     feats = TargetFeatures({t: torch.randn(b, s, hsz) for t in d.tap_layers})
-    batch = DraftBatch(torch.randint(0, cfg.vocab_size, (b, s)), torch.ones(b, s), torch.randn(b, s, cfg.vocab_size))
+    batch = DraftBatch(torch.randint(0, cfg.vocab_size, (b, s)), torch.ones(b, s),
+                       torch.randn(b, s, cfg.vocab_size))
     loss = d.draft_loss(feats, batch)
     loss.backward()
     print("taps", d.tap_layers, "loss", loss.item())

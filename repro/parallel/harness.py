@@ -69,14 +69,15 @@ class PPConfig:
 
     def __post_init__(self) -> None:
         if self.transport == "inschedule" and self.schedule != "1f1b":
-            raise ValueError("transport 'inschedule' (the negative control) is wired for schedule '1f1b' only")
+            raise ValueError("transport 'inschedule' (the negative control) is wired for schedule "
+                             "'1f1b' only")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule {self.schedule!r}: expected one of {sorted(SCHEDULES)}")
         if self.pp < 2:
             raise ValueError(f"pp={self.pp}: the harness needs at least 2 pipeline ranks")
         if self.n_microbatches < 1 or self.mb_size < 1 or self.seq_len < 3:
-            raise ValueError(f"n_microbatches={self.n_microbatches}, mb_size={self.mb_size}, seq_len={self.seq_len}: "
-                             "expected >= 1, >= 1, >= 3")
+            raise ValueError(f"n_microbatches={self.n_microbatches}, mb_size={self.mb_size}, "
+                             f"seq_len={self.seq_len}: expected >= 1, >= 1, >= 3")
 
     @property
     def num_stages(self) -> int:
@@ -194,15 +195,16 @@ def run_pp_worker(rank: int, world: int, cfg: PPConfig) -> dict:
                 for name, t in channel.get_stage(stage, seq).items():
                     tap = -1 if name == "embed" else int(name[1:])
                     feats[tap] = t.view(*ids.shape, -1)
-        dl = draft.draft_loss(TargetFeatures(feats), DraftBatch(ids, torch.ones_like(ids, dtype=torch.float32),
-                                                                logits.detach()))
+        dbatch = DraftBatch(ids, torch.ones_like(ids, dtype=torch.float32), logits.detach())
+        dl = draft.draft_loss(TargetFeatures(feats), dbatch)
         row["draft_loss"] = dl.item()
         row["taps"] = {t: v.clone() for t, v in feats.items()}
         per_mb.append(row)
         return lp + cfg.lam * dl
 
     if channel is not None and last in mine:
-        _release_after_backward(next(p for p in pipe_stages if p.stage_index == last), channel, layout, router)
+        last_pipe = next(p for p in pipe_stages if p.stage_index == last)
+        _release_after_backward(last_pipe, channel, layout, router)
 
     sched_cls, per_rank = schedule_class(cfg.schedule), SCHEDULES[cfg.schedule][1]
     stage_arg = pipe_stages[0] if per_rank == 1 else pipe_stages
@@ -218,7 +220,8 @@ def run_pp_worker(rank: int, world: int, cfg: PPConfig) -> dict:
     grads = {f"stage{s}.{n}": p.grad.clone() for s in mine for n, p in stages[s].named_parameters()
              if p.grad is not None}
     if draft is not None and last in mine:
-        grads.update({f"draft.{n}": p.grad.clone() for n, p in draft.named_parameters() if p.grad is not None})
+        grads.update({f"draft.{n}": p.grad.clone() for n, p in draft.named_parameters()
+                      if p.grad is not None})
     report = channel_report(channel, cfg) if channel is not None and rank == layout.consumer_rank else []
     if channel is not None:
         channel.close()
@@ -226,7 +229,8 @@ def run_pp_worker(rank: int, world: int, cfg: PPConfig) -> dict:
     return {"rank": rank, "per_mb": per_mb, "grads": grads, "tap_report": report, "config": asdict(cfg)}
 
 
-def _release_after_backward(pipe_stage, channel: TapChannel, layout: ChannelLayout, router: TapRouter) -> None:
+def _release_after_backward(pipe_stage, channel: TapChannel, layout: ChannelLayout,
+                            router: TapRouter) -> None:
     """Release a microbatch's slots once nothing can read them: after its full backward, or after
     its weight backward when the schedule splits backward (zero bubble)."""
     full, weight = pipe_stage.backward_one_chunk, pipe_stage.backward_weight_one_chunk
@@ -271,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from kernels.launch import spawn
 
-    ap = argparse.ArgumentParser(description="PP harness with TapChannel on CPU; prints the per-microbatch report.")
+    ap = argparse.ArgumentParser(
+        description="PP harness with TapChannel on CPU; prints the per-microbatch report.")
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--schedule", default="1f1b", choices=sorted(SCHEDULES))
     ap.add_argument("--transport", default="shm", help="shm | gloo | host_staging")
@@ -283,13 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     outs = spawn(run_pp_worker, cfg.pp, args=(cfg,), timeout_s=600)
     report = next(o["tap_report"] for o in outs if o["tap_report"])
     losses = {r["seq"]: r for o in outs for r in o["per_mb"]}
-    print(f"{'step':>4} {'mb':>3} {'bytes':>8} {'tap wait ms':>11} {'transfer ms':>11}  slack ms by source stage   "
-          f"policy loss  draft loss")
+    print(f"{'step':>4} {'mb':>3} {'bytes':>8} {'tap wait ms':>11} {'transfer ms':>11}  slack ms by source "
+          "stage   policy loss  draft loss")
     for r in report:
         slack = " ".join(f"{s}:{v * 1e3:.2f}" for s, v in sorted(r["slack_s"].items()))
         lr = losses[r["seq"]]
         print(f"{r['step']:>4} {r['mb']:>3} {r['bytes']:>8} {r['tap_wait_s'] * 1e3:>11.3f} "
-              f"{r['transfer_s_max'] * 1e3:>11.3f}  {slack:<26} {lr['policy_loss']:>11.5f} {lr['draft_loss']:>11.5f}")
+              f"{r['transfer_s_max'] * 1e3:>11.3f}  {slack:<26} {lr['policy_loss']:>11.5f} "
+              f"{lr['draft_loss']:>11.5f}")
     return 0
 
 

@@ -24,8 +24,8 @@ def tiny_qwen3_config(num_layers: int = 8, hidden: int = 32, heads: int = 4, kv_
     """A small random Qwen3 config (the CPU default); pass larger values on a GPU."""
     cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
                       num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                      head_dim=hidden // heads, max_position_embeddings=max_positions, tie_word_embeddings=False,
-                      attn_implementation="sdpa")
+                      head_dim=hidden // heads, max_position_embeddings=max_positions,
+                      tie_word_embeddings=False, attn_implementation="sdpa")
     return cfg
 
 

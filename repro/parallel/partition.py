@@ -22,12 +22,13 @@ def split_layers(num_layers: int, num_stages: int, first: int | None = None, las
             rest -= fixed
             middle.remove(idx)
     if rest < len(middle) or any(c < 0 for c in counts):
-        raise ValueError(f"{num_layers} layers cannot fill {num_stages} stages with first={first}, last={last}: "
-                         "every stage needs at least one layer")
+        raise ValueError(f"{num_layers} layers cannot fill {num_stages} stages with first={first}, "
+                         f"last={last}: every stage needs at least one layer")
     for i, idx in enumerate(middle):
         counts[idx] = rest // len(middle) + (1 if i < rest % len(middle) else 0)
     if any(c < 1 for c in counts):
-        raise ValueError(f"{num_layers} layers over {num_stages} stages leaves a stage without layers: {counts}")
+        raise ValueError(f"{num_layers} layers over {num_stages} stages leaves a stage without "
+                         f"layers: {counts}")
     out, start = [], 0
     for c in counts:
         out.append(range(start, start + c))

@@ -20,7 +20,8 @@ def run_reference(cfg: PPConfig) -> dict:
     for tap, s in taps.items():
         mod = stages[s].embed_tokens if tap == -1 else stages[s].layers[str(tap)]
         handles.append(mod.register_forward_hook(
-            lambda _m, _i, out, tap=tap: captured.__setitem__(tap, (out[0] if isinstance(out, tuple) else out).detach())))
+            lambda _m, _i, out, tap=tap: captured.__setitem__(
+                tap, (out[0] if isinstance(out, tuple) else out).detach())))
     per_mb = []
     for step in range(cfg.steps):
         batch = step_batch(cfg, mcfg.vocab_size, step)
@@ -45,7 +46,8 @@ def run_reference(cfg: PPConfig) -> dict:
     grads = {f"stage{s}.{n}": p.grad.clone() for s, st in enumerate(stages) for n, p in st.named_parameters()
              if p.grad is not None}
     if draft is not None:
-        grads.update({f"draft.{n}": p.grad.clone() for n, p in draft.named_parameters() if p.grad is not None})
+        grads.update({f"draft.{n}": p.grad.clone() for n, p in draft.named_parameters()
+                      if p.grad is not None})
     return {"per_mb": per_mb, "grads": grads}
 
 

@@ -5,8 +5,8 @@ from wrapping ``PipelineStage.forward_one_chunk`` on the stage *instance* (the s
 untouched) and is cross-checked against a per-stage forward counter. Taps produced on a source
 stage go out through ``TapChannel.put`` (detached, flattened to ``[tokens, hidden]``); taps produced
 on the draft's own stage stay in a local dict. With ``inschedule_dst`` set (the negative control,
-NeMo-RL's way today) taps are sent with blocking ``send`` on the pipeline's own group instead. Tap names: ``embed`` for the embedding (tap -1),
-``L<l>`` for the output of decoder layer ``l``.
+NeMo-RL's way today) taps are sent with blocking ``send`` on the pipeline's own group instead. Tap
+names: ``embed`` for the embedding (tap -1), ``L<l>`` for the output of decoder layer ``l``.
 """
 from __future__ import annotations
 

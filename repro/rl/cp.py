@@ -62,9 +62,9 @@ def use_cp_attention(module: nn.Module) -> nn.Module:
 class CPPolicyStage(PolicyStage):
     """A pipeline stage whose layers run on ``self.shard`` (the running microbatch's ``PackedShard``):
     input ``[1, T_local]`` ids (first stage) or hidden ``[1, T_local, H]``; ring attention in the shard's
-    group, RoPE at the shard's positions. Parameter names are ``PolicyStage``'s. With ``autocast_dtype`` (bf16 on a
-    GPU, as the single-process update) the layers run under ``torch.autocast`` and the stage returns fp32 (hidden
-    states and logits), so the pipeline's buffers keep one dtype."""
+    group, RoPE at the shard's positions. Parameter names are ``PolicyStage``'s. With ``autocast_dtype``
+    (bf16 on a GPU, as the single-process update) the layers run under ``torch.autocast`` and the stage
+    returns fp32 (hidden states and logits), so the pipeline's buffers keep one dtype."""
 
     def __init__(self, policy, stage: int, layers: range, num_stages: int):
         super().__init__(policy, stage, layers, num_stages)
@@ -80,8 +80,8 @@ class CPPolicyStage(PolicyStage):
                                "PackedShard first")
         h = self.embed_tokens(x) if self.is_first else x
         if h.shape[:2] != (1, sh.num_local):
-            raise ValueError(f"stage {self.stage} got input {tuple(x.shape)}, expected [1, {sh.num_local}] rows "
-                             "of this rank's shard")
+            raise ValueError(f"stage {self.stage} got input {tuple(x.shape)}, expected [1, {sh.num_local}] "
+                             "rows of this rank's shard")
         pos = sh.position_ids.to(h.device)[None]
         with autocast_or_off(h.device.type, self.autocast_dtype):
             pe = self.rotary_emb(h, pos)

@@ -4,9 +4,13 @@
 * ``tap_sources`` / ``read_remote_taps`` / ``release_after_backward``: the draft stage's side of
   TapChannel around a ``torch.distributed.pipelining`` stage (which stage ships which tap, reading a
   microbatch's slots before the draft runs, returning them after that microbatch's backward).
-* ``clip_across``: the policy's global gradient norm when its parameters are spread over ranks
-  (squared norms summed over a group in fp64), clipped like ``torch.nn.utils.clip_grad_norm_``.
-* ``allreduce_grads``: gradients summed over a group in one flat buffer per parameter list.
+* ``clip_across``: the policy's global gradient norm when its parameters are spread over the stages of a
+  pipeline (``torch.nn.utils.get_total_norm`` per stage, squares summed over the group, as torchtitan's
+  ``clip_grad_norm_`` does across PP), clipped by ``torch.nn.utils.clip_grads_with_norm_``.
+* ``replicate_over``: a stage (with its draft) under ``DistributedDataParallel`` over the CP group, whose
+  bucketed all-reduces *sum* the ranks' gradients (each CP rank's loss is its share of the batch's) and
+  overlap the backward of the step's last microbatch (the pipeline schedule runs the others under
+  ``no_sync``).
 * ``grpo_rows_loss``: GRPO's clipped loss over packed rows (``repro.parallel.cp_batch.grpo_targets``)
   plus the clip count and train-inference KL sum the metrics need.
 
@@ -67,35 +71,43 @@ def release_after_backward(pipe, channel: TapChannel, sources, stamp_step, n_mb:
 def clip_across(params, max_norm: float, group=None) -> float:
     """Clip ``params``' gradients by their global norm over ``group`` (every rank holds a disjoint part);
     returns the norm before clipping. Same coefficient as ``clip_grad_norm_``: min(1, max/(norm+1e-6))."""
+    params = list(params)
+    grads = [p.grad for p in params if p.grad is not None]
     dev = params[0].device if params else torch.device("cpu")
-    sq = torch.zeros(1, dtype=torch.float64, device=dev)
-    for p in params:
-        if p.grad is not None:
-            sq += p.grad.double().pow(2).sum()
+    total = torch.nn.utils.get_total_norm(grads, 2.0) if grads else torch.zeros((), device=dev)
     if group is not None:
-        dist.all_reduce(sq, group=group)
-    norm = float(sq.sqrt())
-    coef = min(1.0, max_norm / (norm + 1e-6))
-    for p in params:
-        if p.grad is not None:
-            p.grad.mul_(coef)
-    return norm
+        total = total.pow(2)
+        dist.all_reduce(total, group=group)
+        total = total.sqrt()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return float(total)
 
 
-def allreduce_grads(params, group) -> None:
-    """Sum ``params``' gradients over ``group`` (missing gradients count as zero) in one flat buffer."""
-    if group is None or not params:
-        return
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat, group=group)
-    off = 0
-    for p in params:
-        n = p.numel()
-        p.grad.copy_(flat[off:off + n].view_as(p.grad))
-        off += n
+def _sum_allreduce_hook(group, bucket):
+    """DDP communication hook: the ``dist.GradBucket`` summed over ``group`` (DDP's default hook averages).
+    No annotations: DDP checks them by identity, and this module's are postponed strings."""
+    work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def replicate_over(module: torch.nn.Module, group, device: torch.device) -> torch.nn.Module:
+    """``module`` replicated over ``group`` by ``DistributedDataParallel`` with summed gradients; the module
+    itself without a group (one rank per stage). Its parameters stay the module's own (DDP wraps, it does not
+    shard), so optimizers, clipping and weight gathers keep using them."""
+    if group is None:
+        return module
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+    device = torch.device(device)
+    # buffers (RoPE's inverse frequencies) are equal on every rank: no broadcast before each forward; torch
+    # 2.13 renamed the switch (``broadcast_buffers`` is deprecated there), 2.11 knows only the old name
+    renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    no_buffer_sync = {"forward_sync_buffers": False} if renamed else {"broadcast_buffers": False}
+    ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
+                                  process_group=group, **no_buffer_sync)
+    ddp.register_comm_hook(group, _sum_allreduce_hook)
+    return ddp
 
 
 def grpo_rows_loss(logits: torch.Tensor, target: torch.Tensor, n_tok: float, grpo: GRPOSpec):

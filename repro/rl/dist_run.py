@@ -1,4 +1,5 @@
-"""Run one co-training row distributed, under torchrun: the PP x CP joint update on every rank, rollout on rank 0.
+"""Run one co-training row distributed, under torchrun: the PP x CP joint update on every rank, rollout on
+rank 0.
 
     torchrun --standalone --nproc-per-node 4 -m repro.rl.dist_run --artifact table1 --row "Qwen3-8B/DFlash" \\
         --profile cpu-tiny --pp 2 --cp 2 --microbatch 4 --out results/cpu-2c/cpu-tiny/dist/dense-dflash-pp2cp2
@@ -9,10 +10,10 @@ generates the step's batch, which is broadcast; every rank takes part in the joi
 update; the updated policy and draft are gathered to rank 0 and pushed into the engine; rank 0 logs
 one metrics row per step through ``MetricsLogger`` with ``repro.rl.run``'s metric names plus
 ``train/tap_wait_s`` (the draft stage's wait for taps of earlier stages, max over its CP ranks) and
-``train/weight_gather_s``. Update times and CPU seconds are the slowest rank's. On a GPU the update computes in
-the profile's dtype under autocast over fp32 weights, as the single-process update does (``--update-dtype float32``
-keeps it in fp32). The run is labelled
-artifact ``dist`` (its config keeps the row's artifact), so it never enters that artifact's summaries.
+``train/weight_gather_s``. Update times and CPU seconds are the slowest rank's. On a GPU the update
+computes in the profile's dtype under autocast over fp32 weights, as the single-process update does
+(``--update-dtype float32`` keeps it in fp32). The run is labelled artifact ``dist`` (its config keeps the
+row's artifact), so it never enters that artifact's summaries.
 
 Everything is validated before a process group or a model exists (``pp * cp`` = world size, layers
 per stage, microbatches for 1F1B, the profile's engine, the run folder); a bad value exits with code 2
@@ -53,16 +54,18 @@ from repro.rl.mesh_update import Mesh, MeshShape, MeshUpdate
 from repro.rl.trainer import CoTrainer, step_metrics
 
 DIST_ARTIFACT = "dist"       # MetricsLogger's artifact label of these runs (results/<hw>/<profile>/dist/...)
-TRANSPORTS = ("auto", "shm", "host_staging", "gloo", "cuda_ipc")
+TRANSPORTS = ("auto", "shm", "host_staging", "gloo", "p2p", "cuda_ipc")
+CROSS_NODE_TRANSPORTS = ("gloo", "p2p")     # the others share memory, so serve the ranks of one node
 EXAMPLES = """examples:
   # cpu-tiny row, 2 pipeline stages x 2 CP shards on one machine (gloo, taps over shared memory)
   torchrun --standalone --nproc-per-node 4 -m repro.rl.dist_run --artifact table1 --row "Qwen3-8B/EAGLE-3" \\
       --profile cpu-tiny --pp 2 --cp 2 --microbatch 4 --steps 4 --out /tmp/dist-eagle3
   # several nodes (one torchrun per node, e.g. from srun): same arguments, a shared rendezvous; a drafted
-  # row needs every pipeline (ranks p * cp + c, p = 0..pp-1) on one node for CUDA-IPC / shm taps
+  # row whose pipelines (ranks p * cp + c, p = 0..pp-1) span nodes sends its taps with --tap-transport p2p
   srun --nodes 2 --ntasks-per-node 1 torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
       --rdzv-endpoint $HEAD:29500 -m repro.rl.dist_run --artifact table1 --row ... --pp 1 --cp 16 --out ...
-  # a paper profile's row without NeMo-RL: the real checkpoint, the layout of rl.policies.<p>.mesh (PP=4 x CP=2)
+  # a paper profile's row without NeMo-RL: the real checkpoint, the layout of rl.policies.<p>.mesh
+  # (PP=4 x CP=2)
   torchrun --standalone --nproc-per-node 8 -m repro.rl.dist_run --artifact table1 --row "Qwen3-8B/DFlash" \\
       --profile paper-h100 --engine suite --checkpoint-root /ckpt --out ...
 """
@@ -74,34 +77,42 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--artifact", required=True, choices=ARTIFACTS)
     ap.add_argument("--row", required=True, help="row label (a key of <artifact>.rows in the profile)")
     ap.add_argument("--profile", default="cpu-tiny",
-                    help="experiments/profiles/<name>.yaml (engine: suite), or a path to a profile .yaml file")
+                    help="experiments/profiles/<name>.yaml (engine: suite), or a path to a profile "
+                         ".yaml file")
     ap.add_argument("--engine", choices=ENGINES, default=None,
-                    help="suite: run an engine: nemo-rl profile's row on the suite's own engine (its rl: section)")
+                    help="suite: run an engine: nemo-rl profile's row on the suite's own engine "
+                         "(its rl: section)")
     ap.add_argument("--checkpoint-root", default="",
                     help="folder holding the profile's checkpoints: (policies with a checkpoint key)")
     ap.add_argument("--out", required=True, help="run folder (must not hold an earlier run's metrics.jsonl)")
     ap.add_argument("--pp", type=int, default=0,
                     help="pipeline stages (the draft lives on the last); 0: the policy's rl mesh suggestion")
     ap.add_argument("--cp", type=int, default=0,
-                    help="context-parallel shards per stage (zigzag ring); 0: the policy's rl mesh suggestion")
+                    help="context-parallel shards per stage (zigzag ring); 0: the policy's rl "
+                         "mesh suggestion")
     ap.add_argument("--microbatch", type=int, default=0,
-                    help="sequences per microbatch (0: the profile's grpo.microbatch); 1F1B needs >= pp microbatches")
+                    help="sequences per microbatch (0: the profile's grpo.microbatch); 1F1B needs "
+                         ">= pp microbatches")
     ap.add_argument("--steps", type=int, default=0, help="training steps (0: the profile's)")
-    ap.add_argument("--warm-start", default="", help="SFT warm-start folder (repro.rl.sft); empty: random init")
+    ap.add_argument("--warm-start", default="",
+                    help="SFT warm-start folder (repro.rl.sft); empty: random init")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sampling-seed", type=int, default=None,
                     help="seed of sampling only (a baseline replica, as repro.rl.run's); default: --seed")
     ap.add_argument("--tap-transport", default="auto", choices=TRANSPORTS,
-                    help="TapChannel transport (auto: shm on CPU, cuda_ipc on GPUs of one node)")
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads per rank (0: torch's default)")
+                    help="TapChannel transport (auto: shm on CPU, cuda_ipc on GPUs of one node; p2p: "
+                         "torch.distributed point-to-point, gloo on CPU and NCCL on GPUs, across nodes)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch intra-op threads per rank (0: torch's default)")
     ap.add_argument("--update-dtype", choices=("auto", "float32"), default="auto",
-                    help="compute dtype of the update's forward passes: auto = the profile's dtype under autocast on "
-                         "a GPU (as repro.rl.run's update), fp32 on a CPU; float32 = fp32 everywhere (the ring then "
-                         "takes the fp32 fallback kernel)")
+                    help="compute dtype of the update's forward passes: auto = the profile's dtype under "
+                         "autocast on a GPU (as repro.rl.run's update), fp32 on a CPU; float32 = fp32 "
+                         "everywhere (the ring then takes the fp32 fallback kernel)")
     ap.add_argument("--log-artifact", choices=("dist", "artifact"), default="dist",
-                    help="artifact label of the logged run: 'dist' (default) keeps it out of the single-process "
-                         "artifact's tables; 'artifact' logs it as --artifact's own run (the workflow's paper "
-                         "profiles on the suite engine, where torchrun is how every row runs)")
+                    help="artifact label of the logged run: 'dist' (default) keeps it out of the "
+                         "single-process artifact's tables; 'artifact' logs it as --artifact's own run "
+                         "(the workflow's paper profiles on the suite engine, where torchrun is how every "
+                         "row runs)")
     return ap.parse_args(argv)
 
 
@@ -119,18 +130,19 @@ def build_config(args: argparse.Namespace, world: int) -> tuple[RunConfig, MeshS
                               "rl.policies.<name>.mesh suggestion; expected both --pp and --cp")
         args.pp, args.cp = args.pp or int(mesh["pp"]), args.cp or int(mesh["cp"])
     if args.steps < 0 or args.microbatch < 0:
-        raise ConfigError(f"config --steps={args.steps} / --microbatch={args.microbatch} is invalid: expected >= 0 "
-                          "(0 keeps the profile's value)")
+        raise ConfigError(f"config --steps={args.steps} / --microbatch={args.microbatch} is invalid: "
+                          "expected >= 0 (0 keeps the profile's value)")
     if args.steps:
         cfg.steps = args.steps
     if args.microbatch:
         cfg.grpo.microbatch = args.microbatch
     if cfg.draft is not None and (cfg.draft.microbatch or cfg.draft.cuda_graph):
-        # both shape repro.rl.joint's deferred draft pass (single process); the mesh update has none: the draft
-        # trains inside the last stage's microbatches, so the profile's values do not apply here
-        print(f"dist_run: draft.microbatch={cfg.draft.microbatch} and draft.cuda_graph={cfg.draft.cuda_graph} "
-              "configure the single-process update's deferred draft pass; under PP x CP the draft trains in the "
-              "last stage's microbatches: using draft.microbatch=0, draft.cuda_graph=false", file=sys.stderr)
+        # both shape repro.rl.joint's deferred draft pass (single process); the mesh update has none: the
+        # draft trains inside the last stage's microbatches, so the profile's values do not apply here
+        print(f"dist_run: draft.microbatch={cfg.draft.microbatch} and "
+              f"draft.cuda_graph={cfg.draft.cuda_graph} configure the single-process update's deferred "
+              "draft pass; under PP x CP the draft trains in the last stage's microbatches: using "
+              "draft.microbatch=0, draft.cuda_graph=false", file=sys.stderr)
         cfg.draft.microbatch, cfg.draft.cuda_graph = 0, False
     cfg.validate()
     shape = MeshShape(args.pp, args.cp)
@@ -141,21 +153,21 @@ def build_config(args: argparse.Namespace, world: int) -> tuple[RunConfig, MeshS
                                **cfg.policy.overrides).num_hidden_layers
     n_mb = shape.check(world, cfg, layers)
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"config device={cfg.device!r} is invalid here: profile {args.profile!r} needs GPUs, "
-                          "torch sees none")
+        raise ConfigError(f"config device={cfg.device!r} is invalid here: profile {args.profile!r} needs "
+                          "GPUs, torch sees none")
     transport = tap_transport(args.tap_transport, cfg.device)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    if cfg.draft is not None and shape.pp > 1 and transport != "gloo":
+    if cfg.draft is not None and shape.pp > 1 and transport not in CROSS_NODE_TRANSPORTS:
         for c in range(shape.cp):
             nodes = sorted({shape.rank_of(p, c) // local_world for p in range(shape.pp)})
             if len(nodes) > 1:
-                raise ConfigError(f"config --tap-transport={transport!r} is invalid for pp={shape.pp} x cp={shape.cp} "
-                                  f"on nodes of {local_world} ranks: the pipeline of CP shard {c} spans nodes {nodes}, "
-                                  f"and {transport} serves one node; expected pp*cp <= {local_world} (or, on CPU, "
-                                  "--tap-transport gloo)")
+                raise ConfigError(f"config --tap-transport={transport!r} is invalid for pp={shape.pp} x "
+                                  f"cp={shape.cp} on nodes of {local_world} ranks: the pipeline of CP shard "
+                                  f"{c} spans nodes {nodes}, and {transport} serves one node; expected "
+                                  f"pp*cp <= {local_world} (or --tap-transport p2p)")
     if (Path(args.out) / "metrics.jsonl").exists():
-        raise ConfigError(f"config out={args.out!r} is invalid: it already holds a run's metrics.jsonl (dist_run "
-                          "does not resume); expected a new folder")
+        raise ConfigError(f"config out={args.out!r} is invalid: it already holds a run's metrics.jsonl "
+                          "(dist_run does not resume); expected a new folder")
     return cfg, shape, n_mb
 
 
@@ -175,7 +187,8 @@ class DistCoTrainer(CoTrainer):
         t0, c0 = time.perf_counter(), time.process_time()
         batch = self.rollout(step)
         c1 = time.process_time()
-        adv = group_advantages(batch.rewards, self.cfg.grpo.generations_per_prompt, self.cfg.grpo.normalize_std)
+        grpo = self.cfg.grpo
+        adv = group_advantages(batch.rewards, grpo.generations_per_prompt, grpo.normalize_std)
         stats = follower_step(self.mesh_update, self.cfg, step, (batch, adv))
         tg, cg = time.perf_counter(), time.process_time()
         policy, draft = self.mesh_update.gather_to_root()
@@ -202,7 +215,8 @@ class DistCoTrainer(CoTrainer):
 def load_weights(module: torch.nn.Module, state: dict) -> None:
     params = dict(module.named_parameters())
     if set(state) != set(params):
-        raise ValueError(f"gathered weights and the module differ in names, e.g. {sorted(set(state) ^ set(params))[:3]}")
+        raise ValueError("gathered weights and the module differ in names, e.g. "
+                         f"{sorted(set(state) ^ set(params))[:3]}")
     for k, v in state.items():
         params[k].copy_(v)
 
@@ -212,11 +226,12 @@ def follower_step(upd: MeshUpdate, cfg: RunConfig, step: int, batch_adv=None):
     box = [None]
     if dist.get_rank() == 0:
         batch, adv = batch_adv
-        box = [{"ids": batch.input_ids.cpu(), "att": batch.attention_mask.cpu(), "mask": batch.loss_mask.cpu(),
-                "old": batch.rollout_logp.cpu(), "adv": adv.cpu()}]
+        box = [{"ids": batch.input_ids.cpu(), "att": batch.attention_mask.cpu(),
+                "mask": batch.loss_mask.cpu(), "old": batch.rollout_logp.cpu(), "adv": adv.cpu()}]
     dist.broadcast_object_list(box, src=0)
     b = box[0]
-    return upd.step(b["ids"], b["att"], b["mask"], b["old"], b["adv"], anchor_seed=cfg.rollout_seed * 7919 + step)
+    return upd.step(b["ids"], b["att"], b["mask"], b["old"], b["adv"],
+                    anchor_seed=cfg.rollout_seed * 7919 + step)
 
 
 def _param_checksum(model: torch.nn.Module, device) -> torch.Tensor:
@@ -245,24 +260,28 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             tok = tokenizer_for_run(cfg, out=args.out, seed=args.seed, warm_start=args.warm_start)
             trainer = DistCoTrainer(cfg, tok)
-            box = [{"mask_id": tok.mask_id,
-                    "draft": {k: v.cpu() for k, v in trainer.draft.state_dict().items()} if trainer.draft else None}]
+            draft_state = ({k: v.cpu() for k, v in trainer.draft.state_dict().items()} if trainer.draft
+                           else None)
+            box = [{"mask_id": tok.mask_id, "draft": draft_state}]
         dist.broadcast_object_list(box, src=0)
-        mesh = Mesh(shape)
+        mesh = Mesh(shape, "cuda" if cfg.device.startswith("cuda") else "cpu")
         policy = make_policy(cfg.policy, cfg.vocab_size, seed=cfg.seed, dtype=torch.float32, device=device,
                              warm_start=cfg.warm_start)
         sums = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
         dist.all_gather(sums, _param_checksum(policy.model, device))
         if len({float(s) for s in sums}) != 1:
-            raise RuntimeError(f"ranks built different initial policies (parameter checksums {[float(s) for s in sums]})")
+            raise RuntimeError("ranks built different initial policies (parameter checksums "
+                               f"{[float(s) for s in sums]})")
         amp = update_autocast_dtype(cfg.dtype, device) if args.update_dtype == "auto" else None
         upd = MeshUpdate(cfg, mesh, policy, box[0]["draft"], mask_token_id=box[0]["mask_id"],
-                         transport=tap_transport(args.tap_transport, device), device=device, autocast_dtype=amp)
+                         transport=tap_transport(args.tap_transport, device), device=device,
+                         autocast_dtype=amp)
         del policy
         if rank == 0:
             trainer.attach(upd)
             print(f"[{args.artifact} {args.row}] dist_run: pp={shape.pp} cp={shape.cp} ({world} ranks, "
-                  f"{n_mb} microbatches of {cfg.grpo.microbatch}), {cfg.steps} steps -> {args.out}", flush=True)
+                  f"{n_mb} microbatches of {cfg.grpo.microbatch}), {cfg.steps} steps -> {args.out}",
+                  flush=True)
             parallel = {"pp": shape.pp, "cp": shape.cp, "world": world, "microbatches": n_mb,
                         "tap_transport": upd.transport, "backend": dist.get_backend(),
                         "update_autocast": str(amp).removeprefix("torch.") if amp is not None else "off"}
@@ -271,9 +290,10 @@ def main(argv: list[str] | None = None) -> int:
             label = DIST_ARTIFACT if args.log_artifact == "dist" else args.artifact
             with MetricsLogger(args.out, artifact=label, profile=cfg.profile,
                                config={**cfg.to_dict(), "parallel": parallel}, name=Path(args.out).name,
-                               extra_tags=[f"row:{args.row}", f"draft:{cfg.draft.family if cfg.draft else 'none'}",
-                                           f"source_artifact:{args.artifact}", f"pp:{shape.pp}", f"cp:{shape.cp}",
-                                           "launcher:torchrun"]) as log:
+                               extra_tags=[f"row:{args.row}",
+                                           f"draft:{cfg.draft.family if cfg.draft else 'none'}",
+                                           f"source_artifact:{args.artifact}", f"pp:{shape.pp}",
+                                           f"cp:{shape.cp}", "launcher:torchrun"]) as log:
                 rows = trainer.run(log)
             write_json_atomic(Path(args.out) / "run.json", {
                 "artifact": args.artifact, "row": args.row, "profile": cfg.profile, "steps": cfg.steps,

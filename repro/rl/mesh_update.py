@@ -12,18 +12,27 @@ A microbatch (``cfg.grpo.microbatch`` sequences, as ``JointUpdate`` cuts them) i
 tokens and sharded (``repro.parallel.cp_batch.PackedShard``); every microbatch of a step is padded
 with a filler document to the same length, so stage shapes are static within the step. Loss per
 microbatch on the last stage: GRPO's clipped loss over its rows (normalised by the batch's token
-count) plus ``lambda * (sequences / B) * L_draft`` (this rank's share of the draft loss). Gradients
-are summed over the CP group (the policy and the draft in separate buffers), the policy's global
-norm is reduced across PP stages and clipped, the draft is clipped on its own, then the same AdamW
-step as ``JointUpdate`` (tests/rl/test_mesh_update.py checks equality with it, PP=2 x CP=2).
+count) plus ``lambda * (sequences / B) * L_draft`` (this rank's share of the draft loss).
+
+The mesh is a ``DeviceMesh`` of dims ``("pp", "cp")`` (``init_device_mesh``; rank ``p * cp + c`` as above);
+the schedule runs on its ``pp`` groups, the ring attention on its ``cp`` groups. Each stage (the last one
+with its draft) is replicated over its CP group by ``DistributedDataParallel``, whose bucketed all-reduces
+sum the CP ranks' gradients while the backward of the step's last microbatch runs (the schedule runs the
+others under ``no_sync``, torch.distributed.pipelining's own DDP support). The policy's global gradient
+norm is reduced across the PP stages and clipped (``get_total_norm`` / ``clip_grads_with_norm_``, as
+torchtitan does across PP), the draft is clipped on its own, then the same AdamW step as ``JointUpdate``
+(tests/rl/test_mesh_update.py checks equality with it, PP=2 x CP=2). DDP, not FSDP2: the CP ranks of a
+stage hold the same parameters (as Megatron's DP x CP replicas do), and the draft reads the last stage's
+head and an embedding copy as plain tensors; FSDP2 would turn them into shards.
 ``autocast_dtype`` (bf16 on a GPU, as ``JointUpdate``'s) runs the stages' and the draft's forward passes under
 ``torch.autocast`` over fp32 weights; the ring attention then takes the fused bf16 kernels instead of the fp32
 fallback's per-segment loops.
 
 Block drafts (DFlash, DSpark) read the policy's embedding and head with the gradient stopped: the
-head is the last stage's own, the embedding a copy kept in sync with stage 0 after every step.
+head is the last stage's own, the embedding a copy that stage 0 sends it over the pipeline's group after
+every step.
 
-    mesh = Mesh(MeshShape(pp=2, cp=2))                       # collective, under torch.distributed
+    mesh = Mesh(MeshShape(pp=2, cp=2), "cpu")                # collective, under torch.distributed
     upd = MeshUpdate(cfg, mesh, policy, draft_state, mask_token_id=tok.mask_id)
     stats = upd.step(ids, attention_mask, loss_mask, rollout_logp, advantages, anchor_seed=0)
     weights = upd.gather_to_root()                           # rank 0: (policy, draft) state dicts
@@ -31,6 +40,7 @@ head is the last stage's own, the embedding a copy kept in sync with stage 0 aft
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import asdict, dataclass
@@ -38,7 +48,9 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.nn.parallel import DistributedDataParallel
 
 from kernels.transport import ChannelLayout, TapChannel, sequence_stamp
 from repro.core.specs import ConfigError
@@ -50,11 +62,11 @@ from repro.parallel.taps import TapRouter
 from repro.rl.config import RunConfig
 from repro.rl.cp import CPPolicyStage
 from repro.rl.dist_parts import (
-    allreduce_grads,
     clip_across,
     grpo_rows_loss,
     read_remote_taps,
     release_after_backward,
+    replicate_over,
     stage_to_hf,
     tap_sources,
 )
@@ -81,8 +93,8 @@ class MeshShape:
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"config {k}={v!r} is invalid: expected a positive integer")
         if self.pp * self.cp != world:
-            raise ConfigError(f"config pp*cp={self.pp}*{self.cp}={self.pp * self.cp} is invalid: expected the "
-                              f"world size {world} (one rank per (stage, CP shard))")
+            raise ConfigError(f"config pp*cp={self.pp}*{self.cp}={self.pp * self.cp} is invalid: expected "
+                              f"the world size {world} (one rank per (stage, CP shard))")
         if self.pp > num_layers:
             raise ConfigError(f"config pp={self.pp} is invalid: the policy has {num_layers} decoder layers, "
                               "expected at most one stage per layer")
@@ -90,35 +102,36 @@ class MeshShape:
             raise ConfigError(f"config grpo.kl_coef={cfg.grpo.kl_coef} is invalid under the PP x CP update: "
                               "expected 0 (the frozen reference policy is not sharded yet)")
         if cfg.draft is not None and cfg.draft.microbatch:
-            raise ConfigError(f"config draft.microbatch={cfg.draft.microbatch} is invalid under the PP x CP update: "
-                              "expected 0 (the draft runs in the last stage's microbatches; the deferred draft "
-                              "pass is the single-process update's, repro.rl.joint)")
+            raise ConfigError(f"config draft.microbatch={cfg.draft.microbatch} is invalid under the PP x CP "
+                              "update: expected 0 (the draft runs in the last stage's microbatches; the "
+                              "deferred draft pass is the single-process update's, repro.rl.joint)")
         B = cfg.grpo.prompts_per_step * cfg.grpo.generations_per_prompt
         n_mb = -(-B // cfg.grpo.microbatch)
         if self.pp > 1 and n_mb < self.pp:
-            raise ConfigError(f"config grpo.microbatch={cfg.grpo.microbatch} is invalid with pp={self.pp}: a batch "
-                              f"of {B} sequences makes {n_mb} microbatch(es), 1F1B needs at least {self.pp}; "
-                              f"expected microbatch <= {B // self.pp}")
+            raise ConfigError(f"config grpo.microbatch={cfg.grpo.microbatch} is invalid with pp={self.pp}: "
+                              f"a batch of {B} sequences makes {n_mb} microbatch(es), 1F1B needs at least "
+                              f"{self.pp}; expected microbatch <= {B // self.pp}")
         return n_mb
 
 
 class Mesh:
-    """The process groups of a PP x CP mesh; building it is collective over the world."""
+    """A PP x CP ``DeviceMesh`` (dims ``"pp"``, ``"cp"``) and this rank's place in it; building it is
+    collective over the world. ``pp_group`` / ``cp_group`` are None where that dim has one rank."""
 
-    def __init__(self, shape: MeshShape, backend: str | None = None):
+    def __init__(self, shape: MeshShape, device_type: str = "cpu"):
         world = dist.get_world_size()
         if shape.pp * shape.cp != world:
             raise ValueError(f"mesh {shape.pp}x{shape.cp} does not cover the world of {world} ranks")
+        if device_type not in ("cpu", "cuda"):
+            raise ValueError(f"mesh device_type={device_type!r}: expected 'cpu' (gloo) or 'cuda' (NCCL)")
         self.shape, self.rank = shape, dist.get_rank()
-        self.p, self.c = shape.coords(self.rank)
-        P, C = shape.pp, shape.cp
-        pp = [dist.new_group([shape.rank_of(p, c) for p in range(P)], backend=backend) for c in range(C)]
-        cp = [dist.new_group([shape.rank_of(p, c) for c in range(C)], backend=backend) for p in range(P)]
-        emb = [dist.new_group([shape.rank_of(0, c), shape.rank_of(P - 1, c)], backend=backend)
-               for c in range(C)] if P > 1 else []
-        self.pp_group = pp[self.c] if P > 1 else None
-        self.cp_group = cp[self.p] if C > 1 else None
-        self.embed_group = emb[self.c] if P > 1 and self.p in (0, P - 1) else None
+        self.device_mesh = init_device_mesh(device_type, (shape.pp, shape.cp), mesh_dim_names=("pp", "cp"))
+        self.p, self.c = self.device_mesh.get_coordinate()
+        if (self.p, self.c) != shape.coords(self.rank):    # the layout every other piece derives on its own
+            raise RuntimeError(f"rank {self.rank}: DeviceMesh placed it at (pp, cp) = {(self.p, self.c)}, "
+                               f"expected {shape.coords(self.rank)}")
+        self.pp_group = self.device_mesh.get_group("pp") if shape.pp > 1 else None
+        self.cp_group = self.device_mesh.get_group("cp") if shape.cp > 1 else None
 
     @property
     def is_first(self) -> bool:
@@ -170,7 +183,8 @@ class MeshUpdate:
                     if emb is None:
                         emb = copy.deepcopy(policy.embed_tokens).to(self.device).requires_grad_(False)
                         self.embed_copy = emb
-                    self.draft.attach(StopGradParts(SimpleNamespace(embed_tokens=emb, lm_head=self.stage.lm_head)))
+                    parts = SimpleNamespace(embed_tokens=emb, lm_head=self.stage.lm_head)
+                    self.draft.attach(StopGradParts(parts))
         self.sources = tap_sources(self.taps, P - 1, 1, self.H)   # rows are set when the channel opens
         self.channels: list[TapChannel] = []
         self.capacity = 0
@@ -178,6 +192,9 @@ class MeshUpdate:
         for t, s in self.taps.items():
             if s == mesh.p:
                 self.router.hook(s, self.stage.embed_tokens if t == -1 else self.stage.layers[str(t)], t)
+        # the last stage carries the draft as a sub-module (every schedule's backward reaches its parameters)
+        module = LastStage(self.stage, self.draft) if mesh.is_last and self.draft is not None else self.stage
+        self.module = replicate_over(module, mesh.cp_group, self.device)
         self.params = [p for p in self.stage.parameters() if p.requires_grad]
         self.dparams = trainable_parameters(self.draft) if self.draft is not None else []
         self.optimizer = joint_optimizer(self.params, self.dparams, cfg.grpo, cfg.draft)
@@ -185,8 +202,9 @@ class MeshUpdate:
         self.last_grads: dict | None = None
         info = None
         if mesh.c == 0:
+            draft_params = self.draft.named_parameters() if self.draft is not None else []
             info = (mesh.p, [(stage_to_hf(n), tuple(p.shape)) for n, p in self.stage.named_parameters()],
-                    [(n, tuple(p.shape)) for n, p in self.draft.named_parameters()] if self.draft is not None else [])
+                    [(n, tuple(p.shape)) for n, p in draft_params])
         box = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(info, box, dst=0)
         self._layout = {i[0]: i[1:] for i in box if i is not None} if box is not None else None
@@ -200,13 +218,23 @@ class MeshUpdate:
         cap = rows if self.capacity == 0 else max(rows, self.capacity * 5 // 4)
         shape, P = self.mesh.shape, self.mesh.shape.pp
         specs = tap_sources(self.taps, P - 1, cap, self.H)
+        backend = "nccl" if self.transport == "p2p" and self.device.type == "cuda" else "gloo"
         for c in range(shape.cp):
             lay = ChannelLayout(sources=specs, stage_to_rank={s: shape.rank_of(s, c) for s in range(P)},
                                 consumer_rank=shape.rank_of(P - 1, c), ring_depth=self.n_mb)
-            self.channels.append(TapChannel.setup(lay, self.transport, device=self.device,
-                                                  get_timeout_s=self.tap_timeout_s, put_timeout_s=self.tap_timeout_s))
+            self.channels.append(TapChannel.setup(lay, self._new_transport(), backend=backend,
+                                                  device=self.device, get_timeout_s=self.tap_timeout_s,
+                                                  put_timeout_s=self.tap_timeout_s))
         self.capacity = cap
         self.router.channel = self.channels[self.mesh.c]
+
+    def _new_transport(self):
+        """The channel's transport: p2p carries every stamp in order from the first one the channel will see
+        (a channel reopened with larger slots starts at this step's first microbatch)."""
+        if self.transport != "p2p":
+            return self.transport
+        from kernels.transport.transports.p2p import P2PTransport
+        return P2PTransport(first_seq=sequence_stamp(self.steps_done, 0, self.n_mb))
 
     def _close_channels(self) -> None:
         for ch in self.channels:
@@ -229,8 +257,9 @@ class MeshUpdate:
         mb = cfg.grpo.microbatch
         slices = [slice(s, min(B, s + mb)) for s in range(0, B, mb)]
         if len(slices) != self.n_mb:
-            raise ValueError(f"a batch of {B} sequences makes {len(slices)} microbatches of {mb}; this update was "
-                             f"built for {self.n_mb} (prompts_per_step x generations_per_prompt changed?)")
+            raise ValueError(f"a batch of {B} sequences makes {len(slices)} microbatches of {mb}; this "
+                             f"update was built for {self.n_mb} (prompts_per_step x "
+                             "generations_per_prompt changed?)")
         lengths = att.long().sum(1).cpu()
         pad = max(padded_length(lengths[sl], C) for sl in slices)
         shards = [PackedShard.build(lengths[sl], S, mesh.cp_group, padded_total=pad) for sl in slices]
@@ -245,7 +274,7 @@ class MeshUpdate:
         self.optimizer.zero_grad(set_to_none=True)
         gen = torch.Generator().manual_seed(anchor_seed)
         lam = cfg.draft.loss_weight if cfg.draft is not None else 0.0
-        acc = {"policy_loss": 0.0, "draft_loss": 0.0, "clip": 0.0, "kl": 0.0, "tap_wait": 0.0, "draft_time": 0.0}
+        acc = dict.fromkeys(("policy_loss", "draft_loss", "clip", "kl", "tap_wait", "draft_time"), 0.0)
         stage = self.stage
 
         def loss_fn(logits, tgt):
@@ -264,7 +293,8 @@ class MeshUpdate:
                 acc["tap_wait"] += waited
             td = time.perf_counter()
             sl = slices[i]
-            dbatch = DraftBatch(input_ids=ids[sl], loss_mask=draft_loss_mask(mask[sl]), policy_logits=logits.detach(),
+            dbatch = DraftBatch(input_ids=ids[sl], loss_mask=draft_loss_mask(mask[sl]),
+                                policy_logits=logits.detach(),
                                 extras={"anchor_generator": gen, "cp": shards[i]})
             with autocast_or_off(dev.type, self.autocast_dtype):
                 dl = self.draft.draft_loss(TargetFeatures(feats), dbatch)
@@ -277,22 +307,24 @@ class MeshUpdate:
             for i in range(self.n_mb):
                 stage.mb, stage.shard = i, shards[i]
                 self.router.current[0] = i
-                loss_fn(stage(x[i:i + 1]), target[i:i + 1]).backward()
+                with self._no_sync(last=i == self.n_mb - 1):
+                    loss_fn(self.module(x[i:i + 1]), target[i:i + 1]).backward()
         else:
             self._run_schedule(x, target, shards, loss_fn, T)
         if channel is not None:
             channel.flush()
         stage.shard = None
-        # gradients: summed over the CP group; the policy's norm spans the stages
-        allreduce_grads(self.params, mesh.cp_group)
-        allreduce_grads(self.dparams, mesh.cp_group)
+        # gradients are summed over the CP group (DDP, during the last backward); the policy's norm spans the
+        # stages
         p_norm = clip_across(self.params, cfg.grpo.max_grad_norm, mesh.pp_group)
-        d_norm = float(torch.nn.utils.clip_grad_norm_(self.dparams, cfg.draft.max_grad_norm)) if self.dparams else 0.0
+        d_norm = (float(torch.nn.utils.clip_grad_norm_(self.dparams, cfg.draft.max_grad_norm)) if self.dparams
+                  else 0.0)
         if keep_grads:
-            self.last_grads = {"policy": {stage_to_hf(n): p.grad.detach().clone() for n, p in stage.named_parameters()
-                                          if p.grad is not None},
-                               "draft": {n: p.grad.detach().clone() for n, p in self.draft.named_parameters()
-                                         if p.grad is not None} if self.dparams else {}}
+            def grads_of(module):
+                return {n: p.grad.detach().clone() for n, p in module.named_parameters()
+                        if p.grad is not None}
+            self.last_grads = {"policy": {stage_to_hf(n): g for n, g in grads_of(stage).items()},
+                               "draft": grads_of(self.draft) if self.dparams else {}}
         set_draft_lr(self.optimizer, cfg.draft)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -301,9 +333,10 @@ class MeshUpdate:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        sums = torch.tensor([acc["policy_loss"], acc["draft_loss"], acc["clip"], acc["kl"]], dtype=torch.float64,
-                            device=dev)
-        maxes = torch.tensor([wall, acc["draft_time"], acc["tap_wait"], d_norm, cpu], dtype=torch.float64, device=dev)
+        sums = torch.tensor([acc["policy_loss"], acc["draft_loss"], acc["clip"], acc["kl"]],
+                            dtype=torch.float64, device=dev)
+        maxes = torch.tensor([wall, acc["draft_time"], acc["tap_wait"], d_norm, cpu], dtype=torch.float64,
+                             device=dev)
         dist.all_reduce(sums)
         dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
         s, m = sums.tolist(), maxes.tolist()
@@ -312,6 +345,12 @@ class MeshUpdate:
                          draft_time_s=m[1], tap_wait_s=m[2], update_cpu_s=m[4], local_rows=T,
                          microbatches=self.n_mb)
 
+    def _no_sync(self, last: bool):
+        """DDP's gradient accumulation without communication, for every microbatch but the step's last."""
+        if last or not isinstance(self.module, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return self.module.no_sync()
+
     def _run_schedule(self, x, target, shards, loss_fn, T: int) -> None:
         """One 1F1B pass over the microbatches on this rank's pipeline (static shapes of this step)."""
         mesh, P, dev = self.mesh, self.mesh.shape.pp, self.device
@@ -319,8 +358,8 @@ class MeshUpdate:
         inp = torch.zeros(1, T, dtype=torch.long, device=dev) if mesh.is_first else \
             torch.zeros(1, T, self.H, device=dev, requires_grad=True)
         out = torch.zeros(1, T, self.V if mesh.is_last else self.H, device=dev, requires_grad=True)
-        module = LastStage(stage, self.draft) if mesh.is_last and self.draft is not None else stage
-        pipe = PipelineStage(module, mesh.p, P, dev, input_args=(inp,), output_args=(out,), group=mesh.pp_group)
+        pipe = PipelineStage(self.module, mesh.p, P, dev, input_args=(inp,), output_args=(out,),
+                             group=mesh.pp_group)
         self.router.track(mesh.p, pipe)
         tracked = pipe.forward_one_chunk
 
@@ -329,7 +368,8 @@ class MeshUpdate:
             return tracked(fwd_chunk_id, *args, **kwargs)
         pipe.forward_one_chunk = forward_one_chunk
         if mesh.is_last and self.router.channel is not None:
-            release_after_backward(pipe, self.router.channel, self.sources, lambda: self.steps_done, self.n_mb)
+            release_after_backward(pipe, self.router.channel, self.sources, lambda: self.steps_done,
+                                   self.n_mb)
         schedule = Schedule1F1B(pipe, self.n_mb, loss_fn=loss_fn, scale_grads=False)
         if mesh.is_last:
             schedule.step(*((x,) if mesh.is_first else ()), target=target, losses=[])
@@ -337,14 +377,19 @@ class MeshUpdate:
             schedule.step(*((x,) if mesh.is_first else ()))
 
     def _sync_embedding(self) -> None:
-        """Block drafts on the last stage read the embedding through a copy: refresh it from stage 0."""
-        g = self.mesh.embed_group
-        if g is None or self.cfg.draft is None or not self.block:
+        """Block drafts on the last stage read the embedding through a copy: stage 0 sends it the updated
+        weights over the pipeline's group (the schedule's traffic of the step is done by then)."""
+        mesh = self.mesh
+        if mesh.pp_group is None or self.cfg.draft is None or not self.block:
             return
-        src = self.mesh.shape.rank_of(0, self.mesh.c)
-        w = self.stage.embed_tokens.weight if self.mesh.is_first else self.embed_copy.weight
+        if not (mesh.is_first or mesh.is_last):
+            return
+        first, last = mesh.shape.rank_of(0, mesh.c), mesh.shape.rank_of(mesh.shape.pp - 1, mesh.c)
         with torch.no_grad():
-            dist.broadcast(w.data, src=src, group=g)
+            if mesh.is_first:
+                dist.send(self.stage.embed_tokens.weight.data, dst=last, group=mesh.pp_group)
+            else:
+                dist.recv(self.embed_copy.weight.data, src=first, group=mesh.pp_group)
 
     # -- weights back to rank 0 -------------------------------------------------------------------------
     def gather_to_root(self) -> tuple[dict, dict] | None:
@@ -387,7 +432,7 @@ def mesh_update_worker(rank: int, world: int, payloads: list[dict], pp: int, cp:
     fresh update of one step, or more with ``payload["more"]``); per payload this rank's parameters, the
     last step's clipped gradients and stats, and on rank 0 the gathered state."""
     from repro.rl.warmstart import make_policy
-    mesh = Mesh(MeshShape(pp, cp))
+    mesh = Mesh(MeshShape(pp, cp), "cpu")
     outs = []
     for payload in payloads:
         cfg = RunConfig.from_dict(payload["cfg"]).validate()
@@ -395,7 +440,8 @@ def mesh_update_worker(rank: int, world: int, payloads: list[dict], pp: int, cp:
         policy.model.load_state_dict(payload["policy"])
         upd = MeshUpdate(cfg, mesh, policy, payload["draft"], mask_token_id=payload["mask_token_id"],
                          transport=payload.get("transport", "shm"),
-                         autocast_dtype=getattr(torch, payload["autocast"]) if payload.get("autocast") else None)
+                         autocast_dtype=getattr(torch, payload["autocast"]) if payload.get("autocast")
+                         else None)
         for st in [payload, *payload.get("more", [])]:        # "more": later steps' batches, same keys
             stats = upd.step(st["ids"], st["att"], st["mask"], st["old"], st["adv"],
                              anchor_seed=st.get("anchor_seed", 0), keep_grads=True)
@@ -403,8 +449,8 @@ def mesh_update_worker(rank: int, world: int, payloads: list[dict], pp: int, cp:
         outs.append({"rank": rank, "coords": (mesh.p, mesh.c), "stats": asdict(stats),
                      "policy": {stage_to_hf(n): p.detach().clone() for n, p in upd.stage.named_parameters()},
                      "grads": upd.last_grads["policy"], "draft_grads": upd.last_grads["draft"],
-                     "draft": {k: v.clone() for k, v in upd.draft.state_dict().items()} if upd.draft is not None
-                     else None, "gathered": gathered})
+                     "draft": ({k: v.clone() for k, v in upd.draft.state_dict().items()}
+                               if upd.draft is not None else None), "gathered": gathered})
         upd.close()
     return outs
 
@@ -413,6 +459,7 @@ def cp_update_worker(rank: int, world: int, payload: dict) -> dict:
     """One rank of a CP=world joint update (PP=1, with or without a draft); returns its updated
     parameters (HF names), clipped gradients, the total policy loss and its local row count."""
     out = mesh_update_worker(rank, world, [payload], 1, world)[0]
-    return {"rank": rank, "policy": out["policy"], "grads": out["grads"], "policy_loss": out["stats"]["policy_loss"],
-            "draft_loss": out["stats"]["draft_loss"], "draft_grads": out["draft_grads"],
+    return {"rank": rank, "policy": out["policy"], "grads": out["grads"],
+            "policy_loss": out["stats"]["policy_loss"], "draft_loss": out["stats"]["draft_loss"],
+            "draft_grads": out["draft_grads"],
             "local_rows": out["stats"]["local_rows"]}

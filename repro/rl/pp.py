@@ -1,4 +1,5 @@
-"""The joint GRPO + draft update under pipeline parallelism: policy stages, the draft on the last stage, TapChannel.
+"""The joint GRPO + draft update under pipeline parallelism: policy stages, the draft on the last stage,
+TapChannel.
 
 One rank per stage (``Schedule1F1B``; gloo on CPU, NCCL on GPUs). Every rank builds the same policy
 and draft from the state dicts it is given, keeps its stage of the policy (``repro.parallel.model``),
@@ -44,7 +45,8 @@ from repro.rl.warmstart import make_policy
 
 
 def make_payload(cfg: RunConfig, policy, draft, batch: RolloutBatch, advantages: torch.Tensor, *,
-                 n_microbatches: int, mask_token_id: int, transport: str = "shm", anchor_seed: int = 0) -> dict:
+                 n_microbatches: int, mask_token_id: int, transport: str = "shm",
+                 anchor_seed: int = 0) -> dict:
     """Everything a rank needs, picklable: config, weights, the batch, the schedule's microbatch count
     (``repro.rl.mesh_update`` also reads the attention mask and the draft's anchor seed)."""
     B = batch.size
@@ -78,7 +80,8 @@ def pp_update_worker(rank: int, world: int, payload: dict) -> dict:
     sources = tap_sources(taps, last, mb * T, H)
     layout = ChannelLayout(sources=sources, stage_to_rank={s: s for s in range(world)}, consumer_rank=last,
                            ring_depth=n_mb) if sources else None
-    channel = TapChannel.setup(layout, payload["transport"], get_timeout_s=60, put_timeout_s=60) if layout else None
+    channel = (TapChannel.setup(layout, payload["transport"], get_timeout_s=60, put_timeout_s=60)
+               if layout else None)
     router = TapRouter(channel, n_mb, draft_stage=last)
     h_ex = torch.zeros(mb, T, H, requires_grad=True)
     inp = torch.zeros(mb, T, dtype=torch.long) if rank == 0 else h_ex
@@ -111,8 +114,8 @@ def pp_update_worker(rank: int, world: int, payload: dict) -> dict:
             remote, waited = read_remote_taps(channel, layout.sources, seq, tuple(t_ids.shape))
             feats.update(remote)
             tap_wait += waited
-        dl = draft.draft_loss(TargetFeatures(feats), DraftBatch(t_ids, draft_loss_mask(t_mask), logits.detach(),
-                                                                extras={"anchor_generator": gen}))
+        dbatch = DraftBatch(t_ids, draft_loss_mask(t_mask), logits.detach(), extras={"anchor_generator": gen})
+        dl = draft.draft_loss(TargetFeatures(feats), dbatch)
         stats["draft_loss"] += float(dl.detach()) / n_mb
         return loss + lam * dl / n_mb
 
@@ -123,16 +126,19 @@ def pp_update_worker(rank: int, world: int, payload: dict) -> dict:
     dparams = trainable_parameters(draft) if draft is not None and rank == last else []
     opt = joint_optimizer(params, dparams, cfg.grpo, cfg.draft)
     schedule = Schedule1F1B(pipe, n_mb, loss_fn=loss_fn, scale_grads=False)
-    target = torch.stack([ids.double(), mask.double(), old.double(), adv.double()[:, None].expand(B, T)], dim=-1)
+    target = torch.stack([ids.double(), mask.double(), old.double(), adv.double()[:, None].expand(B, T)],
+                         dim=-1)
     t0 = time.perf_counter()
-    schedule.step(*((ids,) if rank == 0 else ()), **({"target": target, "losses": []} if rank == last else {}))
+    last_kwargs = {"target": target, "losses": []} if rank == last else {}
+    schedule.step(*((ids,) if rank == 0 else ()), **last_kwargs)
     if channel is not None:
         channel.flush()
     # the policy's grad norm spans every stage: reduce the squared norms before clipping
     norm = clip_across(params, cfg.grpo.max_grad_norm, torch.distributed.group.WORLD)
     if dparams:
         torch.nn.utils.clip_grad_norm_(dparams, cfg.draft.max_grad_norm)
-    grads = {stage_to_hf(n): p.grad.detach().clone() for n, p in stage.named_parameters() if p.grad is not None}
+    grads = {stage_to_hf(n): p.grad.detach().clone() for n, p in stage.named_parameters()
+             if p.grad is not None}
     dgrads = {n: p.grad.detach().clone() for n, p in draft.named_parameters() if p.grad is not None} \
         if dparams else {}
     set_draft_lr(opt, cfg.draft)
@@ -144,8 +150,9 @@ def pp_update_worker(rank: int, world: int, payload: dict) -> dict:
     out = {stage_to_hf(n): p.detach().clone() for n, p in stage.named_parameters()}
     return {"rank": rank, "policy": out, "grads": grads, "draft_grads": dgrads, "policy_grad_norm": norm,
             "update_time_s": update_s,
-            "draft": {k: v.clone() for k, v in draft.state_dict().items()} if draft is not None and rank == last
-            else None, "tap_wait_s": tap_wait if rank == last else 0.0, "stats": stats}
+            "draft": ({k: v.clone() for k, v in draft.state_dict().items()}
+                      if draft is not None and rank == last else None),
+            "tap_wait_s": tap_wait if rank == last else 0.0, "stats": stats}
 
 
 def pp_probe_worker(rank: int, world: int, payloads: list[dict]) -> list[dict]:
@@ -170,8 +177,9 @@ def probe_tap_wait(trainer, *, stages: int = 2, updates: int = 3, microbatches: 
     for i in range(updates):
         batch = trainer.rollout(cfg.steps + i)
         adv = group_advantages(batch.rewards, cfg.grpo.generations_per_prompt, cfg.grpo.normalize_std)
-        payloads.append(make_payload(cfg, trainer.policy, trainer.draft, batch, adv, n_microbatches=microbatches,
-                                     mask_token_id=trainer.tok.mask_id, transport=transport))
+        payloads.append(make_payload(cfg, trainer.policy, trainer.draft, batch, adv,
+                                     n_microbatches=microbatches, mask_token_id=trainer.tok.mask_id,
+                                     transport=transport))
     ranks = spawn(pp_probe_worker, stages, args=(payloads,), timeout_s=timeout_s)
     return [{"tap_wait_s": ranks[-1][i]["tap_wait_s"],
              "update_time_s": max(r[i]["update_time_s"] for r in ranks),

@@ -59,7 +59,8 @@ def test_draft_contract():
     with pytest.raises(ValueError, match="detached"):
         TargetFeatures({1: torch.ones(1, 4, 8, requires_grad=True)})
     feats = TargetFeatures({t: torch.randn(1, 8, cfg.hidden_size) for t in draft.tap_layers})
-    batch = DraftBatch(torch.randint(0, cfg.vocab_size, (1, 8)), torch.ones(1, 8), torch.randn(1, 8, cfg.vocab_size))
+    batch = DraftBatch(torch.randint(0, cfg.vocab_size, (1, 8)), torch.ones(1, 8),
+                       torch.randn(1, 8, cfg.vocab_size))
     loss = draft.draft_loss(feats, batch)
     loss.backward()
     assert loss.dim() == 0 and draft.fc.weight.grad is not None

@@ -40,7 +40,8 @@ CASES = [(2, "1f1b", "shm"), (2, "interleaved1f1b", "shm"), (2, "zbv", "shm"), (
 @pytest.mark.parametrize("pp,schedule,transport", CASES)
 def test_pp_matches_single_process(pp, schedule, transport):
     cfg = PPConfig(pp=pp, schedule=schedule, transport=transport, n_microbatches=4, steps=2,
-                   ring_depth=2 if schedule == "1f1b" else None)  # 1F1B's draft stage holds <= 1 mb: wrap often
+                   # 1F1B's draft stage holds <= 1 mb: wrap often
+                   ring_depth=2 if schedule == "1f1b" else None)
     outs = spawn(on_off_worker, pp, args=(cfg,), timeout_s=220)
     ref = run_reference(cfg)
     grads, per_mb, report = merged(outs, "on")

@@ -37,12 +37,13 @@ def _reference(tr, batch, adv):
 @pytest.fixture(scope="module")
 def cp2(tmp_path_factory, tok):
     tmp = tmp_path_factory.mktemp("cp")
-    trainers = [CoTrainer(tiny_config(tmp / "none"), tok), CoTrainer(tiny_config(tmp / "dflash", draft="dflash"), tok)]
+    trainers = [CoTrainer(tiny_config(tmp / "none"), tok),
+                CoTrainer(tiny_config(tmp / "dflash", draft="dflash"), tok)]
     batch = trainers[0].rollout(0)
     batch.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
     adv = group_advantages(batch.rewards, 2)
-    payloads = [make_payload(tr.cfg, tr.policy, tr.draft, batch, adv, n_microbatches=2, mask_token_id=tok.mask_id)
-                for tr in trainers]
+    payloads = [make_payload(tr.cfg, tr.policy, tr.draft, batch, adv, n_microbatches=2,
+                             mask_token_id=tok.mask_id) for tr in trainers]
     refs = [_reference(tr, batch, adv) for tr in trainers]
     ranks = spawn(both_worker, 2, args=(payloads,), timeout_s=200)
     return refs, ranks, batch
@@ -60,7 +61,8 @@ def test_cp2_update_equals_single_process(cp2, case):
         assert set(r["grads"]) == set(ref)
         for k, g in r["grads"].items():
             # Adam's first step is ~lr * sign(grad): compare gradients, where tolerances mean something
-            torch.testing.assert_close(g, ref[k], rtol=1e-4, atol=1e-5 * scale, msg=f"rank {r['rank']}: grad {k}")
+            torch.testing.assert_close(g, ref[k], rtol=1e-4, atol=1e-5 * scale,
+                                       msg=f"rank {r['rank']}: grad {k}")
     assert sum(r["local_rows"] for r in outs) >= int(batch.attention_mask.sum()) // 2
     if case == 1:
         assert outs[0]["draft_loss"] == pytest.approx(stats.draft_loss, rel=1e-5) and stats.draft_loss > 0

@@ -99,7 +99,8 @@ def profile_file(tmp_path) -> Path:
     rl["workload"].update(val_every=100, val_size=2)
     rl["drafts"]["eagle3"]["options"] = {"ttt_steps": 2}
     rl["drafts"]["eagle3"]["num_proposals"] = 2
-    rl["drafts"]["dflash"].update(num_proposals=3, options={"block_size": 4, "num_anchors": 4, "num_layers": 1})
+    rl["drafts"]["dflash"].update(num_proposals=3,
+                                  options={"block_size": 4, "num_anchors": 4, "num_layers": 1})
     prof["table1"]["steps"] = 2
     path = tmp_path / "paper-h100.yaml"
     path.write_text(yaml.safe_dump(prof, sort_keys=False))
@@ -115,9 +116,11 @@ def _no_models(monkeypatch):
 
 
 @pytest.mark.timeout(60)
-def test_missing_checkpoint_fails_before_any_model_naming_key_and_path(tmp_path, profile_file, monkeypatch, capsys):
+def test_missing_checkpoint_fails_before_any_model_naming_key_and_path(tmp_path, profile_file, monkeypatch,
+                                                                        capsys):
     _no_models(monkeypatch)
-    base = ["--artifact", "table1", "--row", "Qwen3-8B/DFlash", "--profile", str(profile_file), "--engine", "suite"]
+    base = ["--artifact", "table1", "--row", "Qwen3-8B/DFlash", "--profile", str(profile_file),
+            "--engine", "suite"]
     empty = tmp_path / "empty"
     empty.mkdir()
     assert run.main(base + ["--checkpoint-root", str(empty), "--out", str(tmp_path / "r")]) == 2
@@ -138,7 +141,8 @@ def test_missing_checkpoint_fails_before_any_model_naming_key_and_path(tmp_path,
 
 def test_nemo_rl_profile_still_refused_without_engine_suite(tmp_path, capsys, monkeypatch):
     _no_models(monkeypatch)
-    args = ["--artifact", "table1", "--row", "Qwen3-8B/DFlash", "--profile", "paper-h100", "--out", str(tmp_path / "r")]
+    args = ["--artifact", "table1", "--row", "Qwen3-8B/DFlash", "--profile", "paper-h100",
+            "--out", str(tmp_path / "r")]
     assert run.main(args) == 2
     err = capsys.readouterr().err
     assert "NeMo-RL" in err and "--engine suite" in err
@@ -170,14 +174,17 @@ def test_config_resolves_checkpoint_vocab_and_keeps_old_configs(ckpt_root, profi
 
 def test_paper_profile_rows_use_paper_lengths_and_drafts(ckpt_root):
     prof = yaml.safe_load((PROFILE_DIR / "paper-h100.yaml").read_text())
-    prof["checkpoints"]["qwen3-8b"] = CKPT_DIR          # only to pass the checkpoint checks; sizes are paper's
+    # only to pass the checkpoint checks; sizes are paper's
+    prof["checkpoints"]["qwen3-8b"] = CKPT_DIR
     prof["checkpoints"]["qwen3-8b-eagle3"] = EAGLE3_DIR
     cfg = run_config_from_profile(prof, "table1", "Qwen3-8B/DFlash", out="o", checkpoint_root=ckpt_root)
-    assert cfg.grpo.max_new_tokens == 16384 and cfg.draft.options["block_size"] == 16 and cfg.draft.num_proposals == 15
+    assert cfg.grpo.max_new_tokens == 16384 and cfg.draft.options["block_size"] == 16
+    assert cfg.draft.num_proposals == 15
     cfg = run_config_from_profile(prof, "fig4", "EAGLE-3", out="o", checkpoint_root=ckpt_root)
     assert cfg.workload.name == "workplace" and cfg.grpo.max_new_tokens == 28672
     assert cfg.draft.options == {"ttt_steps": 3} and cfg.draft.num_proposals == 3
-    assert cfg.draft.checkpoint == "qwen3-8b-eagle3" and cfg.draft.path == str(ckpt_root.resolve() / EAGLE3_DIR)
+    assert cfg.draft.checkpoint == "qwen3-8b-eagle3"
+    assert cfg.draft.path == str(ckpt_root.resolve() / EAGLE3_DIR)
 
 
 @pytest.mark.parametrize("name", ["paper-h100", "paper-gb200"])
@@ -187,7 +194,8 @@ def test_every_paper_row_has_a_suite_config_that_only_lacks_its_checkpoint(name,
     n = 0
     for artifact in ("table1", "table2", "fig3", "fig4"):
         for row in (prof.get(artifact) or {}).get("rows", {}):
-            with pytest.raises(ConfigError, match=r"policy.checkpoint='[^']+' is invalid: its folder .* does not exist"):
+            with pytest.raises(ConfigError,
+                               match=r"policy.checkpoint='[^']+' is invalid: its folder .* does not exist"):
                 run_config_from_profile(prof, artifact, row, out="o", checkpoint_root=tmp_path)
             n += 1
     assert n >= 6
@@ -204,7 +212,8 @@ def test_checkpoint_tokenizer_roles_and_errors(ckpt_root, profile_file):
     assert tok.call_end_id == hf.convert_tokens_to_ids("</tool_call>") and tok.user_id != tok.assistant_id
     text = "What is 12 + 30? The answer is 42."
     assert tok.decode(tok.encode(text)) == text and tok.eos_id not in tok.encode(text)
-    assert tok.decode([tok.eos_id, VOCAB - 1], skip_special=False) == "<|im_end|>"   # unused rows decode to ""
+    # unused rows decode to ""
+    assert tok.decode([tok.eos_id, VOCAB - 1], skip_special=False) == "<|im_end|>"
     path = cfg.policy.path
     no_mask = {k: v for k, v in prof["rl"]["policies"]["Qwen3-8B"]["tokens"].items()}
     hf.mask_token = None
@@ -227,7 +236,8 @@ def _metrics(out: Path) -> list[dict]:
 def test_dflash_row_runs_two_steps_single_process(ckpt_root, profile_file, tmp_path):
     out = tmp_path / "run"
     rc = run.main(["--artifact", "table1", "--row", "Qwen3-8B/DFlash", "--profile", str(profile_file),
-                   "--engine", "suite", "--checkpoint-root", str(ckpt_root), "--out", str(out), "--threads", "1"])
+                   "--engine", "suite", "--checkpoint-root", str(ckpt_root), "--out", str(out),
+                   "--threads", "1"])
     assert rc == 0
     rows = _metrics(out)
     assert [r["step"] for r in rows] == [0, 1] and all(r["row"] == "Qwen3-8B/DFlash" for r in rows)
@@ -256,5 +266,6 @@ def test_eagle3_row_runs_through_torchrun_pp2_with_mesh_suggestion(ckpt_root, pr
         assert r["train/draft_loss"] > 0 and r["train/tap_wait_s"] > 0
         assert r["train/train_inference_kl"] < 1e-5, "trainer (PP) and engine disagree on the policy"
     env_json = json.loads((out / "env.json").read_text())
-    assert env_json["config"]["parallel"]["pp"] == 2 and env_json["config"]["policy"]["checkpoint"] == "qwen3-8b"
+    assert env_json["config"]["parallel"]["pp"] == 2
+    assert env_json["config"]["policy"]["checkpoint"] == "qwen3-8b"
     assert env_json["config"]["draft"]["checkpoint"] == "qwen3-8b-eagle3"     # every rank built it warm

@@ -36,7 +36,8 @@ def test_pp2_update_equals_single_process(tmp_path, tok, draft):
     tr.update.step(batch, adv)                       # microbatch 2 = B / n_microbatches
     ranks = spawn(pp_update_worker, 2, args=(payload,), timeout_s=180)
     got = {**ranks[0]["grads"], **ranks[1]["grads"]}
-    assert set(got) == {n for n, _ in tr.policy.model.named_parameters()}, "stages lost or invented parameters"
+    assert set(got) == {n for n, _ in tr.policy.model.named_parameters()}, \
+        "stages lost or invented parameters"
     scale = max(float(g.abs().max()) for g in ref.values())
     assert scale > 0, "the reference update had no gradient"
     # Adam's first step is ~lr * sign(grad): compare gradients, where tolerances mean something

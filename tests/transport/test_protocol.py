@@ -23,7 +23,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def make(depth=2, transport="shm", put_timeout=5.0, get_timeout=5.0):
-    layout = ChannelLayout(sources={0: [TapSpec("a", (8, 4))], 1: [TapSpec("b", (8, 4)), TapSpec("c", (8, 2))]},
+    layout = ChannelLayout(sources={0: [TapSpec("a", (8, 4))],
+                                    1: [TapSpec("b", (8, 4)), TapSpec("c", (8, 2))]},
                            stage_to_rank={0: 0, 1: 0, 2: 0}, consumer_rank=0, ring_depth=depth)
     return TapChannel(layout, transport, rank=0, put_timeout_s=put_timeout, get_timeout_s=get_timeout)
 
@@ -102,7 +103,8 @@ def test_wrong_stamp_names_source_tap_and_both_stamps():
     ch = make(depth=4)
     try:
         ch.put(0, "a", 5, payload(5))  # the producer thinks it is one step ahead (slot 1)
-        with pytest.raises(StampMismatchError, match=r"source stage 0, tap 'a': slot 1 holds seq 5, expected seq 1"):
+        with pytest.raises(StampMismatchError,
+                           match=r"source stage 0, tap 'a': slot 1 holds seq 5, expected seq 1"):
             ch.get(0, "a", 1)
     finally:
         ch.close()

@@ -5,7 +5,8 @@
     gloo          CPU stand-in for remote sources: tagged isend/irecv on the channel's own group
     p2p           remote sources over torch.distributed point-to-point, gloo (CPU) or NCCL (GPU): pre-posted
                   receives on the draft's rank, one driver thread per rank in one canonical order
-    cuda_ipc      colocated GPUs: one-sided device copies into the consumer's IPC-exported arena
+    cuda_ipc      colocated GPUs: one-sided device copies into the consumer's arena, shared through
+                  torch.multiprocessing's CUDA tensor sharing
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ the credit. ``open`` is collective over the channel's own process group.
 """
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
 from abc import ABC, abstractmethod
@@ -33,6 +34,15 @@ def arena_offsets(layout: ChannelLayout) -> tuple[dict[tuple[int, int], int], in
             offsets[(ring.index, slot)] = pos
             pos += -(-ring.tap.max_nbytes // ALIGN) * ALIGN
     return offsets, max(pos, ALIGN)
+
+
+def layout_digest(layout: ChannelLayout) -> str:
+    """A short fingerprint of everything both sides derive the arena from (rings in order, their taps' shapes
+    and dtypes, source ranks, ring depth, consumer rank, alignment): equal digests, equal arenas."""
+    rings = [(r.index, r.stage, r.tap.name, r.tap.max_shape, str(r.tap.dtype), r.source_rank)
+             for r in layout.rings]
+    desc = repr((rings, layout.ring_depth, layout.consumer_rank, ALIGN))
+    return hashlib.sha256(desc.encode()).hexdigest()[:16]
 
 
 def slot_view(arena: torch.Tensor, offset: int, ring: RingId) -> torch.Tensor:

@@ -50,8 +50,9 @@ class GlooTransport(Transport):
         if self._consumer:
             self._peers = remote
             for src in remote:
-                self._threads.append(threading.Thread(target=self._guard, args=(self._recv_loop, src), daemon=True,
-                                                      name=f"tapchannel-gloo-recv{src}-rank{rank}"))
+                name = f"tapchannel-gloo-recv{src}-rank{rank}"
+                self._threads.append(threading.Thread(target=self._guard, args=(self._recv_loop, src),
+                                                      daemon=True, name=name))
         elif any(r.source_rank == rank for r in layout.rings):
             self._peers = [layout.consumer_rank]
             self._threads.append(threading.Thread(target=self._guard, args=(self._credit_loop,), daemon=True,
@@ -110,7 +111,8 @@ class GlooTransport(Transport):
     def publish(self, ring: RingId, slot: int, tensor: torch.Tensor, seq: int, put_ns: int) -> None:
         self._check()
         if tensor.device.type != "cpu":
-            raise ValueError(f"transport 'gloo' carries CPU tensors; tap {ring.tap.name!r} is on {tensor.device}")
+            raise ValueError(f"transport 'gloo' carries CPU tensors; tap {ring.tap.name!r} is on "
+                             f"{tensor.device}")
         n = tensor.shape[0]
         if self._consumer:  # a source on the draft's own rank writes its slot directly
             self._slots[(ring.index, slot)][:n].copy_(tensor)
@@ -119,7 +121,8 @@ class GlooTransport(Transport):
             w[STAMP] = seq
             return
         header = torch.tensor([ring.index, slot, seq, n, put_ns], dtype=torch.int64)
-        self._outbox.put((self.layout.consumer_rank, [(header, _TAG_HEADER), (tensor.contiguous(), _TAG_PAYLOAD)]))
+        messages = [(header, _TAG_HEADER), (tensor.contiguous(), _TAG_PAYLOAD)]
+        self._outbox.put((self.layout.consumer_rank, messages))
 
     def credit(self, ring: RingId, slot: int) -> int:
         self._check()
@@ -160,7 +163,8 @@ class GlooTransport(Transport):
         alive = [t.name for t in self._threads if t.is_alive()]
         self._threads = []
         if alive:
-            raise RuntimeError(f"gloo transport on rank {self.rank}: threads {alive} did not stop within 30 s")
+            raise RuntimeError(f"gloo transport on rank {self.rank}: threads {alive} did not stop "
+                               "within 30 s")
         self._check()
 
     def close(self) -> None:

@@ -58,16 +58,19 @@ class P2PTransport(Transport):
         if remote and group is None:
             raise ValueError("transport 'p2p' needs the channel's process group for remote sources")
         if remote and backend == "nccl" and device.type != "cuda":
-            raise ValueError(f"transport 'p2p' over NCCL carries CUDA tensors; the channel's device is {device}")
+            raise ValueError(f"transport 'p2p' over NCCL carries CUDA tensors; the channel's device "
+                             f"is {device}")
         if remote and backend == "gloo" and device.type != "cpu":
-            raise ValueError(f"transport 'p2p' over gloo carries CPU tensors; the channel's device is {device} "
-                             "(build the channel with backend='nccl' for CUDA tensors)")
+            raise ValueError("transport 'p2p' over gloo carries CPU tensors; the channel's device is "
+                             f"{device} (build the channel with backend='nccl' for CUDA tensors)")
         self.layout, self.rank, self.group, self.device = layout, rank, group, device
         self._consumer = rank == layout.consumer_rank
         self._depth = layout.ring_depth
         self.ctrl = ControlBlock.private(len(layout.rings), layout.ring_depth)
         self._stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
-        words = lambda r: HEADER + -(-r.tap.max_nbytes // 8)
+        def words(r: RingId) -> int:     # header + the payload in int64 words
+            return HEADER + -(-r.tap.max_nbytes // 8)
+
         self._slots: dict[tuple[int, int], torch.Tensor] = {}
         if self._consumer:
             mine = layout.rings
@@ -93,7 +96,8 @@ class P2PTransport(Transport):
         self._slot_sends: dict[tuple[int, int], object] = {}  # source: the send in flight per slot
         self._thread = None
         if self._pairs:
-            self._thread = threading.Thread(target=self._drive, daemon=True, name=f"tapchannel-p2p-rank{rank}")
+            self._thread = threading.Thread(target=self._drive, daemon=True,
+                                            name=f"tapchannel-p2p-rank{rank}")
             self._thread.start()
 
     # -- the driver: every communicator operation of this rank, in canonical order -----------------
@@ -136,8 +140,8 @@ class P2PTransport(Transport):
         while True:
             with self._cond:
                 while True:
-                    ready = [src for src, (r, s) in nxt.items()
-                             if s < self.first_seq + self._depth or (r.index, s - self._depth) in self._released]
+                    ready = [src for src, (r, s) in nxt.items() if s < self.first_seq + self._depth
+                             or (r.index, s - self._depth) in self._released]
                     if ready or self._demand or self._stop:
                         break
                     self._cond.wait()
@@ -152,7 +156,8 @@ class P2PTransport(Transport):
                     event = releases[src]
                     if event:
                         self._stream.wait_event(event)   # the draft's reads of the slot come first
-                    credit = torch.tensor([r.index, slot, s - self._depth], dtype=torch.int64, device=self.device)
+                    credit = torch.tensor([r.index, slot, s - self._depth], dtype=torch.int64,
+                                          device=self.device)
                     self._sends.append((dist.isend(credit, dst=src, group=self.group), credit))
                 self._posted[r.index].append((s, slot, dist.irecv(self._slots[(r.index, slot)], src=src,
                                                                   group=self.group)))
@@ -168,7 +173,8 @@ class P2PTransport(Transport):
 
     def _complete(self, ring_i: int, want_seq: int) -> None:
         """Finish a ring's posted receives, oldest first, up to the one of ``want_seq`` (none if it is done
-        already), and publish each stamp (the header's seq: a wrong one is the channel's StampMismatchError)."""
+        already), and publish each stamp (the header's seq: a wrong one is the channel's
+        StampMismatchError)."""
         while self._posted[ring_i] and self._posted[ring_i][0][0] <= want_seq:
             _seq, slot, work = self._posted[ring_i].popleft()
             self._done(work)
@@ -216,8 +222,8 @@ class P2PTransport(Transport):
                     raise StampMismatchError(f"p2p rank {self.rank}: the draft's rank shut down while ring "
                                              f"{r.index} waited for the credit of seq {s - self._depth}")
                 if (ring_i, seq) != (r.index, s - self._depth):
-                    raise StampMismatchError(f"p2p rank {self.rank}: credit for ring {ring_i} seq {seq} arrived, "
-                                             f"expected ring {r.index} seq {s - self._depth}")
+                    raise StampMismatchError(f"p2p rank {self.rank}: credit for ring {ring_i} seq {seq} "
+                                             f"arrived, expected ring {r.index} seq {s - self._depth}")
                 before = self._slot_sends.pop((ring_i, slot), None)
                 if before is not None:
                     before.wait()      # the slot's next copy (channel stream) waits for its last send
@@ -233,7 +239,8 @@ class P2PTransport(Transport):
             if marker is not None:
                 self._stream.wait_event(marker)
             slot = s % self._depth
-            self._slot_sends[(r.index, slot)] = dist.isend(self._slots[(r.index, slot)], dst=dst, group=self.group)
+            self._slot_sends[(r.index, slot)] = dist.isend(self._slots[(r.index, slot)], dst=dst,
+                                                           group=self.group)
             with self._cond:
                 self._cond.notify_all()
             r, s = next(plan)
@@ -265,17 +272,18 @@ class P2PTransport(Transport):
 
     def _check(self) -> None:
         if self._error is not None:
-            raise RuntimeError(f"p2p transport driver on rank {self.rank} failed: {self._error!r}") from self._error
+            raise RuntimeError(f"p2p transport driver on rank {self.rank} failed: "
+                               f"{self._error!r}") from self._error
 
     # -- producer --------------------------------------------------------------------------------
     def publish(self, ring: RingId, slot: int, tensor: torch.Tensor, seq: int, put_ns: int) -> None:
         self._check()
         if tensor.device.type != self.device.type:
-            raise ValueError(f"transport 'p2p' on {self.device} got tap {ring.tap.name!r} of stage {ring.stage} "
-                             f"on {tensor.device}")
+            raise ValueError(f"transport 'p2p' on {self.device} got tap {ring.tap.name!r} of stage "
+                             f"{ring.stage} on {tensor.device}")
         n = tensor.shape[0]
         buf = self._slots[(ring.index, slot)]
-        payload = buf[HEADER:].view(torch.uint8)[:ring.tap.max_nbytes].view(ring.tap.dtype).view(ring.tap.max_shape)
+        payload = self.view(ring, slot, ring.tap.max_shape[0])
         if self._consumer:  # a source on the draft's own rank writes its slot directly
             payload[:n].copy_(tensor)
             w = self.ctrl.words[ring.index, slot]
@@ -283,9 +291,9 @@ class P2PTransport(Transport):
             w[STAMP] = seq
             return
         if seq != self._next_put[ring.index]:
-            raise StampMismatchError(f"transport 'p2p': stage {ring.stage} tap {ring.tap.name!r} put seq {seq}, "
-                                     f"expected seq {self._next_put[ring.index]} (p2p carries every stamp of "
-                                     "every tap, in order)")
+            raise StampMismatchError(f"transport 'p2p': stage {ring.stage} tap {ring.tap.name!r} put seq "
+                                     f"{seq}, expected seq {self._next_put[ring.index]} (p2p carries every "
+                                     "stamp of every tap, in order)")
         self._next_put[ring.index] = seq + 1
         header = torch.tensor([seq, n, put_ns, ring.index], dtype=torch.int64)
         marker = None

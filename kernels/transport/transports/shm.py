@@ -115,7 +115,8 @@ class HostStagingTransport(SharedMemoryTransport):
             if self._consumer:
                 for s in range(layout.ring_depth):
                     host = torch.empty(r.tap.max_shape, dtype=r.tap.dtype, pin_memory=cuda)
-                    dev = torch.empty(r.tap.max_shape, dtype=r.tap.dtype, device=self.device) if cuda else host
+                    dev = (torch.empty(r.tap.max_shape, dtype=r.tap.dtype, device=self.device) if cuda
+                           else host)
                     self._land[(r.index, s)] = (host, dev)
 
     def _write_payload(self, ring: RingId, slot: int, tensor: torch.Tensor) -> None:

@@ -28,11 +28,11 @@ from repro.report.style import (
 )
 from repro.report.tables import write_table
 
-ROW = re.compile(r"^pp=(?P<pp>\d+)/(?P<layout>[a-z0-9]+)/T=(?P<tokens>\d+)(?:/(?P<transport>[a-z_]+))?$")
+ROW = re.compile(r"^pp=(?P<pp>\d+)/(?P<layout>[a-z0-9]+)/T=(?P<tokens>\d+)(?:/(?P<transport>[a-z0-9_]+))?$")
 SUMMARY = ("write_bandwidth_gbps", "speedup_vs_host_staging", "source_slowdown_pct", "draft_slowdown_pct",
            "host_staging_slowdown_pct")
 LAYOUT_MARK = {"eagle3": "o", "dflash": "s"}
-TRANSPORT_STYLE = {"cuda_ipc": "-", "shm": "-", "gloo": "-.", "host_staging": ":"}
+TRANSPORT_STYLE = {"cuda_ipc": "-", "shm": "-", "gloo": "-.", "p2p": "--", "host_staging": ":"}
 
 
 def _latest(tidy: pd.DataFrame) -> pd.DataFrame:
