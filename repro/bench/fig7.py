@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 from kernels.transport import ChannelLayout, TapChannel, TapSpec
 from kernels.transport.transports import TRANSPORTS
+from repro.core.progress import Progress
 from repro.parallel.partition import split_layers, stage_of_tap
 
 QWEN3_8B = {"num_layers": 36, "hidden": 4096, "params": 8.2e9}
@@ -152,12 +153,16 @@ def measure_worker(rank: int, world: int, cfg: Fig7Config, transports: tuple[str
         torch.cuda.set_device(0 if torch.cuda.device_count() == 1 else rank % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
     out = []
+    bar = Progress(len(cfg.layouts) * len(cfg.tokens) * len(transports), "[fig7] configurations", every_s=0,
+                   unit="config") if rank == 0 else None
     for layout_name in cfg.layouts:
         for tokens in cfg.tokens:
             flops = 2 * QWEN3_8B["params"] / cfg.pp * tokens * cfg.compute_scale
             compute = ComputeLoop(flops, device)
             for transport in transports:
                 out.append(_measure_one(rank, cfg, layout_name, tokens, transport, compute, device))
+                if bar is not None:
+                    bar.update(info=f"{layout_name} T={tokens} {transport}")
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     return {"rank": rank, "rows": out}

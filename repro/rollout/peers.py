@@ -1,7 +1,10 @@
 """Decoders a user would pick instead of the suite's engine, on the same policy weights: the decode benchmark's peers.
 
-* ``hf-static-compile``: transformers ``generate`` with a ``StaticCache`` and the model's forward under
-  ``torch.compile(mode="reduce-overhead")`` (CUDA graphs on a GPU; on a CPU inductor's compiled kernels);
+* ``hf-static-compile``: transformers ``generate`` with a ``StaticCache`` and its own compilation of the forward
+  (``generation_config.compile_config``: ``torch.compile(mode="reduce-overhead", fullgraph=True)``, CUDA graphs on
+  a GPU; transformers compiles on every device here, inductor's CPU kernels on a CPU). Wrapping the forward in
+  ``torch.compile`` by hand instead breaks on a GPU: generate keeps reading a graph's output after the next replay
+  has overwritten it;
 * ``hf-dynamic``: transformers ``generate`` eagerly with its ``DynamicCache`` (the stock baseline);
 * ``vllm``: vLLM's plain decoding through ``repro.rollout.vllm_backend`` where vLLM is importable.
 
@@ -61,8 +64,11 @@ def make_peer(name: str, policy, *, new_tokens: int, temperature: float, workdir
     kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": True, "temperature": float(temperature),
               "top_k": 0, "top_p": 1.0}
     if name == "hf-static-compile":
+        from transformers import CompileConfig
         model.generation_config.cache_implementation = "static"
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        config = CompileConfig(mode="reduce-overhead", fullgraph=True)
+        config._compile_all_devices = True        # transformers' switch for compiling off CUDA too (CPU)
+        model.generation_config.compile_config = config
     else:
         kw["cache_implementation"] = "dynamic"
 
