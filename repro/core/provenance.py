@@ -121,7 +121,15 @@ OUTPUT_DIRS = ("results", "paper_figures")
 
 
 def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
-    """{"sha", "dirty"}: the checked-out commit, and whether tracked files outside ``OUTPUT_DIRS`` differ from it."""
+    """{"sha", "dirty"}: the checked-out commit, and whether tracked files outside ``OUTPUT_DIRS`` differ from it.
+
+    A launcher that copies the tree to another machine (a lent GPU, a cluster node) passes the state it copied as
+    REPRO_GIT_SHA / REPRO_GIT_DIRTY; that wins over whatever .git the copy carries, which may be stale."""
+    if os.environ.get("REPRO_GIT_SHA"):
+        return {"sha": os.environ["REPRO_GIT_SHA"],
+                "dirty": os.environ.get("REPRO_GIT_DIRTY", "").lower() in ("1", "true", "yes"),
+                "source": "REPRO_GIT_SHA (the tree as copied to this machine)"}
+
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
                               timeout=20, check=True).stdout.strip()
@@ -130,12 +138,6 @@ def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
         dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
                          *(f":(exclude){d}" for d in OUTPUT_DIRS)))
     except (OSError, subprocess.SubprocessError):
-        # Not a git checkout (a copied tree on a lent GPU or a cluster node): the launcher that copied
-        # the tree passes the state it copied as REPRO_GIT_SHA / REPRO_GIT_DIRTY.
-        if os.environ.get("REPRO_GIT_SHA"):
-            return {"sha": os.environ["REPRO_GIT_SHA"],
-                    "dirty": os.environ.get("REPRO_GIT_DIRTY", "").lower() in ("1", "true", "yes"),
-                    "source": "REPRO_GIT_SHA (tree copied without .git)"}
         return {"sha": "unknown", "dirty": None}
     return {"sha": sha, "dirty": dirty}
 
