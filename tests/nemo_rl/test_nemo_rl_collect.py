@@ -83,7 +83,8 @@ def fake_nemo_rl_run(run_dir, drafts: float) -> None:
     cfg = yaml.safe_load((run_dir / "nemo_rl_config.yaml").read_text())
     wandb_dir = run_dir / "nemo_rl_logs" / "exp_001" / "wandb"       # get_next_experiment_dir + "wandb"
     wandb_dir.mkdir(parents=True)
-    run = wandb.init(**cfg["logger"]["wandb"], dir=str(wandb_dir),
+    # mode is explicit: an earlier test in this process may have set up wandb's singleton before WANDB_MODE was set
+    run = wandb.init(**cfg["logger"]["wandb"], dir=str(wandb_dir), mode="offline",
                      settings=wandb.Settings(console="off", x_disable_stats=True, x_disable_meta=True))
     run.config.update({k: v for k, v in cfg.items() if k != "logger"}, allow_val_change=True)
     for step, metrics in STEPS.items():

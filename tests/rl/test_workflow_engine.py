@@ -33,6 +33,14 @@ def snakemake(*args):
                           capture_output=True, text=True, timeout=110)
 
 
+def planned(*config):
+    """The commands the workflow's rules run (its rules run what repro.plan plans; a dry run does not print them)."""
+    out = subprocess.run([sys.executable, "-m", "repro.plan", "--profile", "paper-h100", "--artifact", "table1",
+                          "--config", *config], check=False, cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 @pytest.fixture(scope="module")
 def paper_root(ckpt_root, tmp_path_factory):  # noqa: F811 (fixture imported above)
     """A checkpoint root in paper-h100's layout: its policies and EAGLE-3 draft are the tiny ones (links)."""
@@ -53,7 +61,8 @@ def test_suite_engine_plans_the_paper_rows_as_torchrun_commands(paper_root):
                     f"checkpoint_root={paper_root}")
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
-    cmds = [line for line in text.splitlines() if "-m repro.rl.dist_run" in line]
+    plan = planned("engine=suite", f"checkpoint_root={paper_root}")
+    cmds = [line for line in plan.splitlines() if "-m repro.rl.dist_run" in line]
     rows = load_profile("paper-h100")["table1"]["rows"]
     assert len(cmds) == len(rows), text
     runs = f"results/{hardware()['tag']}/paper-h100-suite/table1"
@@ -64,8 +73,9 @@ def test_suite_engine_plans_the_paper_rows_as_torchrun_commands(paper_root):
                 f"--row {shlex.quote(row)} --profile paper-h100 --engine suite --checkpoint-root {paper_root} {mesh} "
                 f"--out {runs}/{folder} --seed 0 --log-artifact artifact")
         assert any(want in c for c in cmds), f"{want}\nnot among\n" + "\n".join(cmds)
-    assert "rl_sft" not in text and "repro.nemo_rl" not in text and "--warm-start" not in text
-    assert "--results results/" in text and "paper_figures/paper-h100-suite/table1.md" in text
+        assert f"{runs}/{folder}/run.json" in text, text            # the workflow's DAG holds the same runs
+    assert "rl_sft" not in text and "repro.nemo_rl" not in plan and "--warm-start" not in plan
+    assert "--results results/" in plan and "paper_figures/paper-h100-suite/table1.md" in text
     # every planned row's config holds against this root (the draft checkpoint included)
     check = subprocess.run([sys.executable, "-m", "repro.rl.config", "--profile", "paper-h100", "--artifact",
                             "table1", "--checkpoint-root", str(paper_root)], check=False, cwd=ROOT,
@@ -91,7 +101,8 @@ def test_default_engine_of_a_paper_profile_is_still_nemo_rl():
     out = snakemake("-n", "-p", "--forceall", "table1", "--config", "profile=paper-h100")
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
-    assert text.count("-m repro.nemo_rl.run --artifact table1") == 6 and "dist_run" not in text
+    plan = planned()
+    assert plan.count("-m repro.nemo_rl.run --artifact table1") == 6 and "dist_run" not in plan
     assert f"results/{hardware()['tag']}/paper-h100/table1/qwen3-8b_eagle-3" in text and "-suite" not in text
 
 
