@@ -84,6 +84,6 @@ from kernels.attention.merge import merge
 from kernels.attention.reference import block_mask, causal_mask, dense_attention, eagle3_ttt_mask
 from kernels.attention.ring import RingStats
 
-__all__ = ["BlockPlan", "Layout", "RingStats", "block_draft_attention", "block_draft_plan", "block_mask", "causal_attention", "causal_mask",
-           "dense_attention", "dflash_block_attention", "dspark_block_attention", "eagle3_ttt_attention",
-           "eagle3_ttt_mask", "make_layout", "merge", "pad_varlen"]
+__all__ = ["BlockPlan", "Layout", "RingStats", "block_draft_attention", "block_draft_plan", "block_mask",
+           "causal_attention", "causal_mask", "dense_attention", "dflash_block_attention", "dspark_block_attention",
+           "eagle3_ttt_attention", "eagle3_ttt_mask", "make_layout", "merge", "pad_varlen"]

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import os
 import sys
 import time
 import zlib
@@ -30,7 +32,6 @@ import torch.distributed as dist
 
 from kernels.launch import spawn
 from kernels.transport import ChannelLayout, TapChannel, TapChannelError, TapSpec, sequence_stamp
-from repro.core.io import write_json_atomic
 
 N_MB, STEPS, HIDDEN, ROWS, DEPTH = 4, 3, 1024, 512, 2
 CONSUMER_DELAY_S = 0.02      # the draft reads late: sources two microbatches ahead wait for credit
@@ -217,7 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         r = rows[-1]
         print(f"[selfcheck_gpu] {r['case']}: {r['verdict']}" + (f" ({r['why']})" if r.get("why") else ""),
               flush=True)
-    write_json_atomic(args.out, {"check": "TapChannel device transports", **environment(), "rows": rows})
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + ".tmp", "w") as f:             # kernels import nothing of repro: a plain atomic write
+        json.dump({"check": "TapChannel device transports", **environment(), "rows": rows}, f, indent=2, default=str)
+    os.replace(args.out + ".tmp", args.out)
     print(f"\n{'case':38} {'verdict':8} detail")
     for r in rows:
         detail = r.get("why") or (f"{r['gets']} taps bit-exact, {r['elapsed_s']:.2f} s" if "gets" in r

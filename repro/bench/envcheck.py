@@ -46,12 +46,15 @@ def p2p_seconds(megabytes: int, repeats: int) -> tuple[list[float], int]:
     dst = torch.empty(n, device="cuda:1")
     samples = []
     for i in range(repeats + 2):
-        torch.cuda.synchronize("cuda:0"); torch.cuda.synchronize("cuda:1")
-        start = torch.cuda.Event(enable_timing=True); end = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize("cuda:0")
+        torch.cuda.synchronize("cuda:1")
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
         start.record(torch.cuda.current_stream("cuda:0"))
         dst.copy_(src, non_blocking=True)
         end.record(torch.cuda.current_stream("cuda:0"))
-        torch.cuda.synchronize("cuda:1"); end.synchronize()
+        torch.cuda.synchronize("cuda:1")
+        end.synchronize()
         if i >= 2:
             samples.append(start.elapsed_time(end) / 1e3)
     return samples, n * 4

@@ -17,7 +17,8 @@ and times forward + backward of the 3 passes (wall: slowest rank per sample; and
 per step: on CPUs (few shared cores, often fewer than ranks) wall time measures the machine's total
 work and other load, so CPU runs compute the speedup from the critical path = largest per-rank CPU
 time per step; the wall-time speedup is logged beside it). Peak memory per rank is that of the
-baseline's row (and of the fastest row of any USP, beside it); it is measured from the inputs through the first step, after an untimed step of the
+baseline's row (and of the fastest row of any USP, beside it); it is measured from the inputs through the first step,
+after an untimed step of the
 same method on a tiny batch (worker): on CPUs the resident set then no longer counts the ~50 MB per
 process of code pages and library state that the first call of any method loads. Logged rows
 (metric names of experiments/paper_numbers.csv): "cp=<C>": speedup_vs_best_usp,

@@ -289,7 +289,8 @@ def record_scaling(bench: BenchRun, sizes: list[int], cps: list[int], kinds: lis
             for C in cps:
                 ts = [time_of.get(f"{label} {tag(T)} cp={C}") for T in sizes]
                 if all(ts):
-                    bench.record(f"{label} cp={C}", {"kind": label, "over_tokens": sizes}, extra={"max_time_s": max(ts)})
+                    bench.record(f"{label} cp={C}", {"kind": label, "over_tokens": sizes},
+                                 extra={"max_time_s": max(ts)})
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 ``GraphedCallable(fn, name, enabled)`` wraps ``fn(*tensors, **settings)``. On CUDA (and ``enabled``) the
 first call for a given key (the inputs' shapes, dtypes and devices, and the hashable ``settings``,
-which are baked into the graph) warms ``fn`` up on a side stream, captures it into a ``torch.cuda.CUDAGraph`` over static
+which are baked into the graph) warms ``fn`` up on a side stream, captures it into a ``torch.cuda.CUDAGraph``
+over static
 copies of the inputs, and keeps the outputs of the capture as static outputs; every call then copies
 its inputs into the static buffers and replays. With ``persistent_inputs=True`` the caller promises
 to pass its own long-lived buffers: the first call's tensors become the static inputs (no copies

@@ -1,6 +1,7 @@
 """Train a draft offline on the policy's own samples (the CPU tests and the one-GPU decode benchmark).
 
-The samples come from the plain engine (``repro.rollout.samples.sample_sequences``); a training step runs the policy forward on a
+The samples come from the plain engine (``repro.rollout.samples.sample_sequences``); a training step runs the policy
+forward on a
 minibatch (taps and logits, detached), then the draft's ``draft_loss`` through the
 ``repro.parallel.draft_interface`` contract (``TargetFeatures`` + ``DraftBatch``), the same call the
 co-training loop makes. ``loss_mask[t] = 1`` when ``x_{t+1}`` is a response token (the prediction made

@@ -106,7 +106,8 @@ def _workload(spec: RowSpec, paths: Paths) -> tuple[int, dict[str, Any], dict[st
     w = spec.workload.settings
     if "train_file" in w:
         if paths.dataset_root is None:
-            raise ValueError(f"workload {spec.workload.name!r} reads local JSONL: dataset_root is not set (--dataset-root)")
+            raise ValueError(f"workload {spec.workload.name!r} reads local JSONL: "
+                             "dataset_root is not set (--dataset-root)")
         root = paths.dataset_root
         total = int(w["max_total_tokens"])
         data = {"train": {"data_path": str(root / w["train_file"])},

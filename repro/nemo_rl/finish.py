@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from repro.core.io import write_atomic, write_json_atomic
-from repro.nemo_rl.metrics import step_metrics
 from repro.core.wandb_reader import WandbLogError, find_wandb_logs, read_wandb_log
+from repro.nemo_rl.metrics import step_metrics
 
 
 def steps_of(run_dir: Path, row: str) -> list[dict[str, Any]]:

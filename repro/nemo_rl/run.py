@@ -99,7 +99,8 @@ def write_env(run_dir: Path, spec: RowSpec, paths: config.Paths, launcher: str, 
     tags = config.wandb_names(spec)["tags"]
     return write_json_atomic(run_dir / "env.json", {
         "artifact": spec.artifact, "profile": spec.profile, "run": run_dir.name, "row": spec.row,
-        "engine": ENGINE, "layout": spec.layout_name, "paper_layout": spec.is_paper_layout, "wandb_mode": wandb_mode(), "tags": tags, **prov})
+        "engine": ENGINE, "layout": spec.layout_name, "paper_layout": spec.is_paper_layout, "wandb_mode": wandb_mode(),
+        "tags": tags, **prov})
 
 
 def fresh_start(run_dir: Path, spec: RowSpec) -> None:
@@ -165,7 +166,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="ray-sub: sbatch --account (default: $REPRO_SLURM_ACCOUNT)")
     ap.add_argument("--slurm-partition", default=os.environ.get("REPRO_SLURM_PARTITION"),
                     help="ray-sub: sbatch --partition (default: $REPRO_SLURM_PARTITION)")
-    ap.add_argument("--slurm-time", default=launch.Slurm.time, help=f"ray-sub: sbatch --time (default {launch.Slurm.time})")
+    ap.add_argument("--slurm-time", default=launch.Slurm.time,
+                    help=f"ray-sub: sbatch --time (default {launch.Slurm.time})")
     args = ap.parse_args(argv)
     if not args.list:
         missing = [f"--{k.replace('_', '-')}" for k in ("artifact", "row", "profile", "out") if not getattr(args, k)]

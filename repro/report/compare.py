@@ -146,8 +146,9 @@ def standing(tables: dict[str, pd.DataFrame], machine: str | None) -> pd.DataFra
                       "meets or beats": int(count.get("meets or beats paper", 0)),
                       "within 10%": int(count.get("within 10% of paper", 0)),
                       "short": int(count.get("short of paper", 0)),
-                      "in / out of paper range": f"{int(count.get('within paper range', 0))} / "
-                                                 f"{int(count.get('above paper range', 0) + count.get('below paper range', 0))}",
+                      "in / out of paper range":
+                          f"{int(count.get('within paper range', 0))} / "
+                          f"{int(count.get('above paper range', 0) + count.get('below paper range', 0))}",
                       "no expected ratio": int(mine["status"].str.startswith("measured (no expected").sum())})
     return pd.DataFrame(lines)
 

@@ -6,7 +6,8 @@ weights, W&B's own files), and writes a README there: what was measured, on whic
 the command that reproduces it. The copy is built beside the destination and swapped in at the end, so an
 interrupted publish leaves the previous reference data as it was.
 
-    python -m repro.report.publish --runs results/cpu-2c-amd-epyc/cpu-tiny --out results/reference/cpu-2c-amd-epyc/cpu-tiny
+    python -m repro.report.publish --runs results/cpu-2c-amd-epyc/cpu-tiny \\
+        --out results/reference/cpu-2c-amd-epyc/cpu-tiny
     snakemake publish --config profile=cpu-tiny          # the same, after the profile's artifacts are up to date
 """
 from __future__ import annotations

@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="folder holding the profile's checkpoints: (policies with a checkpoint key)")
     ap.add_argument("--out", required=True, help="run folder")
     ap.add_argument("--warm-start", default="", help="SFT warm-start folder (repro.rl.sft); empty: random init")
-    ap.add_argument("--seed", type=int, default=0, help="the run's seed: its prompts, init and sampling (the held-out split is every seed's)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="the run's seed: its prompts, init and sampling (the held-out split is every seed's)")
     ap.add_argument("--sampling-seed", type=int, default=None,
                     help="seed of sampling only (rollouts, draft anchors); prompts and the rest stay --seed's: a "
                          "baseline replica (profile key baseline_seeds)")

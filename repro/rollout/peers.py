@@ -38,7 +38,8 @@ class Peer:
 
     def generate(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
         if len({len(p) for p in prompts}) != 1:
-            raise ValueError(f"peer {self.name}: prompts of one call need one length, got {sorted({len(p) for p in prompts})}")
+            raise ValueError(f"peer {self.name}: prompts of one call need one length, "
+                             f"got {sorted({len(p) for p in prompts})}")
         return self._generate(prompts)
 
 
@@ -61,8 +62,8 @@ def make_peer(name: str, policy, *, new_tokens: int, temperature: float, workdir
                           max_model_len=max_model_len)
     model = _hf_model(policy)
     dev = policy.device
-    kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": True, "temperature": float(temperature),
-              "top_k": 0, "top_p": 1.0}
+    kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": True,
+          "temperature": float(temperature), "top_k": 0, "top_p": 1.0}
     if name == "hf-static-compile":
         from transformers import CompileConfig
         model.generation_config.cache_implementation = "static"
@@ -89,8 +90,8 @@ def _vllm_peer(policy, *, new_tokens: int, temperature: float, workdir, max_mode
         raise PeerUnavailable("the vllm peer needs a workdir to export the policy into")
     from repro.rollout.vllm_backend import VllmRolloutEngine
     try:
-        eng = VllmRolloutEngine.from_models(policy, None, workdir=Path(workdir) / "vllm_peer", max_model_len=max_model_len,
-                                            seed=0)
+        eng = VllmRolloutEngine.from_models(policy, None, workdir=Path(workdir) / "vllm_peer",
+                                            max_model_len=max_model_len, seed=0)
     except Exception as exc:
         raise PeerUnavailable(f"vllm could not start on this policy: {type(exc).__name__}: {exc}") from exc
 

@@ -118,7 +118,8 @@ def run_self_check(policy, drafts: dict, make_proposer: Callable, prompts: Seque
                 ms = sorted(times)[len(times) // 2] * 1e3
                 report["ms_per_step"][f"{fam}/{mode}/b{B}"] = {"ms_per_step": ms, "forwards": fwd,
                                                                "acceptance_length": out.counters.acceptance_length}
-                progress(f"self-check time {fam}/{mode}/b{B}: {ms:.3f} ms/step, AL {out.counters.acceptance_length:.2f}")
+                progress(f"self-check time {fam}/{mode}/b{B}: {ms:.3f} ms/step, "
+                         f"AL {out.counters.acceptance_length:.2f}")
     report["passed"] = not fails
     return report
 

@@ -28,6 +28,7 @@ import torch
 from repro.decoding.cuda_graph import GraphedCallable
 from repro.decoding.sampling import proposal_noise, sample_with_noise, verify_with_noise
 from repro.decoding.static_kv import StateCache, batch_bucket
+from repro.rollout.result import AcceptanceCounters, RolloutResult
 
 
 class StaticDecoder:
@@ -130,7 +131,6 @@ class StaticDecoder:
 
 def count_acceptance(history: list[torch.Tensor], k: int, has_valid: bool):
     """Acceptance counters from the per-step ``[R]`` accepted counts (-1: row not running) of a request."""
-    from repro.rollout.engine import AcceptanceCounters
     if not history:
         return AcceptanceCounters(k)
     h = torch.stack(history)                      # [steps, R] or [steps, 2, R]
@@ -153,7 +153,6 @@ def first_token(logits: torch.Tensor, *, greedy: bool, temperature: float, gener
 def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, greedy: bool,
                     temperature: float, stop_tokens: Sequence[int], seed: int):
     """``RolloutEngine.generate`` on static caches (``cuda_graphs="all"``); the request was checked by the caller."""
-    from repro.rollout.engine import RolloutResult
 
     pol, k, dev = engine.policy, engine.k, engine.policy.device
     graphs = dev.type == "cuda" or GraphedCallable.emulate_replay     # graphs (or their CPU emulation)

@@ -86,7 +86,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from repro.rollout.engine import AcceptanceCounters, RolloutResult, check_request
+from repro.rollout.result import AcceptanceCounters, RolloutResult, check_request
 
 METHODS = ("eagle3", "dflash", "dspark")
 EXPORTED_METHODS = ("eagle3", "dflash")
@@ -324,7 +324,8 @@ class VllmRolloutEngine:
         if draft is not None:               # a draft we cannot run is refused before anything is written
             dm = DRAFT_METHODS.get(type(draft).__name__)
             if dm is None:
-                raise TypeError(f"no vLLM export for draft type {type(draft).__name__} (known: {sorted(DRAFT_METHODS)})")
+                raise TypeError(f"no vLLM export for draft type {type(draft).__name__} "
+                                f"(known: {sorted(DRAFT_METHODS)})")
             if method is not None and method != dm:
                 raise ValueError(f"method {method!r} does not fit a {type(draft).__name__} (its method is {dm!r})")
             method = dm
@@ -476,7 +477,8 @@ def _export_draft(method: str, draft, out, mpe: int):
 
 def _draft_config(method: str, draft, mpe: int) -> dict:
     from repro.rollout import vllm_export as ve
-    return {"eagle3": ve.eagle3_vllm_config, "dflash": ve.dflash_vllm_config}[method](draft, max_position_embeddings=mpe)
+    return {"eagle3": ve.eagle3_vllm_config,
+            "dflash": ve.dflash_vllm_config}[method](draft, max_position_embeddings=mpe)
 
 
 def _draft_state_dict(method: str, draft) -> dict:

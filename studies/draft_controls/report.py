@@ -1,4 +1,5 @@
-"""Report of a draft sweep (``studies.draft_controls.sweep``'s sweep.json): a Markdown table, a figure, the table as JSON.
+"""Report of a draft sweep (``studies.draft_controls.sweep``'s sweep.json): a Markdown table, a figure, \
+the table as JSON.
 
 For each (row, value of the swept ``DraftSpec`` field) one table line: acceptance length (AL) at steps 0 and 1,
 its mean over all steps and over the last 4, its final value, the draft loss first -> last, the mean reward, the
@@ -37,9 +38,10 @@ from repro.report.seed_spread import slope_interval
 LAST = 4  # steps averaged for "AL last 4"
 MERGED_KEY = "setting"  # the label column of merged sweeps: KEY=VALUE
 SAME_START = ("profile", "artifact", "warm_start", "seed", "steps")  # provenance config fields merged sweeps share
-EXPECTED = 'a JSON object with "key" (the swept DraftSpec field) and a non-empty "runs" list (studies.draft_controls.sweep)'
-COLUMNS = ["row", None, "AL step 0", "AL step 1", "AL mean", f"AL last {LAST}", "AL final",
-           "AL slope/step [95% CI]", "draft loss first -> last", "mean reward", "final val acc", "rollout s (steps >= 1)"]
+EXPECTED = ('a JSON object with "key" (the swept DraftSpec field) and a non-empty "runs" list '
+            '(studies.draft_controls.sweep)')
+COLUMNS = ["row", None, "AL step 0", "AL step 1", "AL mean", f"AL last {LAST}", "AL final", "AL slope/step [95% CI]",
+           "draft loss first -> last", "mean reward", "final val acc", "rollout s (steps >= 1)"]
 
 
 class SweepError(Exception):

@@ -27,11 +27,11 @@ from statistics import mean
 import yaml
 
 from repro.core.io import write_json_atomic
+from repro.core.layout import run_dir_name
 from repro.core.profile import ProfileError
 from repro.core.provenance import provenance
 from repro.core.specs import ConfigError, DraftSpec
 from repro.rl.config import load_run_profile, run_config_from_profile
-from repro.core.layout import run_dir_name
 
 SWEEPABLE = sorted(f.name for f in dataclasses.fields(DraftSpec)
                    if f.name not in ("family", "options", "checkpoint", "path", "cuda_graph"))

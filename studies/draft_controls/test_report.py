@@ -6,6 +6,7 @@ fields and one old-style; a missing or malformed input exits 2 naming the file a
 import json
 
 import pytest
+
 from studies.draft_controls.report import main
 
 pytestmark = pytest.mark.timeout(60)

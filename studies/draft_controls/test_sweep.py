@@ -6,9 +6,9 @@ artifact's steps), and bad arguments are refused before any run starts.
 import copy
 
 import pytest
-from studies.draft_controls.sweep import derived_profile, main, run_record
 
 from repro.rl.config import load_run_profile
+from studies.draft_controls.sweep import derived_profile, main, run_record
 
 
 def _without(prof, key):

@@ -63,7 +63,8 @@ def test_split_keys_joint_lse_backward(name):
     whole = MaskSpec.full(cu, cu)
     q, k, v, do = _qkv(whole, seed=3)
     b = backends.get(name)
-    halves = [torch.cat([torch.arange(0, 6), torch.arange(12, 21)]), torch.cat([torch.arange(6, 12), torch.arange(21, 30)])]
+    halves = [torch.cat([torch.arange(0, 6), torch.arange(12, 21)]),
+              torch.cat([torch.arange(6, 12), torch.arange(21, 30)])]
     cu_h = torch.tensor([0, 6, 15])
     parts = []
     for idx in halves:

@@ -87,5 +87,6 @@ def test_fig6_flash4_block_routes_run_through_the_standin(monkeypatch, route):
         f4.reset_probe()
     assert len(res["samples"]) == 1 and res["local_tokens"] == 300
     names = [c[0] for c in standin.CALLS]
-    assert ("func" in names) == (route != "prefix_full[flash4]") and ("varlen" in names) == (route == "prefix_full[flash4]")
+    assert (("func" in names) == (route != "prefix_full[flash4]")
+            and ("varlen" in names) == (route == "prefix_full[flash4]"))
     assert res.get("backend_used") == (None if route == "fused" else route)

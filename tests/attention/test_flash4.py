@@ -89,7 +89,8 @@ def test_backward_uses_the_joint_lse(fake):
     cu = torch.tensor([0, 12, 30])
     whole = MaskSpec.full(cu, cu)
     q, k, v, do = _qkv(whole, seed=5)
-    halves = [torch.cat([torch.arange(0, 6), torch.arange(12, 21)]), torch.cat([torch.arange(6, 12), torch.arange(21, 30)])]
+    halves = [torch.cat([torch.arange(0, 6), torch.arange(12, 21)]),
+              torch.cat([torch.arange(6, 12), torch.arange(21, 30)])]
     b = Flash4Backend()
     parts = [(idx, MaskSpec.full(cu, torch.tensor([0, 6, 15]))) for idx in halves]
     out, lse = merge(*b.forward(q, k[halves[0]], v[halves[0]], parts[0][1], 0.5),

@@ -41,7 +41,8 @@ def _random_specs(seed=0, docs=7, max_len=70):
     seg = torch.repeat_interleave(torch.arange(docs), lq)
     lo, hi = cu_k[seg], cu_k[seg + 1]
     ke = lo + (torch.rand(int(cu_q[-1]), generator=g) * (hi - lo + 1).double()).long()   # some rows see nothing
-    return {"causal": MaskSpec.causal(cu_q), "full": MaskSpec.full(cu_q, cu_k), "prefix": MaskSpec.prefix(cu_q, cu_k, ke)}
+    return {"causal": MaskSpec.causal(cu_q), "full": MaskSpec.full(cu_q, cu_k),
+            "prefix": MaskSpec.prefix(cu_q, cu_k, ke)}
 
 
 def _qkv(spec, dtype, H=4, G=2, D=16, seed=1):

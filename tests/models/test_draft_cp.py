@@ -140,7 +140,8 @@ def test_packed_shard_rows_fetch_and_targets(cp2):
     seen = sorted((int(b), int(t)) for r in ranks for b, t in zip(r["b"], r["t"]) if b >= 0)
     assert seen == [(b, t) for b, n in enumerate(lengths) for t in range(n)]
     assert ranks[0]["n"] == ranks[1]["n"]
-    want = torch.tensor([1.0, 5.0, 21.0, 48.0, 0.0, 25.0, 0.0, 0.0, 0.0], dtype=torch.float64)   # (3,12), (2,1), b=-1, (1,9): off
+    want = torch.tensor([1.0, 5.0, 21.0, 48.0, 0.0, 25.0, 0.0, 0.0, 0.0],   # (3,12), (2,1), b=-1, (1,9): off
+                        dtype=torch.float64)
     for r in ranks:
         torch.testing.assert_close(r["fetched"], want)
         for (b, t), row in zip(zip(r["b"].tolist(), r["t"].tolist()), r["tgt"]):

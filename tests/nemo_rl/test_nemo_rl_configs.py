@@ -57,7 +57,8 @@ def test_generated_config_matches_nemo_rl_skeleton(spec):
 @pytest.mark.parametrize("edit, message", [
     (lambda c: c["policy"]["megatron_cfg"].update(context_paralel_size=2),
      "policy.megatron_cfg.context_paralel_size: no such key"),
-    (lambda c: c["policy"]["megatron_cfg"].update(tensor_model_parallel_size="2"), "'2' is str; NeMo-RL's examples have int"),
+    (lambda c: c["policy"]["megatron_cfg"].update(tensor_model_parallel_size="2"),
+     "'2' is str; NeMo-RL's examples have int"),
     (lambda c: c["policy"]["draft"].update(block_size=16), "not a key of NeMo-RL's DraftConfig"),
     (lambda c: c["policy"]["draft"].update(gamma="15"), "DraftConfig declares int"),
     (lambda c: c["logger"]["wandb"].update(tagz=["x"]), "not a wandb.init argument"),
@@ -75,7 +76,8 @@ def test_paper_settings_in_the_configs():
     rows = load_rows(load_profile("paper-h100"))
     dflash = config.build_config(rows["table1"]["Qwen3-8B/DFlash"], PATHS, RUN)
     mc = dflash["policy"]["megatron_cfg"]
-    assert (mc["tensor_model_parallel_size"], mc["pipeline_model_parallel_size"], mc["context_parallel_size"]) == (2, 2, 2)
+    assert (mc["tensor_model_parallel_size"], mc["pipeline_model_parallel_size"],
+            mc["context_parallel_size"]) == (2, 2, 2)
     assert dflash["cluster"] == {"gpus_per_node": 8, "num_nodes": 1}
     assert dflash["policy"]["max_total_sequence_length"] == 4096 + 16384
     assert dflash["data"]["max_input_seq_length"] == 4096 and dflash["policy"]["generation"]["max_new_tokens"] == 16384
@@ -104,7 +106,8 @@ def test_paper_settings_in_the_configs():
 def test_baseline_is_the_same_run_without_the_draft():
     rows = load_rows(load_profile("paper-h100"))["table1"]
     spec = rows["Qwen3-8B/DSpark"]
-    assert spec.baseline_row == "Qwen3-8B/no draft" and rows["Qwen3.5-35B-A3B/DFlash"].baseline_row.startswith("Qwen3.5")
+    assert (spec.baseline_row == "Qwen3-8B/no draft"
+            and rows["Qwen3.5-35B-A3B/DFlash"].baseline_row.startswith("Qwen3.5"))
     draft = skel.flatten(config.build_config(spec, PATHS, RUN))
     base = skel.flatten(config.build_config(rows[spec.baseline_row], PATHS, RUN))
     differ = {k for k in draft.keys() | base.keys() if draft.get(k) != base.get(k)}

@@ -168,6 +168,7 @@ def test_run_means_sit_beside_the_baseline_runs_range():
     t = ss.spread_table(_frame([0.55] * 12, [0.35, 0.35, 0.05]))
     assert t["run means [baseline runs]"].iloc[0] == "reward 0.55 [0.4, 0.6]; val 0.25 [0.2, 0.4]"
     self_check = ss.self_check_table(_frame([0.5] * 12, [0.3] * 3)).set_index("row")
-    assert self_check.at["no draft (main run)", "run means [baseline runs]"] == "reward 0.5 [0.4, 0.6]; val 0.3 [0.2, 0.4]"
+    assert self_check.at["no draft (main run)", "run means [baseline runs]"] == \
+        "reward 0.5 [0.4, 0.6]; val 0.3 [0.2, 0.4]"
     assert self_check.at["no draft (sampling seed 1)", "run means [baseline runs]"] == \
         "reward 0.4 [0.5, 0.6]; val 0.2 [0.3, 0.4]"

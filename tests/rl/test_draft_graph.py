@@ -56,7 +56,8 @@ def test_step_equals_eager_loss_and_backward(policy64, family, bucket):
     d, feats, batch = _draft_and_batch(policy64, family)
     w = 0.375
     d.zero_grad(set_to_none=True)
-    eager = d.draft_loss(feats, dataclasses.replace(batch, extras={"anchor_generator": torch.Generator().manual_seed(7)}))
+    eager = d.draft_loss(feats,
+                         dataclasses.replace(batch, extras={"anchor_generator": torch.Generator().manual_seed(7)}))
     (w * eager).backward()
     want = _grads(d)
     d.zero_grad(set_to_none=True)

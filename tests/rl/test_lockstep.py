@@ -5,9 +5,9 @@ import json
 import pytest
 import yaml
 
+from repro.core.layout import run_dir_name
 from repro.core.profile import load_profile
 from repro.rl import lockstep, run
-from repro.core.layout import run_dir_name
 
 ROWS = ["Qwen3-8B/no draft", "Qwen3-8B/DFlash"]
 
@@ -92,5 +92,6 @@ def test_a_crashed_lockstep_job_resumes_every_row_without_losing_steps(tmp_path,
     monkeypatch.setattr(run.CoTrainer, "run_step", real_step)
     assert lockstep.main(args + ["--out-root", str(tmp_path / "crashed")]) == 0
     for row in ROWS:
-        whole, resumed = _values(tmp_path / "whole" / run_dir_name(row)), _values(tmp_path / "crashed" / run_dir_name(row))
+        whole, resumed = (_values(tmp_path / "whole" / run_dir_name(row)),
+                          _values(tmp_path / "crashed" / run_dir_name(row)))
         assert [r["step"] for r in resumed] == [0, 1, 2] and resumed == whole, row

@@ -8,9 +8,9 @@ import json
 import pandas as pd
 import pytest
 
+from repro.core.layout import run_dir_name
 from repro.report.artifacts import fig3, table1
 from repro.report.paper import load_paper_numbers
-from repro.core.layout import run_dir_name
 from repro.rl.summary import summarize
 
 

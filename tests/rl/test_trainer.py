@@ -68,7 +68,8 @@ def _train(cfg, tok, crash_at=None):
     def on_step(step, _):
         if step == crash_at:
             raise Crash(f"injected crash after step {step}")
-    with MetricsLogger(cfg.out, artifact="table1", profile="cpu-tiny", config=cfg.to_dict(), resume_at=first or None) as log:
+    with MetricsLogger(cfg.out, artifact="table1", profile="cpu-tiny", config=cfg.to_dict(),
+                       resume_at=first or None) as log:
         tr.run(log, on_step=on_step)
     return tr, first
 

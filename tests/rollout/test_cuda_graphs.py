@@ -269,7 +269,8 @@ def test_rl_config_switch():
         tiny.validate()
     prof = load_run_profile("cpu-tiny")
     prof["rl"]["rollout"] = {"cuda_graph": "draft"}
-    with pytest.raises(ConfigError, match=r"rl.rollout.cuda_graph: unknown key 'cuda_graph'; expected one of bucket_batch, cuda_graphs"):
+    with pytest.raises(ConfigError, match=r"rl.rollout.cuda_graph: unknown key 'cuda_graph'; "
+                                          r"expected one of bucket_batch, cuda_graphs"):
         run_config_from_profile(prof, "table1", "Qwen3-8B/EAGLE-3", out="o")
     # bucket_batch: off unless asked (and then left out of the config, as before it existed); needs cuda_graphs draft
     assert h200.bucket_batch is False and "bucket_batch" not in h200.to_dict()

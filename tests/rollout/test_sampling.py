@@ -12,9 +12,9 @@ import torch
 from repro.decoding.sampling import verify, verify_with_noise
 from repro.models.policy import build_policy
 from repro.rollout.engine import RolloutEngine
-from repro.rollout.law import chi2_pvalue, exact_pair_laws
 
 from .helpers import OracleProposer
+from .law import chi2_pvalue, exact_pair_laws
 
 ALPHA = 1e-3
 

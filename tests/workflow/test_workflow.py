@@ -17,7 +17,6 @@ from repro.core.profile import available_profiles, load_profile, load_profile_mo
 from repro.core.provenance import hardware
 from repro.plan import ARTIFACTS, Plan
 
-
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]

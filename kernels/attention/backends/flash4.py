@@ -356,8 +356,8 @@ class Flash4Backend(Backend):
             ks = slice(g * hk, (g + 1) * hk)
             sel = lambda x, s: x.narrow(head_dim, s.start, s.stop - s.start).contiguous()
             res = _call_by_name(lib.bwd, {"q": sel(q, qs), "k": sel(k, ks), "v": sel(v, ks), "out": sel(out, qs),
-                                          "dout": sel(dout, qs), "lse": lse_k.narrow(lse_dim, qs.start, hq).contiguous(),
-                                          **fixed})
+                                          "dout": sel(dout, qs),
+                                          "lse": lse_k.narrow(lse_dim, qs.start, hq).contiguous(), **fixed})
             dq.narrow(head_dim, qs.start, hq).copy_(res[0])
             dk.narrow(head_dim, ks.start, hk).copy_(res[1])
             dv.narrow(head_dim, ks.start, hk).copy_(res[2])

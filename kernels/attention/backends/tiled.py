@@ -5,7 +5,8 @@ pairs (kernels/attention/backends/base.py), so it can run as tiles of ``tile`` q
 ``kv_tile`` keys (default: square) in the packed index space. For a "causal" spec the tiles on the
 diagonal are causal (documents clipped to the tile) and those below it are "full"; tiles above it
 are skipped; a "full" spec is tiled everywhere. ``kv_tile=0`` leaves the keys below the diagonal in
-one call per query tile (fewer calls and dq sums; the call's key-side buffers then span the prefix). Query tiles are the outer loop: a tile row's dq parts are summed in an
+one call per query tile (fewer calls and dq sums; the call's key-side buffers then span the prefix).
+Query tiles are the outer loop: a tile row's dq parts are summed in an
 acc_dtype buffer of ``tile`` rows and written once; dk/dv are summed over query tiles in
 ``grad_acc`` ("input": q's dtype, no extra buffer, one extra rounding per tile row in bf16;
 "fp32": acc_dtype buffers of the size of k and v). Every kernel call then sees at most ``tile``

@@ -76,9 +76,11 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
         spec = u[~u["method"].str.startswith("usp-zigzag")]           # SpecForge's USP: the paper's baseline
         best = spec.loc[spec.groupby("cp")[tcol].idxmin()].sort_values("cp")
         ax_t.plot(z["cp"], z[tcol], marker="o", markersize=3, label=series_label("zigzag", hw, label, len(machines)))
-        ax_t.plot(best["cp"], best[tcol], marker="s", markersize=3, label=series_label("best SpecForge USP", hw, label, len(machines)))
+        ax_t.plot(best["cp"], best[tcol], marker="s", markersize=3,
+                  label=series_label("best SpecForge USP", hw, label, len(machines)))
         ax_t.scatter(u["cp"], u[tcol], s=6, color="0.6", zorder=0, label="every USP split")
-        ax_m.plot(z["cp"], z["peak_mem_gb"], marker="o", markersize=3, label=series_label("zigzag", hw, label, len(machines)))
+        ax_m.plot(z["cp"], z["peak_mem_gb"], marker="o", markersize=3,
+                  label=series_label("zigzag", hw, label, len(machines)))
         ax_m.plot(best["cp"], best["peak_mem_gb"], marker="s", markersize=3,
                   label=series_label("best SpecForge USP", hw, label, len(machines)))
         sp = _latest(tidy)
@@ -105,7 +107,8 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
              "untimed tiny-batch step that loads code and library state), times in one group with the methods "
              "interleaved round by round; the USP sweep covers every "
              "(Ulysses, ring) split that divides the head counts, with SpecForge's basic ring and with the zigzag ring "
-             "(usp-zigzag, our variant). The baseline, for time and memory, is the fastest SpecForge split (basic ring), "
+             "(usp-zigzag, our variant). The baseline, for time and memory, is the fastest SpecForge split "
+             "(basic ring), "
              "as in the paper; the fastest of every split, ours included, is reported beside it (*_any metrics)."),
              ("CPU runs (cpu-emulated, 2 shared cores, up to 4 ranks): speedups use the critical path, the largest "
              "per-rank CPU time per step; wall-time speedups are logged too (speedup_vs_best_usp_wall)."),

@@ -3,7 +3,8 @@
 Reads only collected tidy rows of repro.bench.fig6 ("<kind> <T> cp=<C>" with time_s and peak_mem_gb for the
 kinds ttt, trunk, sdpa_cudnn, block and the other block routes block_*; the same rows with the same-run ratios
 branch_overhead_pct (ttt), speedup_vs_sdpa_cudnn (trunk), speedup_vs_block (block_*); "<kind> <T>" with CP
-speedups/efficiency; "<block route> cp=<C>" max_time_s) and the paper's numbers. Writes fig6.pdf/.png (TTT time, block-draft
+speedups/efficiency; "<block route> cp=<C>" max_time_s) and the paper's numbers.
+Writes fig6.pdf/.png (TTT time, block-draft
 time, TTT peak memory vs tokens; paper values hollow/dashed, labelled with the paper's hardware) and
 fig6.csv/.md (every measured row beside the paper's value where it has one).
 
@@ -31,8 +32,8 @@ from repro.report.style import (
 from repro.report.tables import MEASURED_VS_PAPER_COLUMNS, measured_vs_paper, write_table
 
 ROW = re.compile(r"^(?P<kind>[a-z_][a-z0-9_]*) (?P<tok>\d+)(?P<k>K?) cp=(?P<cp>\d+)$")
-TABLE_METRICS = ("time_s", "cpu_critical_s", "peak_mem_gb", "inputs_gb", "tflops", "branch_overhead_pct", "parallel_efficiency_pct",
-                 "max_time_s", "cuda_kernels", "busy_fraction")
+TABLE_METRICS = ("time_s", "cpu_critical_s", "peak_mem_gb", "inputs_gb", "tflops", "branch_overhead_pct",
+                 "parallel_efficiency_pct", "max_time_s", "cuda_kernels", "busy_fraction")
 KIND_STYLE = {"ttt": "-", "trunk": "--", "sdpa_cudnn": ":", "block": "-", "block_flash4": "--",
               "block_flash4_rep": "-.", "block_fused": ":"}
 

@@ -189,7 +189,8 @@ def _make_task(rng: random.Random, index: int) -> WorkplaceTask:
     else:
         r = rng.choice(tables["projects"])
         status = rng.choice([s for s in STATUSES if s != r["status"]])
-        calls = [f"projects.find project={r['project']} task={r['task']}", f"projects.update id={r['id']} status={status}"]
+        calls = [f"projects.find project={r['project']} task={r['task']}",
+                 f"projects.update id={r['id']} status={status}"]
         text = f"Mark the {r['task']} task of project {r['project']} as {status}."
     return WorkplaceTask(index, kind, text, tables, calls)
 

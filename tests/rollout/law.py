@@ -4,8 +4,7 @@ token pairs, for policies whose vocabulary is small enough to enumerate.
 ``exact_pair_laws`` runs the policy once over every two-token continuation of a prompt and returns the exact joint
 laws of (y1, y2) and (y2, y3) of a three-token completion at a temperature (logits taken to fp64 before the
 softmax). ``chi2_pvalue`` compares observed counts with such a law; cells expected below ``min_expected`` counts
-are pooled. ``two_sample_chi2_pvalue`` asks whether two samples' counts share one (unknown) law. Used by
-tests/rollout/test_sampling.py, repro.bench.cotrain_checks and repro.bench.workload_law.
+are pooled. Used by tests/rollout/test_sampling.py.
 
     j12, j23 = exact_pair_laws(policy, [3, 1, 4], temperature=1.0)
     chi2_pvalue(torch.bincount(toks[:, 0] * V + toks[:, 1], minlength=V * V), j12)
@@ -29,28 +28,6 @@ def chi2_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor, min_expect
         if exp[-1] == 0:
             obs, exp = obs[:-1], exp[:-1]
     return _chi2_sf(((obs - exp) ** 2 / exp).sum(), obs.numel() - 1)
-
-
-def two_sample_chi2_pvalue(counts_a: torch.Tensor, counts_b: torch.Tensor, min_expected: float = 5.0) -> float:
-    """p-value of the chi-square test that two samples of counts over the same cells share one law (a 2 x K
-    contingency table); cells whose smaller expected count is below ``min_expected`` are pooled."""
-    a, b = counts_a.double().flatten().cpu(), counts_b.double().flatten().cpu()
-    if a.shape != b.shape:
-        raise ValueError(f"counts over different cells: {tuple(a.shape)} and {tuple(b.shape)}")
-    na, nb = a.sum(), b.sum()
-    if na == 0 or nb == 0:
-        raise ValueError(f"an empty sample: {int(na)} and {int(nb)} counts")
-    small = (a + b) * min(na, nb) / (na + nb) < min_expected
-    if small.any():
-        a = torch.cat([a[~small], a[small].sum().view(1)])
-        b = torch.cat([b[~small], b[small].sum().view(1)])
-    keep = (a + b) > 0
-    a, b = a[keep], b[keep]
-    if a.numel() < 2:
-        return 1.0
-    tot = a + b
-    ea, eb = tot * na / (na + nb), tot * nb / (na + nb)
-    return _chi2_sf(((a - ea) ** 2 / ea + (b - eb) ** 2 / eb).sum(), a.numel() - 1)
 
 
 def _chi2_sf(stat: torch.Tensor, dof: int) -> float:
