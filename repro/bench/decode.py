@@ -207,6 +207,7 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
     model = load_profile_model(profile_ref)
     profile = load_profile(profile_ref)
     s = decode_settings(model.decode, model.name, overrides)
+    deadline_s = s.deadline_s if deadline_s is None else deadline_s
     bw = copy_bandwidth_gbps(envcheck) if envcheck else None     # a bad --envcheck fails before any work
     want_cuda = profile["hardware"]["device"] == "cuda"
     if want_cuda and not torch.cuda.is_available():
@@ -263,8 +264,8 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
             if late():
                 skipped.append(f"b{B}")
                 continue
-            sweep_batch(bench, timer, policy, drafts, s, eval_prompts[:B], B)
-            peers_batch(bench, timer, policy, s, eval_prompts[:B], B, peer_status, out)
+            sweep_batch(bench, timer, policy, drafts, s, eval_prompts[:B], B, late, skipped)
+            peers_batch(bench, timer, policy, s, eval_prompts[:B], B, peer_status, out, late, skipped)
             if bw:
                 floor_s = weight_bytes / (bw * 1e9)
                 bench.record(f"floor/b{B}", {"batch": B, "copy_bw_gbps": bw, "weight_bytes": weight_bytes},
@@ -300,9 +301,14 @@ def self_check(bench, policy, drafts, s: Decode, prompts, lang, out: Path) -> st
     return None if report["passed"] else "; ".join(report["failures"])
 
 
-def sweep_batch(bench, timer: Timer, policy, drafts, s: Decode, prompts, B: int) -> None:
-    """Our engine at batch ``B``: plain decoding and every family, in every engine mode."""
+def sweep_batch(bench, timer: Timer, policy, drafts, s: Decode, prompts, B: int, late=lambda: False,
+                skipped: list | None = None) -> None:
+    """Our engine at batch ``B``: plain decoding and every family, in every engine mode (a mode not started
+    when ``late()`` is listed in ``skipped``)."""
     for mode in s.engine_modes:
+        if late():
+            (skipped if skipped is not None else []).append(f"suite-{mode}/b{B}")
+            continue
         base = None
         for fam in ("plain", *s.families):
             if fam != "plain":
@@ -333,10 +339,15 @@ def sweep_batch(bench, timer: Timer, policy, drafts, s: Decode, prompts, B: int)
                             "verify_ms": verify_s * 1e3, "decode_ms": decode_s * 1e3})
 
 
-def peers_batch(bench, timer: Timer, policy, s: Decode, prompts, B: int, status: dict, out: Path) -> None:
-    """The peers at batch ``B`` (a peer that cannot run is recorded in ``status`` with its reason)."""
+def peers_batch(bench, timer: Timer, policy, s: Decode, prompts, B: int, status: dict, out: Path,
+                late=lambda: False, skipped: list | None = None) -> None:
+    """The peers at batch ``B`` (a peer that cannot run is recorded in ``status`` with its reason; one not started
+    when ``late()`` is listed in ``skipped``)."""
     for name in s.peers:
         if status.get(name, "").startswith("unavailable"):
+            continue
+        if late():
+            (skipped if skipped is not None else []).append(f"peer/{name}/b{B}")
             continue
         try:
             t0 = time.perf_counter()

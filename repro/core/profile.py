@@ -258,6 +258,9 @@ class Decode(Section):
                                                                              "vllm")
     threads: NonNegInt = 0                     # torch intra-op threads (0: torch's default)
     self_check_tokens: PosInt = 24
+    # seconds from the start after which points not yet started are skipped (listed in the run's config), so a run
+    # under a time limit still ends with its bench.json; None: no limit
+    deadline_s: PosFloat | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -3,6 +3,7 @@ still writes bench.json.
 
     .venv/bin/python -m pytest -q tests/rollout/test_decode_bench.py
 """
+import itertools
 import json
 
 import pytest
@@ -97,3 +98,21 @@ def test_deadline_skips_points_and_writes_bench_json(tmp_path, monkeypatch):
     assert not any(r.startswith("suite-") for r in rows)
     assert bench["config"]["skipped_for_deadline"] == ["b1", "b2", "dspark/greedy"]
     assert bench["config"]["floor"].startswith("skipped: no --envcheck")
+
+
+@pytest.mark.timeout(120)
+def test_profile_deadline_skips_modes_and_peers_not_started(tmp_path, monkeypatch):
+    """The profile's deadline_s is the run's; once it passes inside a batch, the modes and peers not yet started are
+    skipped and listed, and what did run is kept."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert decode.decode_settings({**TINY, "deadline_s": 30}, "t").deadline_s == 30.0
+    calls = itertools.chain([False], itertools.repeat(True))   # b1's first mode runs, then time is up
+    monkeypatch.setattr(decode.time, "monotonic", lambda t=[0.0]: t[0])
+    real_sweep = decode.sweep_batch
+    monkeypatch.setattr(decode, "sweep_batch", lambda *a: real_sweep(*a[:-2], lambda: next(calls), a[-1]))
+    decode.run(str(profile_file(tmp_path, {**TINY, "deadline_s": 1000.0})), tmp_path / "run")
+    bench = json.loads((tmp_path / "run" / "bench.json").read_text())
+    rows = [r["row"] for r in bench["records"]]
+    assert "suite-off/plain/b1" in rows and "suite-all/plain/b1" not in rows
+    assert {"suite-all/b1", "suite-off/b2", "suite-all/b2"} <= set(bench["config"]["skipped_for_deadline"])
+    assert "peer/hf-dynamic/b1" in rows          # the run's own deadline (1000 s) has not passed
