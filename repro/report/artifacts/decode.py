@@ -19,7 +19,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from repro.report.style import measured_label, save_figure
+from repro.report.style import legend_below, measured_label, save_figure
 from repro.report.tables import write_table
 
 ROW = re.compile(r"^(?P<kind>suite-[a-z]+|peer/[a-z0-9-]+|floor|bound)(?:/(?P<family>[a-z0-9]+))?/b(?P<batch>\d+)$")
@@ -81,7 +81,7 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
         ticks = sorted(set(rows["batch"]))
         ax.set_xticks(ticks, [str(b) for b in ticks])
         ax.xaxis.set_minor_locator(plt.NullLocator())
-        ax.legend(fontsize=4, loc="best")
+        legend_below(ax, fontsize=4.5)
     fig.suptitle("Decode: our engine, the peers and the floor, same run", fontsize=8)
     paths = save_figure(fig, out_dir / "decode")
     notes = ["Every row of one hardware comes from one run: same weights, prompts, temperature 1, no stop token.",
