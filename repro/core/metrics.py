@@ -191,7 +191,3 @@ class MetricsLogger:
         self._rows += 1
         if self._wandb_run is not None:
             self._wandb_run.log(record)
-
-    def log_many(self, rows: list[tuple[str, Mapping[str, float]]]) -> None:
-        for row, metrics in rows:
-            self.log(metrics, row=row)

@@ -133,11 +133,3 @@ def sample_with_noise(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tenso
     drafts sample, eager or graphed."""
     return (probs / -torch.log(uniform)).argmax(-1)
 
-
-def sample_or_argmax(probs_or_logits: torch.Tensor, *, greedy: bool, temperature: float,
-                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A draft's proposal from logits ``[B, V]``: (token [B], distribution [B, V] or None when greedy)."""
-    if greedy:
-        return probs_or_logits.argmax(dim=-1), None
-    q = probs_from_logits(probs_or_logits, temperature)
-    return torch.multinomial(q, 1, generator=generator).squeeze(1), q

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import Layout, make_layout
-from repro.decoding.kv import SlotTable, gather_slots
+from repro.decoding.kv import gather_slots
 
 
 class RMSNorm(nn.Module):
@@ -129,11 +129,6 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: 
     return out.transpose(1, 2) * any_key.unsqueeze(-1).to(out.dtype)
 
 
-def shared_parts(policy) -> tuple[nn.Embedding, nn.Linear]:
-    """The policy's input embedding and output head (the block drafts ride on them, unowned)."""
-    return policy.embed_tokens, policy.lm_head
-
-
 def batch_to_packed(x: torch.Tensor) -> torch.Tensor:
     """``[B, S, ...]`` -> ``[B*S, ...]``: each row becomes one packed document of length S."""
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
@@ -152,6 +147,3 @@ def row_layout(B: int, S: int) -> Layout:
     more host time than the draft's kernels at RL batch shapes. Layouts are read-only."""
     return make_layout(row_cu_seqlens(B, S, "cpu"))
 
-
-def new_table(batch: int, device) -> SlotTable:
-    return SlotTable(batch, device)

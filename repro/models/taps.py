@@ -20,7 +20,6 @@ detached: a draft loss never reaches the policy.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -176,9 +175,3 @@ class TapRecorder:
             h.remove()
         self._handles.clear()
 
-
-def fuse_taps(taps: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Concatenate tap tensors along the feature axis: the ``[..., n_taps * H]`` input of a draft's fc."""
-    if not taps:
-        raise ValueError("fuse_taps needs at least one tap")
-    return torch.cat(list(taps), dim=-1)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import ast
 import inspect
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -152,14 +151,6 @@ def record(nemo_rl_dir: Path, commit: str, note: str = "", examples: tuple[str, 
         "examples": {ex: skeleton_of(load_with_defaults(nemo_rl_dir / ex)) for ex in examples},
         "typed_dicts": {DRAFT_PATH: typed_dict_keys((nemo_rl_dir / POLICY_INIT).read_text(), "DraftConfig")},
     }
-
-
-def load_skeleton(path: Path) -> dict[str, Any]:
-    data = json.loads(Path(path).read_text())
-    for key in ("nemo_rl_commit", "examples", "typed_dicts"):
-        if key not in data:
-            raise SkeletonError(f"{path}: not a recorded skeleton (no {key!r})")
-    return data
 
 
 # -- checking -------------------------------------------------------------------------------------------

@@ -74,12 +74,6 @@ def plain_log_labels(ax, axis: str = "y") -> None:
     target.set_minor_formatter(mticker.NullFormatter())
 
 
-def include_points(ax, xs, ys) -> None:
-    """Widen the axes' limits so that every (x, y) drawn, the paper's points included, lies inside them."""
-    ax.update_datalim(list(zip(xs, ys)))
-    ax.autoscale_view()
-
-
 def paper_label(hardware: str) -> str:
     return f"paper ({hardware})"
 
