@@ -90,7 +90,6 @@ class RolloutEngine:
                 proposer.check_steps = False      # its per-step check would be a second host sync
         self.max_model_len = max_model_len
         self.compact_every = 16           # verify steps between checks for dead slots to squeeze out
-        self.sync_lag = 2                 # cuda_graphs="all": steps the device runs ahead of the host's stop check
         self.compact_min_waste = 64       # ... and the fewest columns worth a compaction
 
     def graph_status(self) -> dict:

@@ -9,9 +9,8 @@ over a ``StaticPolicyCache`` sized for the whole request. Per verify step:
 3. ``accept step``: exact acceptance from noise drawn beforehand (``sampling.verify_with_noise``), the
    committed tokens and their log-probabilities, stop tokens and the length limit, the acceptance counters,
    and the rejected slots marked dead, all as device tensors;
-4. the proposer observes the committed tokens; the loop reads one flag (is any row still running), the
-   step's only host sync, ``engine.sync_lag`` steps late (``RunningFlags``): the host queues the next steps
-   while the device runs, and the at most ``sync_lag`` steps queued past the end are no-ops.
+4. the proposer observes the committed tokens; the loop reads one flag (is any row still running): the
+   step's only host sync.
 
 Finished rows stay in the batch, computed on and ignored, so every shape is static. On a GPU the policy
 and accept steps are replayed as CUDA graphs (``repro.decoding.cuda_graph.GraphedCallable``) per (rows,
@@ -22,7 +21,6 @@ same whenever they run on the same inputs; the state advances by copies outside 
 """
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 
 import torch
@@ -131,50 +129,6 @@ class StaticDecoder:
         return j
 
 
-class RunningFlags:
-    """Whether any row is still running, read by the host ``lag`` steps after the device computed it (0: at once).
-
-    Reading the flag of the step just queued makes the host wait for the device at every step, so the host's own
-    work (the next step's launches) never overlaps the device's. Read ``lag`` steps late, through pinned host memory
-    and an event per step, the wait is for a step that has usually finished. Rows never restart, so a flag that
-    reads "none running" stays true, and the steps queued after it compute on finished rows only."""
-
-    def __init__(self, lag: int, device: torch.device):
-        if lag < 0:
-            raise ValueError(f"sync_lag must be >= 0, got {lag}")
-        self.lag, self.cuda = lag, device.type == "cuda"
-        ring = lag + 1
-        self.host = [torch.zeros((), dtype=torch.bool, pin_memory=self.cuda) for _ in range(ring)]
-        self.events = [torch.cuda.Event() for _ in range(ring)] if self.cuda else None
-        self.pending: deque[int] = deque()
-        self.n = 0
-
-    def none_running(self, active: torch.Tensor) -> bool:
-        if self.lag == 0:
-            return not bool(active.any())
-        i = self.n % (self.lag + 1)
-        self.n += 1
-        self.host[i].copy_(active.any(), non_blocking=self.cuda)
-        if self.cuda:
-            self.events[i].record()
-        self.pending.append(i)
-        if len(self.pending) <= self.lag:
-            return False
-        j = self.pending.popleft()
-        if self.cuda:
-            self.events[j].synchronize()
-        return not bool(self.host[j])
-
-
-def steps_with_rows(history: list[torch.Tensor]) -> int:
-    """Verify steps in which at least one row ran (the steps queued past the end ran none)."""
-    if not history:
-        return 0
-    h = torch.stack(history)
-    a = h[:, 0] if h.dim() == 3 else h
-    return int((a >= 0).any(-1).sum())
-
-
 def count_acceptance(history: list[torch.Tensor], k: int, has_valid: bool):
     """Acceptance counters from the per-step ``[R]`` accepted counts (-1: row not running) of a request."""
     if not history:
@@ -248,9 +202,9 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     last_tok, last_pos = tok0.clone(), plen.clone()
     no_drafts = torch.zeros(R, 0, dtype=torch.long, device=dev)
     history: list[torch.Tensor] = []
-    running = RunningFlags(engine.sync_lag, dev)
+    forwards = 1
     for _ in range(max_new_tokens - 1):
-        if running.none_running(active):    # the step's one host sync, sync_lag steps late
+        if not bool(active.any()):          # the step's one host sync
             break
         n_valid = probs = None
         if proposer is not None:
@@ -264,6 +218,7 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         cursor = cache.reserve(k + 1)
         logits, taps, qpos, cols = st["step"](last_tok, last_pos, drafts, cursor, want_taps=want_taps,
                                               view=cache.used_view())
+        forwards += 1
         opt = [x for x in (stop, probs, n_valid) if x is not None] + noise
         committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["accept"](
             logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt, has_stop=stop is not None,
@@ -283,6 +238,5 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     n = gen_len[:B].tolist()
     toks_all, lps_all, stop_all = out_tok[:B].tolist(), out_lp[:B].tolist(), stopped[:B].tolist()
     counters = count_acceptance(history, k, has_valid=bool(history) and history[0].dim() == 2)
-    forwards = 1 + steps_with_rows(history)
     return RolloutResult([t[:m] for t, m in zip(toks_all, n)], [x[:m] for x, m in zip(lps_all, n)],
                          ["stop" if s else "length" for s in stop_all], counters, forwards, 0, size)

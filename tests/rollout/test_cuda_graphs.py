@@ -23,7 +23,6 @@ from repro.models.train_draft import train_draft
 from repro.models.vocab import build_draft_vocab
 from repro.rollout.engine import CUDA_GRAPH_MODES, RolloutEngine
 from repro.rollout.samples import sample_sequences
-from repro.rollout.static_loop import RunningFlags
 
 from .helpers import OracleProposer
 
@@ -358,42 +357,6 @@ def test_all_static_greedy_is_plain_greedy(trained, family, bucket):
     if family != "plain":
         assert got.counters.accepted > 0                     # the drafts' proposals were verified and kept
     assert got.cache_slots == 256 and got.cache_compactions == 0
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("family", ("plain", "dspark"))
-def test_all_static_stop_check_lag(trained, family):
-    """The host reads the stop flag ``sync_lag`` steps late: when every row stops early, the steps queued past the
-    end change nothing: tokens, log-probabilities, finish reasons, counters and policy forwards equal those of the
-    every-step check, greedy and sampled."""
-    pol, prompts, drafts = trained
-    if family != "plain":
-        pol.set_taps(drafts[family].tap_spec)
-    prop = (lambda: None) if family == "plain" else (lambda: proposer(drafts[family]))
-    ps = ragged(prompts)
-    stops = sorted({t[3] for t in RolloutEngine(pol).generate(ps, max_new_tokens=8, greedy=True).tokens})
-    got = {}
-    for lag in (0, 2, 5):
-        eng = RolloutEngine(pol, prop(), cuda_graphs="all")
-        eng.sync_lag = lag
-        got[lag] = [eng.generate(ps, max_new_tokens=24, greedy=g, temperature=0.9, seed=3, stop_tokens=stops)
-                    for g in (True, False)]
-    assert all(r == "stop" for r in got[0][0].finish_reason) and got[0][0].policy_forwards < 23
-    for lag in (2, 5):
-        for a, b in zip(got[lag], got[0]):
-            assert a.tokens == b.tokens and a.logprobs == b.logprobs and a.finish_reason == b.finish_reason
-            assert a.counters.as_dict() == b.counters.as_dict() and a.policy_forwards == b.policy_forwards
-
-
-def test_running_flags_read_late():
-    """RunningFlags answers for the step ``lag`` calls back; a negative lag is refused."""
-    flags = RunningFlags(2, torch.device("cpu"))
-    seq = [True, True, False, False, False]
-    answers = [flags.none_running(torch.tensor([a, False])) for a in seq]
-    assert answers == [False, False, False, False, True]
-    assert RunningFlags(0, torch.device("cpu")).none_running(torch.tensor([False]))
-    with pytest.raises(ValueError, match="sync_lag must be >= 0, got -1"):
-        RunningFlags(-1, torch.device("cpu"))
 
 
 @pytest.mark.timeout(60)
