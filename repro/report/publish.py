@@ -55,8 +55,8 @@ def readme(runs: list[Path], root: Path, label: str) -> str:
     artifacts = Counter(e.get("artifact", "?") for e in envs)
     hw = envs[0]["hardware"] if envs else {}
     gpus = hw.get("gpus", {}).get("devices", [])
-    machine = (f"{len(gpus)}x {gpus[0]['name']}, " if gpus else "no GPU (cpu-emulated), ") + \
-              f"{hw.get('cpu', {}).get('model', '?')} ({hw.get('cpu', {}).get('usable_cores', '?')} cores)"
+    cpu = f"{hw.get('cpu', {}).get('model', '?')} ({hw.get('cpu', {}).get('usable_cores', '?')} cores)"
+    machine = f"{len(gpus)}x {gpus[0]['name']}, host {cpu}" if gpus else f"{cpu}, no GPU (cpu-emulated)"
     shas = Counter(e.get("git", {}).get("sha", "unknown")[:10] + (" (dirty)" if e.get("git", {}).get("dirty") else "")
                    for e in envs)
     dates = sorted(e.get("date", "") for e in envs)
