@@ -64,9 +64,11 @@ def deterministic(tidy: Path) -> pd.DataFrame:
 
 
 def test_killed_anywhere_the_same_command_finishes_the_work(tmp_path):
-    ref = Workdir(tmp_path / "ref")
-    done = ref.run("table1")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ref = Workdir(tmp_path / "ref")               # the uninterrupted run, beside the killed one (one core each)
+    ref_log = tmp_path / "ref.log"
+    with open(ref_log, "w") as log:
+        ref_proc = subprocess.Popen(ref.cmd("table1"), cwd=ref.path, env=ref.env, stdout=log,
+                                    stderr=subprocess.STDOUT)
 
     wd = Workdir(tmp_path / "killed")
     first = wd.run("envcheck")                       # an earlier good result that must survive everything below
@@ -100,6 +102,7 @@ def test_killed_anywhere_the_same_command_finishes_the_work(tmp_path):
     final = wd.run("table1")
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
 
+    assert ref_proc.wait(timeout=600) == 0, ref_log.read_text()[-3000:]
     assert digest(envcheck) == before and digest(sft) == sft_digest, "an earlier good result was redone or lost"
     for run in (table / "qwen3-8b_no_draft", table / "qwen3-8b_dflash"):
         assert steps_of(run) == [0, 1, 2, 3], f"{run.name}: every step exactly once"
