@@ -203,7 +203,6 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
     """Run the benchmark into ``out``. With ``deadline_s`` (seconds from now), points not yet started when it
     passes are skipped (listed in the run's config) so the run still ends cleanly with its bench.json."""
     t_start = time.monotonic()
-    late = lambda: deadline_s is not None and time.monotonic() - t_start > deadline_s
     model = load_profile_model(profile_ref)
     profile = load_profile(profile_ref)
     s = decode_settings(model.decode, model.name, overrides)
@@ -230,6 +229,13 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
     skipped: list[str] = []
     peer_status: dict[str, str] = {}
     config["skipped_for_deadline"] = skipped      # shared with BenchRun's (shallow) copy of the config
+
+    def skip(point: str) -> bool:
+        """Whether ``point`` starts past the deadline (then it is listed in ``skipped``)."""
+        if deadline_s is None or time.monotonic() - t_start <= deadline_s:
+            return False
+        skipped.append(point)
+        return True
     config["peer_status"] = peer_status
     config["floor"] = (f"weights read once at envcheck's copy bandwidth {bw:.1f} GB/s ({envcheck})" if bw else
                        "skipped: no --envcheck given (the floor needs envcheck's measured copy bandwidth)")
@@ -261,18 +267,16 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
                              extra={"greedy_identical_frac": frac})
         timer = Timer(device, s.repeats)
         for B in s.batch_sizes:
-            if late():
-                skipped.append(f"b{B}")
+            if skip(f"b{B}"):
                 continue
-            sweep_batch(bench, timer, policy, drafts, s, eval_prompts[:B], B, late, skipped)
-            peers_batch(bench, timer, policy, s, eval_prompts[:B], B, peer_status, out, late, skipped)
+            sweep_batch(bench, timer, policy, drafts, s, eval_prompts[:B], B, skip)
+            peers_batch(bench, timer, policy, s, eval_prompts[:B], B, peer_status, out, skip)
             if bw:
                 floor_s = weight_bytes / (bw * 1e9)
                 bench.record(f"floor/b{B}", {"batch": B, "copy_bw_gbps": bw, "weight_bytes": weight_bytes},
                              extra={"ms_per_step": floor_s * 1e3, "tokens_per_s": B / floor_s})
         for fam in s.families:                 # acceptance under greedy decoding, batch 8: acceptance only
-            if late():
-                skipped.append(f"{fam}/greedy")
+            if skip(f"{fam}/greedy"):
                 continue
             policy.set_taps(drafts[fam].tap_spec)
             r = RolloutEngine(policy, proposer_for(fam, drafts[fam], s)).generate(
@@ -301,13 +305,11 @@ def self_check(bench, policy, drafts, s: Decode, prompts, lang, out: Path) -> st
     return None if report["passed"] else "; ".join(report["failures"])
 
 
-def sweep_batch(bench, timer: Timer, policy, drafts, s: Decode, prompts, B: int, late=lambda: False,
-                skipped: list | None = None) -> None:
-    """Our engine at batch ``B``: plain decoding and every family, in every engine mode (a mode not started
-    when ``late()`` is listed in ``skipped``)."""
+def sweep_batch(bench, timer: Timer, policy, drafts, s: Decode, prompts, B: int, skip=lambda point: False) -> None:
+    """Our engine at batch ``B``: plain decoding and every family, in every engine mode (a mode for which
+    ``skip(point)`` says so is not started)."""
     for mode in s.engine_modes:
-        if late():
-            (skipped if skipped is not None else []).append(f"suite-{mode}/b{B}")
+        if skip(f"suite-{mode}/b{B}"):
             continue
         base = None
         for fam in ("plain", *s.families):
@@ -340,14 +342,13 @@ def sweep_batch(bench, timer: Timer, policy, drafts, s: Decode, prompts, B: int,
 
 
 def peers_batch(bench, timer: Timer, policy, s: Decode, prompts, B: int, status: dict, out: Path,
-                late=lambda: False, skipped: list | None = None) -> None:
-    """The peers at batch ``B`` (a peer that cannot run is recorded in ``status`` with its reason; one not started
-    when ``late()`` is listed in ``skipped``)."""
+                skip=lambda point: False) -> None:
+    """The peers at batch ``B`` (a peer that cannot run is recorded in ``status`` with its reason; one for which
+    ``skip(point)`` says so is not started)."""
     for name in s.peers:
         if status.get(name, "").startswith("unavailable"):
             continue
-        if late():
-            (skipped if skipped is not None else []).append(f"peer/{name}/b{B}")
+        if skip(f"peer/{name}/b{B}"):
             continue
         try:
             t0 = time.perf_counter()

@@ -106,10 +106,20 @@ def test_profile_deadline_skips_modes_and_peers_not_started(tmp_path, monkeypatc
     skipped and listed, and what did run is kept."""
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert decode.decode_settings({**TINY, "deadline_s": 30}, "t").deadline_s == 30.0
-    calls = itertools.chain([False], itertools.repeat(True))   # b1's first mode runs, then time is up
-    monkeypatch.setattr(decode.time, "monotonic", lambda t=[0.0]: t[0])
+    clock = [0.0]
+    monkeypatch.setattr(decode.time, "monotonic", lambda: clock[0])
+    late = itertools.chain([False], itertools.repeat(True))   # b1's first mode runs, then time is up
     real_sweep = decode.sweep_batch
-    monkeypatch.setattr(decode, "sweep_batch", lambda *a: real_sweep(*a[:-2], lambda: next(calls), a[-1]))
+
+    def sweep_late(*a):
+        """The clock passes the deadline inside each sweep (after b1's first mode), and is back after it."""
+        def skip(point):
+            if next(late):
+                clock[0] = 1e9
+            return a[-1](point)
+        real_sweep(*a[:-1], skip)
+        clock[0] = 0.0
+    monkeypatch.setattr(decode, "sweep_batch", sweep_late)
     decode.run(str(profile_file(tmp_path, {**TINY, "deadline_s": 1000.0})), tmp_path / "run")
     bench = json.loads((tmp_path / "run" / "bench.json").read_text())
     rows = [r["row"] for r in bench["records"]]

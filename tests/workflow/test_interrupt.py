@@ -70,6 +70,15 @@ def test_killed_anywhere_the_same_command_finishes_the_work(tmp_path):
         ref_proc = subprocess.Popen(ref.cmd("table1"), cwd=ref.path, env=ref.env, stdout=log,
                                     stderr=subprocess.STDOUT)
 
+    try:
+        check_killed_runs_finish(tmp_path, ref, ref_proc, ref_log)
+    finally:
+        if ref_proc.poll() is None:               # a failed check leaves no workflow running behind it
+            ref_proc.kill()
+            ref_proc.wait()
+
+
+def check_killed_runs_finish(tmp_path, ref: Workdir, ref_proc: subprocess.Popen, ref_log: Path) -> None:
     wd = Workdir(tmp_path / "killed")
     first = wd.run("envcheck")                       # an earlier good result that must survive everything below
     assert first.returncode == 0, first.stderr[-2000:]
