@@ -63,22 +63,40 @@ def deterministic(tidy: Path) -> pd.DataFrame:
     return df[["row", "step", "metric", "value"]].sort_values(["row", "step", "metric"]).reset_index(drop=True)
 
 
-def test_killed_anywhere_the_same_command_finishes_the_work(tmp_path):
-    ref = Workdir(tmp_path / "ref")               # the uninterrupted run, beside the killed one (one core each)
-    ref_log = tmp_path / "ref.log"
-    with open(ref_log, "w") as log:
-        ref_proc = subprocess.Popen(ref.cmd("table1"), cwd=ref.path, env=ref.env, stdout=log,
-                                    stderr=subprocess.STDOUT)
+class Reference:
+    """An uninterrupted `snakemake table1` in its own workflow copy, started once for this module: the killed run's
+    reference (the two run side by side, one core each) and, once finished, the tree the broken-folder test
+    collects."""
 
+    def __init__(self, wd: Workdir, log: Path):
+        self.wd, self.log = wd, log
+        self._log = open(log, "w")
+        self.proc = subprocess.Popen(wd.cmd("table1"), cwd=wd.path, env=wd.env, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+
+    def finished(self) -> Workdir:
+        assert self.proc.wait(timeout=600) == 0, self.log.read_text()[-3000:]
+        return self.wd
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:              # a failed test leaves no workflow running behind it
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    ref = Reference(Workdir(tmp_path_factory.mktemp("reference")), tmp_path_factory.getbasetemp() / "reference.log")
     try:
-        check_killed_runs_finish(tmp_path, ref, ref_proc, ref_log)
+        yield ref
     finally:
-        if ref_proc.poll() is None:               # a failed check leaves no workflow running behind it
-            ref_proc.kill()
-            ref_proc.wait()
+        ref.stop()
 
 
-def check_killed_runs_finish(tmp_path, ref: Workdir, ref_proc: subprocess.Popen, ref_log: Path) -> None:
+# the module's two tests share one reference run: under pytest-xdist they go to one worker
+@pytest.mark.xdist_group("table1_reference")
+def test_killed_anywhere_the_same_command_finishes_the_work(tmp_path, reference):
     wd = Workdir(tmp_path / "killed")
     first = wd.run("envcheck")                       # an earlier good result that must survive everything below
     assert first.returncode == 0, first.stderr[-2000:]
@@ -111,7 +129,7 @@ def check_killed_runs_finish(tmp_path, ref: Workdir, ref_proc: subprocess.Popen,
     final = wd.run("table1")
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
 
-    assert ref_proc.wait(timeout=600) == 0, ref_log.read_text()[-3000:]
+    ref = reference.finished()
     assert digest(envcheck) == before and digest(sft) == sft_digest, "an earlier good result was redone or lost"
     for run in (table / "qwen3-8b_no_draft", table / "qwen3-8b_dflash"):
         assert steps_of(run) == [0, 1, 2, 3], f"{run.name}: every step exactly once"
@@ -125,9 +143,9 @@ def check_killed_runs_finish(tmp_path, ref: Workdir, ref_proc: subprocess.Popen,
     assert (wd.path / "paper_figures" / "tiny-test" / "table1.md").read_text().count("this machine") >= 1
 
 
-def test_a_broken_run_folder_is_named_and_the_rest_collected(workdir):
-    done = workdir.run("table1")
-    assert done.returncode == 0, done.stderr[-3000:]
+@pytest.mark.xdist_group("table1_reference")
+def test_a_broken_run_folder_is_named_and_the_rest_collected(reference, tmp_path):
+    workdir = reference.finished().clone(tmp_path / "wf")      # the reference itself stays as it finished
     broken = workdir.path / "results" / "reference" / "other-box" / "tiny-test" / "table1" / "stale"
     broken.mkdir(parents=True)
     (broken / "env.json").write_text('{"artifact": "table1", "profile": "tiny-test", ')

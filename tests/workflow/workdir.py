@@ -37,19 +37,26 @@ def tiny_profile() -> dict:
 class Workdir:
     """A workflow copy: ``run(*args)`` runs snakemake there (this machine's tag fixed to ``machine``)."""
 
-    def __init__(self, path: Path, machine: str = "test-machine"):
+    def __init__(self, path: Path, machine: str = "test-machine", *, copy_of: Path | None = None):
         self.path, self.machine = path, machine
-        path.mkdir(parents=True, exist_ok=True)
-        for item in ("Snakefile", "workflow", "profiles"):
-            src = ROOT / item
-            (shutil.copytree if src.is_dir() else shutil.copy2)(src, path / item)
-        (path / "tiny.yaml").write_text(yaml.safe_dump(tiny_profile(), sort_keys=False))
+        if copy_of is not None:                       # another workflow copy with everything it made
+            shutil.copytree(copy_of, path, symlinks=True)
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+            for item in ("Snakefile", "workflow", "profiles"):
+                src = ROOT / item
+                (shutil.copytree if src.is_dir() else shutil.copy2)(src, path / item)
+            (path / "tiny.yaml").write_text(yaml.safe_dump(tiny_profile(), sort_keys=False))
         self.env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
                     "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
     def cmd(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "snakemake", "-c1", *args, "--config", "profile=tiny.yaml",
                 f"machine={self.machine}"]
+
+    def clone(self, path: Path) -> Workdir:
+        """A copy of this workflow folder, outputs included, at ``path``."""
+        return Workdir(path, self.machine, copy_of=self.path)
 
     def run(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run(self.cmd(*args), cwd=self.path, env=self.env, capture_output=True, text=True,
