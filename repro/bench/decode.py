@@ -261,7 +261,7 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
             check_failed = self_check(bench, policy, drafts, s, eval_prompts, lang, out)
             if self_check_only:
                 return bench.records
-        for mode in s.engine_modes:
+        for mode in ([] if device.type == "cuda" else s.engine_modes):    # on CUDA the self-check did this
             for fam, frac in identity_check(policy, drafts, s, eval_prompts[:4], mode).items():
                 bench.record(f"identity/{fam}/{mode}", {"family": fam, "mode": mode, "rows": 4},
                              extra={"greedy_identical_frac": frac})
@@ -295,6 +295,7 @@ def self_check(bench, policy, drafts, s: Decode, prompts, lang, out: Path) -> st
     report = run_self_check(policy, drafts, lambda fam, d: proposer_for(fam, d, s), ragged,
                             new_tokens=s.self_check_tokens, stop_token=stop,
                             timing_batches=(min(s.batch_sizes), max(s.batch_sizes)), timing_prompts=prompts,
+                            modes=[m for m in CUDA_GRAPH_MODES if m != "compiled" or m in s.engine_modes],
                             progress=lambda m: print(m, flush=True))
     write_json_atomic(out / "self_check.json", report)
     print(verdict_table(report), flush=True)

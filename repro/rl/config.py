@@ -62,7 +62,8 @@ class RunConfig:
     ckpt_every: int = 0                # 0: checkpoint only at the end
     rollout_backend: str = "suite"     # "vllm": rollouts decoded by vLLM (own venv; README "vLLM backend")
     cuda_graphs: str = "off"           # suite engine: "draft" replays the draft's propose/observe as CUDA graphs,
-                                       # "all" also the policy's static-cache decode/verify step (repro.rollout)
+                                       # "all" also the policy's static-cache decode/verify step (repro.rollout),
+                                       # "compiled" that step fused by torch.compile (inductor) before capture
     bucket_batch: bool = False         # ... and rounds the static batch up to a power of two (multi-turn)
     # 0: Python's automatic garbage collector; N > 0: automatic collection off while training and one full
     # collection every N steps inside the step's time (Megatron-LM's --manual-gc; repro.rl.trainer)
@@ -87,8 +88,8 @@ class RunConfig:
         _check(self.cuda_graphs in CUDA_GRAPH_MODES, "cuda_graphs", self.cuda_graphs,
                f"one of {CUDA_GRAPH_MODES} (rl.rollout.cuda_graphs)")
         _check(isinstance(self.bucket_batch, bool) and (not self.bucket_batch or self.cuda_graphs != "off"),
-               "bucket_batch", self.bucket_batch, "false, or true with rl.rollout.cuda_graphs 'draft' or 'all' (it "
-               "buckets the static batch)")
+               "bucket_batch", self.bucket_batch, "false, or true with rl.rollout.cuda_graphs 'draft', 'all' or "
+               "'compiled' (it buckets the static batch)")
         _check(isinstance(self.manual_gc_interval, int) and not isinstance(self.manual_gc_interval, bool)
                and self.manual_gc_interval >= 0, "manual_gc_interval", self.manual_gc_interval,
                "an integer >= 0 (0: Python's automatic garbage collection; rl.manual_gc_interval)")

@@ -9,7 +9,10 @@ Without a proposer (k = 0) the same loop is the plain decoding baseline.
 ``cuda_graphs="draft"`` runs the proposer on static-shape caches sized for the request
 (``repro.decoding.static_kv``) so that its per-step ``propose``/``observe`` replay as CUDA graphs on a
 GPU (``repro.decoding.cuda_graph``); the policy forward stays eager. On a CPU the same static path runs
-eagerly. ``"off"`` (default) keeps the growing, compacted draft caches. ``max_draft_slots`` caps the
+eagerly. ``"all"`` also runs the policy on a static cache, its decode/verify step replayed as a CUDA graph
+(``repro.rollout.static_loop``); ``"compiled"`` is ``"all"`` with that step compiled by ``torch.compile``
+(``compile_backend``, inductor by default: its kernels fuse the per-layer norms, rotary and MLP elementwise
+work) before capture. ``"off"`` (default) keeps the growing, compacted draft caches. ``max_draft_slots`` caps the
 static cache (slots per row); a request that needs more fails before decoding. ``bucket_batch=True`` rounds the
 draft's static batch up to a power of two (a multi-turn rollout's shrinking turns then share captured graphs).
 
@@ -39,7 +42,8 @@ from repro.rollout.result import AcceptanceCounters, RolloutResult, check_reques
 from repro.rollout.static_loop import StaticDecoder, generate_static
 
 log = logging.getLogger(__name__)
-CUDA_GRAPH_MODES = ("off", "draft", "all")
+CUDA_GRAPH_MODES = ("off", "draft", "all", "compiled")
+STATIC_MODES = ("all", "compiled")     # the policy on a static cache too (repro.rollout.static_loop)
 BUCKETED_STATES = 16      # static states a proposer keeps when batches are bucketed (every turn shape of a request)
 
 
@@ -47,11 +51,13 @@ class RolloutEngine:
     """Speculative (or, with ``proposer=None``, plain) batched decoding for one policy."""
 
     def __init__(self, policy: Policy, proposer: Proposer | None = None, *, max_model_len: int = 4096,
-                 cuda_graphs: str = "off", max_draft_slots: int | None = None, bucket_batch: bool = False):
+                 cuda_graphs: str = "off", max_draft_slots: int | None = None, bucket_batch: bool = False,
+                 compile_backend: str = "inductor"):
         if cuda_graphs not in CUDA_GRAPH_MODES:
             raise ValueError(f"cuda_graphs={cuda_graphs!r} is invalid: expected one of {CUDA_GRAPH_MODES}")
         if bucket_batch and cuda_graphs == "off":
-            raise ValueError("bucket_batch=True needs cuda_graphs='draft' or 'all' (it buckets the static batch)")
+            raise ValueError("bucket_batch=True needs cuda_graphs='draft', 'all' or 'compiled' (it buckets the static "
+                             "batch)")
         if bucket_batch and proposer is not None and not hasattr(proposer, "keep_states"):
             raise ValueError(f"bucket_batch=True needs a proposer with static states (keep_states()); "
                              f"{type(proposer).__name__} has none")
@@ -64,7 +70,7 @@ class RolloutEngine:
         self.max_draft_slots = max_draft_slots     # cap on the static draft cache (slots per row)
         # the draft's static batch rounded up to a power of two (static_kv.batch_bucket), the extra rows idle: a
         # multi-turn rollout's shrinking batches then reuse a few captured states instead of capturing per size
-        self.bucket_batch = bucket_batch and (proposer is not None or cuda_graphs == "all")
+        self.bucket_batch = bucket_batch and (proposer is not None or cuda_graphs in STATIC_MODES)
         if self.bucket_batch and proposer is not None:
             proposer.keep_states(BUCKETED_STATES)
         self._said_cpu = False
@@ -83,9 +89,10 @@ class RolloutEngine:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         self.static_decoder = None
-        if cuda_graphs == "all":
+        if cuda_graphs in STATIC_MODES:
             self.static_decoder = StaticDecoder(policy, self.k, keep_states=BUCKETED_STATES if self.bucket_batch
-                                                else 4)
+                                                else 4,
+                                                compile_backend=compile_backend if cuda_graphs == "compiled" else None)
             if proposer is not None:
                 proposer.check_steps = False      # its per-step check would be a second host sync
         self.max_model_len = max_model_len
@@ -135,10 +142,10 @@ class RolloutEngine:
         pol, k, dev = self.policy, self.k, self.policy.device
         check_request(prompts, max_new_tokens, greedy, temperature, num_proposals=k,
                       max_model_len=self.max_model_len, vocab_size=pol.vocab_size)
-        if self.cuda_graphs == "all":
+        if self.cuda_graphs in STATIC_MODES:
             if self.policy.device.type != "cuda" and not self._said_cpu:
-                log.warning("cuda_graphs='all' on device %s: policy and draft run eagerly on their static caches",
-                            self.policy.device)
+                log.warning("cuda_graphs=%r on device %s: policy and draft run without graphs on their static caches",
+                            self.cuda_graphs, self.policy.device)
                 self._said_cpu = True
             return generate_static(self, prompts, max_new_tokens=max_new_tokens, greedy=greedy,
                                    temperature=temperature, stop_tokens=stop_tokens, seed=seed)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from repro.rollout.engine import CUDA_GRAPH_MODES, RolloutEngine
+from repro.rollout.engine import CUDA_GRAPH_MODES, STATIC_MODES, RolloutEngine
 
 
 def _fp32(policy, drafts):
@@ -41,7 +41,7 @@ def _fp32(policy, drafts):
 
 def _engine(policy, drafts, make_proposer, fam: str, mode: str) -> RolloutEngine:
     if fam == "plain":
-        return RolloutEngine(policy, None, cuda_graphs=mode if mode == "all" else "off")
+        return RolloutEngine(policy, None, cuda_graphs=mode if mode in STATIC_MODES else "off")
     policy.set_taps(drafts[fam].tap_spec)
     return RolloutEngine(policy, make_proposer(fam, drafts[fam]), cuda_graphs=mode)
 
@@ -59,9 +59,13 @@ def _graph_failures(eng: RolloutEngine, where: str) -> list[str]:
 def run_self_check(policy, drafts: dict, make_proposer: Callable, prompts: Sequence[Sequence[int]], *,
                    new_tokens: int = 24, stop_token: int | None = None, timing_batches: Sequence[int] = (1, 64),
                    timing_prompts: Sequence[Sequence[int]] | None = None, timing_repeats: int = 3,
-                   progress: Callable[[str], None] = print) -> dict:
+                   modes: Sequence[str] = CUDA_GRAPH_MODES, progress: Callable[[str], None] = print) -> dict:
     on_gpu = policy.device.type == "cuda"
-    modes = [m for m in CUDA_GRAPH_MODES]
+    bad = [m for m in modes if m not in CUDA_GRAPH_MODES]
+    if bad or "off" not in modes:
+        raise ValueError(f"modes={list(modes)} is invalid: expected engine modes from {CUDA_GRAPH_MODES}, "
+                         "\"off\" (the reference) among them")
+    modes = list(modes)
     report: dict = {"device": str(policy.device), "modes": modes, "families": ["plain", *drafts],
                     "identity": {}, "counters_equal": {}, "graphs": {}, "ms_per_step": {}, "failures": []}
     fails = report["failures"]

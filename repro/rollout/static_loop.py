@@ -15,12 +15,16 @@ over a ``StaticPolicyCache`` sized for the whole request. Per verify step:
 Finished rows stay in the batch, computed on and ignored, so every shape is static. On a GPU the policy
 and accept steps are replayed as CUDA graphs (``repro.decoding.cuda_graph.GraphedCallable``) per (rows,
 slots) shape, as are the proposer's; on a CPU, or if a capture fails, the same functions run eagerly, so
-the CPU tests exercise the indexing the GPU replays. Both graphed functions are replay-safe: the policy
+the CPU tests exercise the indexing the GPU replays. With ``compile_backend`` (``cuda_graphs="compiled"``) the
+policy step is ``torch.compile``d first (one compilation per policy, dtype and taps: shapes are dynamic, so new
+batch sizes, widths and cache views reuse it) and the compiled kernels are what the graph captures. Both graphed
+functions are replay-safe: the policy
 step's writes and the accept step's writes (the output rows past each row's length, dead slots) are the
 same whenever they run on the same inputs; the state advances by copies outside the graph.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -30,13 +34,17 @@ from repro.decoding.sampling import proposal_noise, sample_with_noise, verify_wi
 from repro.decoding.static_kv import StateCache, batch_bucket
 from repro.rollout.result import AcceptanceCounters, RolloutResult
 
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # policy -> {backend: compiled step}
+
 
 class StaticDecoder:
     """The policy's static caches and graphed steps of one engine, per request shape (last few kept)."""
 
-    def __init__(self, policy, num_proposals: int, *, keep_states: int = 4):
+    def __init__(self, policy, num_proposals: int, *, keep_states: int = 4, compile_backend: str | None = None):
         self.policy, self.k = policy, num_proposals
         self.states = StateCache(keep_states)
+        self.forward = (policy.decode_step_static if compile_backend is None
+                        else compiled_static_step(policy, compile_backend))
 
     def state(self, rows: int, max_slots: int, cuda_graphs: bool) -> dict:
         st, _ = self.states.get((rows, max_slots), lambda: self._build(rows, max_slots))
@@ -73,7 +81,7 @@ class StaticDecoder:
     def _policy_step(self, st, last_tok, last_pos, drafts, cursor, *, want_taps: bool, view: int):
         inp = torch.cat([last_tok[:, None], drafts], dim=1)
         qpos = last_pos[:, None] + torch.arange(self.k + 1, device=last_pos.device)
-        out = self.policy.decode_step_static(inp, qpos, st["cache"], want_taps=want_taps, cursor=cursor, view=view)
+        out = self.forward(inp, qpos, st["cache"], want_taps=want_taps, cursor=cursor, view=view)
         return out.logits, out.taps, qpos, st["cache"].cols
 
     def _accept_step(self, st, logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt,
@@ -127,6 +135,15 @@ class StaticDecoder:
         if j is None or j.device != device:
             j = self._j = torch.arange(self.k + 1, device=device)[None, :]
         return j
+
+
+def compiled_static_step(policy, backend: str = "inductor"):
+    """``policy.decode_step_static`` under ``torch.compile(backend, dynamic=True)``, one per policy and backend
+    (engines of one policy share it, and with it dynamo's compilations)."""
+    memo = _COMPILED.setdefault(policy, {})
+    if backend not in memo:
+        memo[backend] = torch.compile(policy.decode_step_static, backend=backend, dynamic=True)
+    return memo[backend]
 
 
 def count_acceptance(history: list[torch.Tensor], k: int, has_valid: bool):

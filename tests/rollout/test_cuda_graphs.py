@@ -232,7 +232,8 @@ def test_bad_values_fail_clearly(trained):
     pol, prompts, drafts = trained
     d = drafts["eagle3"]
     pol.set_taps(d.tap_spec)
-    with pytest.raises(ValueError, match=r"cuda_graphs='full' is invalid: expected one of \('off', 'draft', 'all'\)"):
+    with pytest.raises(ValueError,
+                       match=r"cuda_graphs='full' is invalid: expected one of \('off', 'draft', 'all', 'compiled'\)"):
         RolloutEngine(pol, proposer(d), cuda_graphs="full")
     with pytest.raises(ValueError, match="OracleProposer has none"):
         RolloutEngine(pol, OracleProposer(pol, 2, prompts[:1]), cuda_graphs="draft")
@@ -250,7 +251,7 @@ def test_bad_values_fail_clearly(trained):
         cur.set(5, 4)
     with pytest.raises(ValueError, match="max_slots must be >= 1"):
         StaticSlots(2, 0, "cpu")
-    assert CUDA_GRAPH_MODES == ("off", "draft", "all")
+    assert CUDA_GRAPH_MODES == ("off", "draft", "all", "compiled")
 
 
 def test_rl_config_switch():
@@ -359,6 +360,37 @@ def test_all_static_greedy_is_plain_greedy(trained, family, bucket):
     assert got.cache_slots == 256 and got.cache_compactions == 0
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("family", ("plain", "dflash"))
+def test_compiled_static_step_is_the_static_step(trained, family, monkeypatch):
+    """cuda_graphs="compiled": the policy's static step through torch.compile (dynamo with its eager backend
+    here: the same graph capture inductor compiles on a GPU, without the C++ build) under replay emulation gives
+    the tokens, log-probabilities and counters of the uncompiled static path, over requests of two batch sizes;
+    engines of one policy share one compiled step, and new shapes do not recompile it (dynamic shapes)."""
+    from repro.rollout.static_loop import compiled_static_step
+    pol, prompts, drafts = trained
+    if family != "plain":
+        pol.set_taps(drafts[family].tap_spec)
+    make = (lambda: None) if family == "plain" else (lambda: proposer(drafts[family]))
+    ps = ragged(prompts)
+    requests = [(ps, True, 0), (ps[:3], False, 1)]
+    monkeypatch.setattr(GraphedCallable, "emulate_replay", True)
+    static = RolloutEngine(pol, make(), cuda_graphs="all")
+    want = [static.generate(p, max_new_tokens=10, greedy=g, temperature=0.9, seed=s) for p, g, s in requests]
+    torch._dynamo.reset()
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    eng = RolloutEngine(pol, make(), cuda_graphs="compiled", compile_backend="eager")
+    assert eng.static_decoder.forward is compiled_static_step(pol, "eager")
+    for (p, g, s), w in zip(requests, want):
+        got = eng.generate(p, max_new_tokens=10, greedy=g, temperature=0.9, seed=s)
+        assert got.tokens == w.tokens and got.finish_reason == w.finish_reason
+        assert got.counters.as_dict() == w.counters.as_dict()
+        torch.testing.assert_close(torch.tensor(sum(got.logprobs, [])), torch.tensor(sum(w.logprobs, [])),
+                                   rtol=0, atol=1e-5)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames
+    assert 1 <= graphs <= 2, f"{graphs} dynamo graphs: the compiled step broke into pieces or recompiled per shape"
+
+
 @pytest.mark.timeout(60)
 def test_all_static_sampling_equals_itself_and_differs_by_seed(trained):
     """Sampling on the static path: a seed fixes the output; another seed changes it; AL stays in range."""
@@ -388,7 +420,7 @@ def test_all_static_edge_requests(trained):
     capped = RolloutEngine(pol, proposer(d), cuda_graphs="all", max_draft_slots=40)
     with pytest.raises(ValueError, match=r"needs 61 draft cache slots per row .* over max_draft_slots=40"):
         capped.generate([[1, 2, 3, 4, 5]], max_new_tokens=15, greedy=True)
-    with pytest.raises(ValueError, match="needs cuda_graphs='draft' or 'all'"):
+    with pytest.raises(ValueError, match="needs cuda_graphs='draft', 'all' or 'compiled'"):
         RolloutEngine(pol, proposer(d), bucket_batch=True)
     assert RolloutEngine(pol, cuda_graphs="all").static_decoder is not None
 
