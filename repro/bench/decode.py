@@ -229,6 +229,11 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
     skipped: list[str] = []
     peer_status: dict[str, str] = {}
     config["skipped_for_deadline"] = skipped      # shared with BenchRun's (shallow) copy of the config
+    config["peer_status"] = peer_status
+    config["floor"] = (f"weights read once at envcheck's copy bandwidth {bw:.1f} GB/s ({envcheck})" if bw else
+                       "skipped: no --envcheck given (the floor needs envcheck's measured copy bandwidth)")
+    if not bw:
+        print("decode: no --envcheck given, so no floor row (it needs envcheck's copy bandwidth)", flush=True)
 
     def skip(point: str) -> bool:
         """Whether ``point`` starts past the deadline (then it is listed in ``skipped``)."""
@@ -236,11 +241,7 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
             return False
         skipped.append(point)
         return True
-    config["peer_status"] = peer_status
-    config["floor"] = (f"weights read once at envcheck's copy bandwidth {bw:.1f} GB/s ({envcheck})" if bw else
-                       "skipped: no --envcheck given (the floor needs envcheck's measured copy bandwidth)")
-    if not bw:
-        print("decode: no --envcheck given, so no floor row (it needs envcheck's copy bandwidth)", flush=True)
+
     check_failed = None
     with BenchRun(out, artifact="decode", profile=profile["name"], config=config) as bench:
         pretrain_recorded(bench, policy, lang, s)

@@ -16,15 +16,15 @@ Finished rows stay in the batch, computed on and ignored, so every shape is stat
 and accept steps are replayed as CUDA graphs (``repro.decoding.cuda_graph.GraphedCallable``) per (rows,
 slots) shape, as are the proposer's; on a CPU, or if a capture fails, the same functions run eagerly, so
 the CPU tests exercise the indexing the GPU replays. With ``compile_backend`` (``cuda_graphs="compiled"``) the
-policy step is ``torch.compile``d first (one compilation per policy, dtype and taps: shapes are dynamic, so new
-batch sizes, widths and cache views reuse it) and the compiled kernels are what the graph captures. Both graphed
-functions are replay-safe: the policy
-step's writes and the accept step's writes (the output rows past each row's length, dead slots) are the
-same whenever they run on the same inputs; the state advances by copies outside the graph.
+policy step is ``torch.compile``d first (dynamic shapes: one compilation per dtype and taps for a batch of one and
+one for larger batches, which new widths and cache views reuse) and the compiled kernels are what the graph
+captures. Both graphed functions are replay-safe: the policy step's writes and the accept step's writes (the output
+rows past each row's length, dead slots) are the same whenever they run on the same inputs; the state advances by
+copies outside the graph.
 """
 from __future__ import annotations
 
-import weakref
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -34,7 +34,7 @@ from repro.decoding.sampling import proposal_noise, sample_with_noise, verify_wi
 from repro.decoding.static_kv import StateCache, batch_bucket
 from repro.rollout.result import AcceptanceCounters, RolloutResult
 
-_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # policy -> {backend: compiled step}
+_COMPILED: dict = {}     # (policy class, backend) -> the compiled decode_step_static (holds no policy)
 
 
 class StaticDecoder:
@@ -137,13 +137,14 @@ class StaticDecoder:
         return j
 
 
-def compiled_static_step(policy, backend: str = "inductor"):
-    """``policy.decode_step_static`` under ``torch.compile(backend, dynamic=True)``, one per policy and backend
-    (engines of one policy share it, and with it dynamo's compilations)."""
-    memo = _COMPILED.setdefault(policy, {})
-    if backend not in memo:
-        memo[backend] = torch.compile(policy.decode_step_static, backend=backend, dynamic=True)
-    return memo[backend]
+def compiled_static_step(policy, backend: str = "inductor") -> functools.partial:
+    """``policy.decode_step_static`` under ``torch.compile(backend, dynamic=True)``: one compiled function per policy
+    class and backend, shared by every engine (``.func``), bound to ``policy``; dynamo's compilations are guarded
+    on the policy it is called with."""
+    key = (type(policy), backend)
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(type(policy).decode_step_static, backend=backend, dynamic=True)
+    return functools.partial(_COMPILED[key], policy)
 
 
 def count_acceptance(history: list[torch.Tensor], k: int, has_valid: bool):
