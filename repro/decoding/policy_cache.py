@@ -8,11 +8,14 @@ unused column), whose visibility rule (live, position <= query position, inside 
 attention mask. So rows of different lengths share one shape and nothing is ever moved, trimmed or
 compacted; ``S_max`` is sized for the whole request (``static_kv.slots_needed``).
 
-The HF model sees the cache through ``hf`` (a ``transformers.Cache`` of ``SlotLayer`` s, one per decoder
-layer): its attention calls ``update(k, v)`` and gets the static keys/values back, then attends with the
-additive mask ``additive_masks`` builds. Attention reads the first ``view`` columns, the used ones rounded
-up to ``VIEW_BUCKET`` (a host-side number, no sync): a captured step is keyed by it, so a request replays a
-few graphs (one per bucket it passes) and a short row set does not pay for the whole ``S_max``.
+The HF model sees the cache through ``hf`` (a ``SlotCache``: a ``transformers.Cache`` of ``SlotLayer`` s, one per
+decoder layer): its attention calls ``update(k, v, layer_idx)`` and gets the static keys/values back, then attends
+with the additive mask ``additive_masks`` builds. Every layer's keys (and values) are slices of one stacked ``[L, B,
+G, S_max, D]`` tensor, selected by the layer index as a number, not by picking a list item: so a decoder layer
+compiled once (``repro.rollout.compiled_layers``) serves every layer of the model, its index an input. Attention
+reads the first ``view`` columns, the used ones rounded up to ``VIEW_BUCKET`` (a host-side number, no sync): a
+captured step is keyed by it, so a request replays a few graphs (one per bucket it passes) and a short row set does
+not pay for the whole ``S_max``.
 
     cache = StaticPolicyCache(2, 256, num_layers=8, kv_heads=2, head_dim=16, dtype=torch.float32, device="cpu")
     cache.start()                                     # a new request: every slot dead, cursor at column 0
@@ -44,15 +47,7 @@ class SlotLayer(CacheLayerMixin):
         raise RuntimeError("a SlotLayer is allocated up front (StaticPolicyCache); it never initialises lazily")
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """``key/value_states [B, G, q, D]`` into the columns of the running forward; returns the whole cache."""
-        cols = self.owner.cols
-        if cols is None or cols.numel() != key_states.shape[2]:
-            raise RuntimeError(f"the static policy cache was not begun for this forward: {key_states.shape[2]} new "
-                               f"tokens, columns {None if cols is None else cols.numel()} (call begin() first)")
-        self.keys.index_copy_(2, cols, key_states.to(self.keys.dtype))
-        self.values.index_copy_(2, cols, value_states.to(self.values.dtype))
-        view = self.owner.view
-        return self.keys[:, :, :view], self.values[:, :, :view]
+        raise RuntimeError("a SlotLayer is written through its SlotCache (update with the layer index)")
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.view, 0
@@ -69,6 +64,18 @@ class SlotLayer(CacheLayerMixin):
         self.values.zero_()
 
 
+class SlotCache(Cache):
+    """The HF ``Cache`` over a ``StaticPolicyCache``: ``update`` writes into the stacked keys/values at the layer
+    index (a tensor ``select``, so under ``torch.compile`` the index may stay symbolic)."""
+
+    def __init__(self, owner: StaticPolicyCache, layers: list[SlotLayer]):
+        super().__init__(layers=layers)
+        self.owner = owner
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        return self.owner.write(layer_idx, key_states, value_states)
+
+
 class StaticPolicyCache:
     def __init__(self, batch: int, max_slots: int, *, num_layers: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device, value_head_dim: int | None = None):
@@ -81,17 +88,28 @@ class StaticPolicyCache:
         self.slots = StaticSlots(batch, max_slots, self.device)
         self.cursor = Cursor(max_slots, self.device)
         vd = value_head_dim or head_dim
-        layers = [SlotLayer(self, torch.zeros(batch, kv_heads, max_slots, head_dim, dtype=dtype, device=self.device),
-                            torch.zeros(batch, kv_heads, max_slots, vd, dtype=dtype, device=self.device))
-                  for _ in range(num_layers)]
-        self.hf = Cache(layers=layers)
+        self.keys = torch.zeros(num_layers, batch, kv_heads, max_slots, head_dim, dtype=dtype, device=self.device)
+        self.values = torch.zeros(num_layers, batch, kv_heads, max_slots, vd, dtype=dtype, device=self.device)
+        self.hf = SlotCache(self, [SlotLayer(self, self.keys[i], self.values[i]) for i in range(num_layers)])
         self.cols: torch.Tensor | None = None     # the columns the running forward writes
         self.view = max_slots                     # the columns the running forward's attention reads
         self.next_col = 0                         # host copy of the cursor: the next free column
 
     @property
     def key_shape(self) -> tuple[int, ...]:
-        return tuple(self.hf.layers[0].keys.shape)
+        return tuple(self.keys.shape[1:])
+
+    def write(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor):
+        """``key/value_states [B, G, q, D]`` of decoder layer ``layer`` into the columns of the running forward;
+        returns that layer's keys and values over the attention view."""
+        cols = self.cols
+        if cols is None or cols.numel() != key_states.shape[2]:
+            raise RuntimeError(f"the static policy cache was not begun for this forward: {key_states.shape[2]} new "
+                               f"tokens, columns {None if cols is None else cols.numel()} (call begin() first)")
+        keys, values = self.keys.select(0, layer), self.values.select(0, layer)
+        keys.index_copy_(2, cols, key_states.to(keys.dtype))
+        values.index_copy_(2, cols, value_states.to(values.dtype))
+        return keys[:, :, :self.view], values[:, :, :self.view]
 
     def start(self) -> None:
         """A new request: every slot dead and the cursor at column 0 (stale keys/values stay, masked)."""

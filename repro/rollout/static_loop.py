@@ -12,19 +12,17 @@ over a ``StaticPolicyCache`` sized for the whole request. Per verify step:
 4. the proposer observes the committed tokens; the loop reads one flag (is any row still running): the
    step's only host sync.
 
-Finished rows stay in the batch, computed on and ignored, so every shape is static. On a GPU the policy
-and accept steps are replayed as CUDA graphs (``repro.decoding.cuda_graph.GraphedCallable``) per (rows,
-slots) shape, as are the proposer's; on a CPU, or if a capture fails, the same functions run eagerly, so
-the CPU tests exercise the indexing the GPU replays. With ``compile_backend`` (``cuda_graphs="compiled"``) the
-policy step is ``torch.compile``d first (dynamic shapes: one compilation per dtype and taps for a batch of one and
-one for larger batches, which new widths and cache views reuse) and the compiled kernels are what the graph
-captures. Both graphed functions are replay-safe: the policy step's writes and the accept step's writes (the output
-rows past each row's length, dead slots) are the same whenever they run on the same inputs; the state advances by
-copies outside the graph.
+Finished rows stay in the batch, computed on and ignored, so every shape is static. On a GPU the policy and accept
+steps are replayed as CUDA graphs (``repro.decoding.cuda_graph.GraphedCallable``) per (rows, slots) shape, as are
+the proposer's; on a CPU, or if a capture fails, the same functions run eagerly, so the CPU tests exercise the
+indexing the GPU replays. With ``compile_backend`` (``cuda_graphs="compiled"``) the policy's decoder layers run
+``torch.compile``d inside the step (``repro.rollout.compiled_layers``: one compilation for all layers, dynamic
+shapes) and the compiled kernels are what the graph captures. Both graphed functions are replay-safe: the policy
+step's writes and the accept step's writes (the output rows past each row's length, dead slots) are the same
+whenever they run on the same inputs; the state advances by copies outside the graph.
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import torch
@@ -32,9 +30,8 @@ import torch
 from repro.decoding.cuda_graph import GraphedCallable
 from repro.decoding.sampling import proposal_noise, sample_with_noise, verify_with_noise
 from repro.decoding.static_kv import StateCache, batch_bucket
+from repro.rollout.compiled_layers import compiled_layers
 from repro.rollout.result import AcceptanceCounters, RolloutResult
-
-_COMPILED: dict = {}     # (policy class, backend) -> the compiled decode_step_static (holds no policy)
 
 
 class StaticDecoder:
@@ -43,8 +40,7 @@ class StaticDecoder:
     def __init__(self, policy, num_proposals: int, *, keep_states: int = 4, compile_backend: str | None = None):
         self.policy, self.k = policy, num_proposals
         self.states = StateCache(keep_states)
-        self.forward = (policy.decode_step_static if compile_backend is None
-                        else compiled_static_step(policy, compile_backend))
+        self.compile_backend = compile_backend
 
     def state(self, rows: int, max_slots: int, cuda_graphs: bool) -> dict:
         st, _ = self.states.get((rows, max_slots), lambda: self._build(rows, max_slots))
@@ -81,7 +77,12 @@ class StaticDecoder:
     def _policy_step(self, st, last_tok, last_pos, drafts, cursor, *, want_taps: bool, view: int):
         inp = torch.cat([last_tok[:, None], drafts], dim=1)
         qpos = last_pos[:, None] + torch.arange(self.k + 1, device=last_pos.device)
-        out = self.forward(inp, qpos, st["cache"], want_taps=want_taps, cursor=cursor, view=view)
+        if self.compile_backend is None:
+            out = self.policy.decode_step_static(inp, qpos, st["cache"], want_taps=want_taps, cursor=cursor, view=view)
+        else:
+            with compiled_layers(self.policy, self.compile_backend):
+                out = self.policy.decode_step_static(inp, qpos, st["cache"], want_taps=want_taps, cursor=cursor,
+                                                     view=view)
         return out.logits, out.taps, qpos, st["cache"].cols
 
     def _accept_step(self, st, logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt,
@@ -135,16 +136,6 @@ class StaticDecoder:
         if j is None or j.device != device:
             j = self._j = torch.arange(self.k + 1, device=device)[None, :]
         return j
-
-
-def compiled_static_step(policy, backend: str = "inductor") -> functools.partial:
-    """``policy.decode_step_static`` under ``torch.compile(backend, dynamic=True)``: one compiled function per policy
-    class and backend, shared by every engine (``.func``), bound to ``policy``; dynamo's compilations are guarded
-    on the policy it is called with."""
-    key = (type(policy), backend)
-    if key not in _COMPILED:
-        _COMPILED[key] = torch.compile(type(policy).decode_step_static, backend=backend, dynamic=True)
-    return functools.partial(_COMPILED[key], policy)
 
 
 def count_acceptance(history: list[torch.Tensor], k: int, has_valid: bool):

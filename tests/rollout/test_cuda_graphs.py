@@ -363,11 +363,12 @@ def test_all_static_greedy_is_plain_greedy(trained, family, bucket):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("family", ("plain", "dflash"))
 def test_compiled_static_step_is_the_static_step(trained, family, monkeypatch):
-    """cuda_graphs="compiled": the policy's static step through torch.compile (dynamo with its eager backend
-    here: the same graph capture inductor compiles on a GPU, without the C++ build) under replay emulation gives
+    """cuda_graphs="compiled": the policy's decoder layers through torch.compile (dynamo with its eager backend
+    here: the same graph capture inductor compiles on a GPU, without the C++ build) under replay emulation give
     the tokens, log-probabilities and counters of the uncompiled static path, over requests of two batch sizes;
-    engines of one policy share one compiled step, and new shapes do not recompile it (dynamic shapes)."""
-    from repro.rollout.static_loop import compiled_static_step
+    one compiled forward serves every layer (the layer index is a graph input, not a guard), new shapes do not
+    recompile it per shape, and outside the step the layers are the model's own."""
+    from repro.rollout.compiled_layers import compiled_forward, compiled_layers
     pol, prompts, drafts = trained
     if family != "plain":
         pol.set_taps(drafts[family].tap_spec)
@@ -380,15 +381,22 @@ def test_compiled_static_step_is_the_static_step(trained, family, monkeypatch):
     torch._dynamo.reset()
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     eng = RolloutEngine(pol, make(), cuda_graphs="compiled", compile_backend="eager")
-    assert eng.static_decoder.forward.func is compiled_static_step(pol, "eager").func
+    layer_cls = type(pol.decoder_layers()[0])
     for (p, g, s), w in zip(requests, want):
         got = eng.generate(p, max_new_tokens=10, greedy=g, temperature=0.9, seed=s)
         assert got.tokens == w.tokens and got.finish_reason == w.finish_reason
         assert got.counters.as_dict() == w.counters.as_dict()
         torch.testing.assert_close(torch.tensor(sum(got.logprobs, [])), torch.tensor(sum(w.logprobs, [])),
                                    rtol=0, atol=1e-5)
+        assert all("forward" not in vars(layer) for layer in pol.decoder_layers())
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames
-    assert 1 <= graphs <= 2, f"{graphs} dynamo graphs: the compiled step broke into pieces or recompiled per shape"
+    assert pol.num_layers == 8 and 1 <= graphs <= 3, (
+        f"{graphs} dynamo graphs for {pol.num_layers} layers: the layers did not share one compilation, or it "
+        "recompiled per shape")
+    with compiled_layers(pol, "eager"):
+        assert pol.decoder_layers()[3].forward.func is compiled_forward(layer_cls, "eager")
+        with pytest.raises(RuntimeError, match="already has its own forward"), compiled_layers(pol, "eager"):
+            pass
 
 
 @pytest.mark.timeout(60)
