@@ -1,14 +1,12 @@
 """Capture a callable into a CUDA graph and replay it; run it eagerly on CPU, when disabled, or when capture fails.
 
-``GraphedCallable(fn, name, enabled)`` wraps ``fn(*tensors, **settings)``. On CUDA (and ``enabled``) the
-first call for a given key (the inputs' shapes, dtypes and devices, and the hashable ``settings``,
-which are baked into the graph) warms ``fn`` up on a side stream, captures it into a ``torch.cuda.CUDAGraph``
-over static
-copies of the inputs, and keeps the outputs of the capture as static outputs; every call then copies
-its inputs into the static buffers and replays. With ``persistent_inputs=True`` the caller promises
-to pass its own long-lived buffers: the first call's tensors become the static inputs (no copies
-while the same tensors are passed again).
-The returned outputs are the static ones: they are overwritten by the next replay.
+``GraphedCallable(fn, name, enabled)`` wraps ``fn(*tensors, **settings)``. On CUDA (and ``enabled``) the first call
+for a given key (the inputs' shapes, dtypes and devices, and the hashable ``settings``, which are baked into the
+graph) warms ``fn`` up on a side stream (``capture_stream``), captures it into a ``torch.cuda.CUDAGraph`` over
+static copies of the inputs, and keeps the outputs of the capture as static outputs; every call then copies its
+inputs into the static buffers and replays. With ``persistent_inputs=True`` the caller promises to pass its own
+long-lived buffers: the first call's tensors become the static inputs (no copies while the same tensors are passed
+again). The returned outputs are the static ones: they are overwritten by the next replay.
 
 ``fn`` must be replay-safe: it may write into persistent tensors (caches), but the same inputs must
 give the same writes (the warm-up runs it for real before the capture's replay runs it again), it
@@ -40,16 +38,34 @@ import torch
 log = logging.getLogger(__name__)
 
 
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream() -> torch.cuda.Stream:
+    """The one side stream of the current device on which every graph of this process warms up and is captured.
+
+    One stream, not a fresh one per capture: cuBLAS keeps a workspace per (handle, stream), allocated on the
+    stream's first matrix product. Warmed up on this stream outside any capture, that workspace comes from the
+    ordinary pool and outlives every graph. With a fresh stream per capture it would be allocated inside the capture,
+    from the graph's private pool; torch hands out streams round-robin from a small pool, so a later capture on a
+    recycled stream would find its workspace in the freed pool of a graph long gone.
+    """
+    dev = torch.cuda.current_device()
+    if dev not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[dev] = torch.cuda.Stream()
+    return _CAPTURE_STREAMS[dev]
+
+
 @contextlib.contextmanager
 def capture_into(graph: torch.cuda.CUDAGraph):
-    """Record the enclosed CUDA work into ``graph`` on a fresh side stream (the graph gets its own memory pool).
+    """Record the enclosed CUDA work into ``graph`` on ``capture_stream()`` (the graph gets its own memory pool).
 
     Unlike ``torch.cuda.graph()``, this does not empty the caching allocator and the pinned-host cache before the
     capture, so the eager work after a capture (the next policy update) keeps its cached memory instead of
     allocating it again with ``cudaMalloc``.
     """
     torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
+    stream = capture_stream()
     with torch.cuda.stream(stream):
         graph.capture_begin()
         try:
@@ -150,7 +166,7 @@ class GraphedCallable:
 
     def _capture(self, inputs: tuple[torch.Tensor, ...], settings: dict[str, Hashable]):
         static_in = list(inputs) if self.persistent_inputs else [x.clone() for x in inputs]
-        side = torch.cuda.Stream()
+        side = capture_stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(self.warmup):
