@@ -5,7 +5,8 @@ come from its ``metrics.jsonl``, the suite's own log (W&B is its mirror); the W&
 (``wandb/*/run-*.wandb``, read with the suite's own reader) are read only for runs that have no sidecar, such as
 runs of other engines. Runs live only on a W&B server are read with ``wandb.Api().scan_history`` (``--online``).
 Runs of other engines (NeMo-RL) name their engine in env.json; a per-engine mapper turns their metric names into
-the suite's (``ENGINE_MAPPERS``), so one set of table and figure rules serves both.
+the suite's (an outside engine's mapper lives with its integration and is named in ``repro.core.handoffs``), so one
+set of table and figure rules serves both.
 
 Where a run was measured: the folder given as ``--here`` holds this machine's runs; results/reference/<machine>/
 holds runs committed from named machines (reference data). ``hardware_label`` says which (``cpu-emulated, this
@@ -35,11 +36,10 @@ from typing import Any
 
 import pandas as pd
 
+from repro.core.handoffs import METRIC_MAPPERS, metric_mapper
 from repro.core.io import write_atomic
 from repro.core.metrics import ENV, SIDECAR, read_sidecar
 from repro.core.wandb_reader import WandbLogError, find_wandb_logs, read_wandb_log
-from repro.nemo_rl.metrics import ENGINE as NEMO_RL_ENGINE
-from repro.nemo_rl.metrics import nemo_rl_mapper
 
 TIDY_COLUMNS = ["artifact", "profile", "hardware", "hardware_label", "run", "engine", "row", "step",
                 "metric", "value"]
@@ -48,7 +48,7 @@ RUN_COLUMNS = ["run", "artifact", "profile", "hardware", "hardware_label", "engi
 REFERENCE = "reference"
 
 # engine name -> function(history row) -> list of (row, metric, value). The suite's own runs log
-# {"row": ..., "step": ..., <metric>: <value>}; other engines register a mapper here.
+# {"row": ..., "step": ..., <metric>: <value>}; an outside engine's mapper is named in repro.core.handoffs.
 Mapper = Callable[[dict[str, Any]], list[tuple[str, str, float]]]
 
 
@@ -66,17 +66,16 @@ def suite_mapper(entry: dict[str, Any]) -> list[tuple[str, str, float]]:
     return out
 
 
-ENGINE_MAPPERS: dict[str, Mapper] = {"suite": suite_mapper, NEMO_RL_ENGINE: nemo_rl_mapper}
-
-
 class BadRunFolder(ValueError):
     """A run folder whose record cannot be read; the message names the folder and why."""
 
 
 def _mapper(engine: str) -> Mapper:
-    if engine not in ENGINE_MAPPERS:
-        raise BadRunFolder(f"no metric mapper for engine {engine!r}; known: {sorted(ENGINE_MAPPERS)}")
-    return ENGINE_MAPPERS[engine]
+    if engine == "suite":
+        return suite_mapper
+    if engine not in METRIC_MAPPERS:
+        raise BadRunFolder(f"no metric mapper for engine {engine!r}; known: {['suite', *sorted(METRIC_MAPPERS)]}")
+    return metric_mapper(engine)
 
 
 def find_run_dirs(root: Path) -> list[Path]:
