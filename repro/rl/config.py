@@ -132,10 +132,6 @@ class RunConfig:
         return self
 
     @property
-    def has_draft(self) -> bool:
-        return self.draft is not None
-
-    @property
     def rollout_seed(self) -> int:
         """The seed of the run's random sampling: ``sampling_seed`` when set, else ``seed``."""
         return self.seed if self.sampling_seed is None else self.sampling_seed
