@@ -4,8 +4,8 @@ The suite's own runs leave, besides their W&B logs, a ``metrics.jsonl`` of per-s
 (``{"row", "step", "train/...": value}``) that the artifact summaries read (repro/rl/summary.py), and
 a ``run.json`` written last, which the workflow takes as "this row finished". A NeMo-RL run folder gets
 the same two files from its W&B logs (read with the suite's reader, mapped by integrations.nemo_rl.metrics);
-collect keeps reading the W&B logs themselves. integrations.nemo_rl.run calls this when NeMo-RL exits 0;
-after launching NeMo-RL yourself (--config-only), run it by hand.
+collect then reads its metrics.jsonl as a suite run's (the W&B logs until it exists). integrations.nemo_rl.run
+calls this when NeMo-RL exits 0; after launching NeMo-RL yourself (--config-only), run it by hand.
 
     python -m integrations.nemo_rl.finish results/8xh100/paper-h100/table1/qwen3-8b_dflash
 """

@@ -4,9 +4,10 @@ A run folder is any folder under results/ holding an ``env.json`` written by the
 come from its ``metrics.jsonl``, the suite's own log (W&B is its mirror); the W&B offline logs
 (``wandb/*/run-*.wandb``, read with the suite's own reader) are read only for runs that have no sidecar, such as
 runs of other engines. Runs live only on a W&B server are read with ``wandb.Api().scan_history`` (``--online``).
-Runs of other engines (NeMo-RL) name their engine in env.json; a per-engine mapper turns their metric names into
-the suite's (an outside engine's mapper lives with its integration and is named in ``repro.core.handoffs``), so one
-set of table and figure rules serves both.
+Runs of other engines (NeMo-RL) name their engine in env.json; a per-engine mapper turns the metric names of their
+W&B logs into the suite's (an outside engine's mapper lives with its integration and is named in
+``repro.core.handoffs``), so one set of table and figure rules serves both. A ``metrics.jsonl`` is in the suite's
+names whichever engine ran (integrations.nemo_rl.finish writes one after a NeMo-RL run), so it is read as such.
 
 Where a run was measured: the folder given as ``--here`` holds this machine's runs; results/reference/<machine>/
 holds runs committed from named machines (reference data). ``hardware_label`` says which (``cpu-emulated, this
@@ -150,7 +151,7 @@ def collect_run(run_dir: Path, root: Path, env: dict[str, Any] | None = None, he
     info = {**meta, "git_sha": env.get("git", {}).get("sha", ""), "git_dirty": env.get("git", {}).get("dirty"),
             "date": env.get("date", ""), "finished": finished, "resumes": len(env.get("resumes", [])),
             "source": source}
-    return tidy_rows(history, meta, _mapper(engine)), info
+    return tidy_rows(history, meta, suite_mapper if source == SIDECAR else _mapper(engine)), info
 
 
 def collect(root: Path, artifact: str | None = None, profile: str | None = None, here: Path | None = None

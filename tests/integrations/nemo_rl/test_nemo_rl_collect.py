@@ -148,6 +148,16 @@ def test_finish_writes_the_suites_sidecar_and_marker(results):
     assert (marker["artifact"], marker["row"], marker["engine"], marker["steps"]) == ("table1", ROW, "nemo-rl", 2)
 
 
+def test_a_finished_run_collects_the_same_from_its_sidecar(results):
+    """After finish, collect reads the run's metrics.jsonl (the suite's names), not its W&B logs: the same rows."""
+    key = ["artifact", "profile", "hardware", "run", "row", "step", "metric", "value"]
+    before, _, _ = collect(results)
+    assert finish_main([str(results / "hw" / "paper-h100" / "table1" / "nemo-rl" / run_slug(ROW))]) == 0
+    after, runs, bad = collect(results)
+    assert not bad and "metrics.jsonl" in set(runs[runs["engine"] == "nemo-rl"]["source"])
+    assert after[key].equals(before[key])
+
+
 def test_finish_without_logs_fails_clearly(tmp_path, capsys):
     (tmp_path / "env.json").write_text(json.dumps({"artifact": "table1", "row": ROW, "profile": "paper-h100"}))
     assert finish_main([str(tmp_path)]) == 2
