@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
+from repro.core.handoffs import NEMO_RL_RUN
 from repro.core.layout import replica_run_name, run_dir_name
 from repro.core.profile import BENCH_ARTIFACTS, Profile, ProfileError, effective_specs
 from repro.core.specs import ARTIFACTS as RL_ARTIFACTS
@@ -272,7 +273,7 @@ class Plan:
             paths = [x for flag, key in (("--nemo-rl-dir", "nemo_rl_dir"), ("--checkpoint-root", "checkpoint_root"))
                      if self.config.get(key) for x in (flag, self.config[key])]
             nodes, gpus = self._nemo_layout(a, row)
-            self._add(Job("rl", a, (out,), log, self._py("repro.nemo_rl.run", "--artifact", a, "--row", row_q,
+            self._add(Job("rl", a, (out,), log, self._py(NEMO_RL_RUN, "--artifact", a, "--row", row_q,
                                                          "--profile", shlex.quote(self.profile_arg), "--out",
                                                          out_dir, *paths),
                           gpus=gpus, nodes=nodes, local=nodes > 1, what=f"{a} {row} on NeMo-RL"))

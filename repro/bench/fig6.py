@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 from pathlib import Path
@@ -47,21 +46,11 @@ from kernels.attention import (
 from kernels.attention.spec import MaskSpec
 from kernels.launch import spawn
 from repro.bench.fig5 import consumed_leaf, critical_path, timed_samples
-from repro.core.profile import available_profiles, load_profile_model
+from repro.core.profile import bench_settings, load_profile_model
 from repro.core.provenance import hardware
 from repro.core.timing import BenchRun, PeakMemory, summarize
 
 KINDS = ("ttt", "trunk", "sdpa_cudnn", "block")
-
-
-def settings(profile: str) -> dict:
-    """The profile's fig6 section (a name, or a path to a profile .yaml file), as a dict."""
-    section = getattr(load_profile_model(profile), "fig6")
-    if section is None:
-        raise SystemExit(f"profile {profile!r} has no fig6: section (experiments/profiles/); profiles with "
-                         "one: " + ", ".join(p for p in available_profiles()
-                                               if getattr(load_profile_model(p), "fig6") is not None))
-    return json.loads(section.model_dump_json())
 
 
 def tag(T: int) -> str:
@@ -195,7 +184,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--timeout-s", type=float, default=900.0)
     args = ap.parse_args(argv)
-    d = settings(args.profile)
+    d = bench_settings(args.profile, "fig6")
     cps = [int(c) for c in args.cp.split(",")] if args.cp else d["cp"]
     sizes = [int(t) for t in args.tokens.split(",")] if args.tokens else d["tokens"]
     kinds = [k for k in args.kinds.split(",") if k] if args.kinds else d["kinds"]

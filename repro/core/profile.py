@@ -577,6 +577,17 @@ def load_profile_model(name_or_path: str | Path) -> Profile:
     return _load(name_or_path)[0]
 
 
+def bench_settings(name_or_path: str | Path, section: str) -> dict[str, Any]:
+    """A benchmark's ``section`` of a profile (a name, or a path to a profile .yaml file), as a dict; a profile
+    without that section exits, naming the profiles that have one."""
+    found = getattr(load_profile_model(name_or_path), section)
+    if found is None:
+        raise SystemExit(f"profile {str(name_or_path)!r} has no {section}: section (experiments/profiles/); profiles "
+                         "with one: " + ", ".join(p for p in available_profiles()
+                                                  if getattr(load_profile_model(p), section) is not None))
+    return json.loads(found.model_dump_json())
+
+
 def load_profile(name_or_path: str | Path) -> dict[str, Any]:
     """The profile as a plain dict (a fresh copy), after the model has validated it."""
     return _load(name_or_path)[1]

@@ -25,7 +25,7 @@ WORKLOADS = ("math", "workplace")
 DTYPES = ("float32", "bfloat16", "float16")
 ARTIFACTS = ("table1", "table2", "fig3", "fig4")
 CUDA_GRAPH_MODES = ("off", "draft", "all", "compiled")   # repro.rollout.engine.CUDA_GRAPH_MODES (no torch import)
-ROLLOUT_BACKENDS = ("suite", "vllm")   # repro.rollout.engine.RolloutEngine | repro.rollout.vllm_backend (EAGLE-3)
+ROLLOUT_BACKENDS = ("suite", "vllm")   # repro.rollout.engine.RolloutEngine | integrations.vllm.engine (EAGLE-3)
 # DraftSpec.options keys per family; attn_backend (every family): the kernels.attention backend of the draft's
 # training attention ("auto" by default)
 _BLOCK_OPTIONS = ("num_layers", "block_size", "num_anchors", "decay_gamma", "attn_backend")
@@ -115,7 +115,7 @@ class DraftSpec:
     # A released draft to start from instead of a random init (a warm start; families in
     # DRAFT_CHECKPOINT_FAMILIES): ``checkpoint`` is a key of the profile's ``checkpoints:``, ``path`` its
     # folder under checkpoint_root (filled by run_config_from_profile, as for PolicySpec). The draft takes
-    # the checkpoint's shape (repro.models.eagle3_import.build_eagle3_from_checkpoint).
+    # the checkpoint's shape (integrations.vllm.load.build_eagle3_from_checkpoint).
     checkpoint: StrictStr = ""
     path: StrictStr = ""
     # Rows per draft-loss call; 0: the policy's microbatch (the draft runs inside each policy microbatch).

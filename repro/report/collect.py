@@ -4,8 +4,10 @@ A run folder is any folder under results/ holding an ``env.json`` written by the
 come from its ``metrics.jsonl``, the suite's own log (W&B is its mirror); the W&B offline logs
 (``wandb/*/run-*.wandb``, read with the suite's own reader) are read only for runs that have no sidecar, such as
 runs of other engines. Runs live only on a W&B server are read with ``wandb.Api().scan_history`` (``--online``).
-Runs of other engines (NeMo-RL) name their engine in env.json; a per-engine mapper turns their metric names into
-the suite's (``ENGINE_MAPPERS``), so one set of table and figure rules serves both.
+Runs of other engines (NeMo-RL) name their engine in env.json; a per-engine mapper turns the metric names of their
+W&B logs into the suite's (an outside engine's mapper lives with its integration and is named in
+``repro.core.handoffs``), so one set of table and figure rules serves both. A ``metrics.jsonl`` is in the suite's
+names whichever engine ran (integrations.nemo_rl.finish writes one after a NeMo-RL run), so it is read as such.
 
 Where a run was measured: the folder given as ``--here`` holds this machine's runs; results/reference/<machine>/
 holds runs committed from named machines (reference data). ``hardware_label`` says which (``cpu-emulated, this
@@ -35,11 +37,10 @@ from typing import Any
 
 import pandas as pd
 
+from repro.core.handoffs import METRIC_MAPPERS, metric_mapper
 from repro.core.io import write_atomic
 from repro.core.metrics import ENV, SIDECAR, read_sidecar
 from repro.core.wandb_reader import WandbLogError, find_wandb_logs, read_wandb_log
-from repro.nemo_rl.metrics import ENGINE as NEMO_RL_ENGINE
-from repro.nemo_rl.metrics import nemo_rl_mapper
 
 TIDY_COLUMNS = ["artifact", "profile", "hardware", "hardware_label", "run", "engine", "row", "step",
                 "metric", "value"]
@@ -48,7 +49,7 @@ RUN_COLUMNS = ["run", "artifact", "profile", "hardware", "hardware_label", "engi
 REFERENCE = "reference"
 
 # engine name -> function(history row) -> list of (row, metric, value). The suite's own runs log
-# {"row": ..., "step": ..., <metric>: <value>}; other engines register a mapper here.
+# {"row": ..., "step": ..., <metric>: <value>}; an outside engine's mapper is named in repro.core.handoffs.
 Mapper = Callable[[dict[str, Any]], list[tuple[str, str, float]]]
 
 
@@ -66,17 +67,16 @@ def suite_mapper(entry: dict[str, Any]) -> list[tuple[str, str, float]]:
     return out
 
 
-ENGINE_MAPPERS: dict[str, Mapper] = {"suite": suite_mapper, NEMO_RL_ENGINE: nemo_rl_mapper}
-
-
 class BadRunFolder(ValueError):
     """A run folder whose record cannot be read; the message names the folder and why."""
 
 
 def _mapper(engine: str) -> Mapper:
-    if engine not in ENGINE_MAPPERS:
-        raise BadRunFolder(f"no metric mapper for engine {engine!r}; known: {sorted(ENGINE_MAPPERS)}")
-    return ENGINE_MAPPERS[engine]
+    if engine == "suite":
+        return suite_mapper
+    if engine not in METRIC_MAPPERS:
+        raise BadRunFolder(f"no metric mapper for engine {engine!r}; known: {['suite', *sorted(METRIC_MAPPERS)]}")
+    return metric_mapper(engine)
 
 
 def find_run_dirs(root: Path) -> list[Path]:
@@ -151,7 +151,7 @@ def collect_run(run_dir: Path, root: Path, env: dict[str, Any] | None = None, he
     info = {**meta, "git_sha": env.get("git", {}).get("sha", ""), "git_dirty": env.get("git", {}).get("dirty"),
             "date": env.get("date", ""), "finished": finished, "resumes": len(env.get("resumes", [])),
             "source": source}
-    return tidy_rows(history, meta, _mapper(engine)), info
+    return tidy_rows(history, meta, suite_mapper if source == SIDECAR else _mapper(engine)), info
 
 
 def collect(root: Path, artifact: str | None = None, profile: str | None = None, here: Path | None = None

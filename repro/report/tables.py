@@ -1,4 +1,4 @@
-"""Tables as CSV and Markdown, written atomically.
+"""Tables as CSV and Markdown, written atomically; the latest value of each tidy row the artifacts tabulate.
 
     write_table(df, "paper_figures/cpu-tiny/table1")  ->  table1.csv, table1.md
 """
@@ -13,6 +13,11 @@ import pandas as pd
 
 from repro.core.io import write_atomic
 
+
+def latest(tidy: pd.DataFrame) -> pd.DataFrame:
+    """The last value of every (hardware, row, metric), by run then step: a rerun replaces, never averages."""
+    t = tidy.sort_values(["run", "step"], kind="stable")
+    return t.groupby(["hardware", "hardware_label", "row", "metric"], as_index=False).last()
 
 def format_value(value, digits: int = 3) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):

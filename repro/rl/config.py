@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
+from repro.core.handoffs import NEMO_RL_RUN
 from repro.core.profile import Profile, effective_specs, load_profile, parse_profile
 from repro.core.specs import (
     ARTIFACTS,
@@ -131,10 +132,6 @@ class RunConfig:
         return self
 
     @property
-    def has_draft(self) -> bool:
-        return self.draft is not None
-
-    @property
     def rollout_seed(self) -> int:
         """The seed of the run's random sampling: ``sampling_seed`` when set, else ``seed``."""
         return self.seed if self.sampling_seed is None else self.sampling_seed
@@ -189,7 +186,7 @@ def check_engine(profile: Mapping[str, Any], engine: str | None, artifact: str, 
     _check(engine in (None,) + ENGINES, "engine", engine, f"one of {ENGINES}")
     if profile.get("engine") == "nemo-rl" and engine != "suite":
         raise ConfigError(f"profile {profile.get('name')!r} runs its end-to-end rows through NeMo-RL "
-                          f"(engine: nemo-rl): use `python -m repro.nemo_rl.run --artifact {artifact} --row ...`, "
+                          f"(engine: nemo-rl): use `python -m {NEMO_RL_RUN} --artifact {artifact} --row ...`, "
                           f"or `{prog} --engine suite --checkpoint-root /path ...` to run the row on the suite's "
                           "own engine (its rl: section; README, Distributed runs with the suite's own engine)")
 

@@ -8,9 +8,10 @@ is a function of the draft's own parameters only (the paper's ``L_draft(phi; x, 
 while always seeing the current head. ``make_proposer`` wraps a draft for the rollout engine.
 
 A spec with ``checkpoint`` (EAGLE-3; ``spec.path`` resolved under checkpoint_root) builds the draft in
-the released checkpoint's shape and loads its weights (``repro.models.eagle3_import``): the run's draft
-starts warm instead of from a random init, on every process that builds it. A missing file or a shape
-that does not fit the policy raises ``ConfigError`` naming the checkpoint before any weight is copied.
+the released checkpoint's shape and loads its weights (``integrations.vllm.load``, found through
+``repro.core.handoffs``): the run's draft starts warm instead of from a random init, on every process that
+builds it. A missing file or a shape that does not fit the policy raises ``ConfigError`` naming the
+checkpoint before any weight is copied.
 
     draft = build_draft(DraftSpec(family="dflash", options={"block_size": 4}), policy, mask_token_id=2)
     proposer = make_proposer(draft, num_proposals=3)
@@ -21,12 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from repro.core.handoffs import draft_loader
 from repro.core.specs import ConfigError, DraftSpec
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dflash import DFlashDraft
 from repro.models.dspark import DSparkDraft
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
-from repro.models.eagle3_import import build_eagle3_from_checkpoint
 
 
 class _StopGradEmbedding(nn.Module):
@@ -96,7 +97,7 @@ def _eagle3_from_checkpoint(spec: DraftSpec, policy, opts: dict) -> Eagle3Draft:
     """The EAGLE-3 draft of ``spec.path`` for ``policy`` (its shape and weights), ``opts`` its TTT options."""
     spec.validate()                                  # folder, config.json and weights present
     try:
-        return build_eagle3_from_checkpoint(policy, spec.path, **opts)
+        return draft_loader(spec.family)(policy, spec.path, **opts)
     except (ValueError, KeyError, FileNotFoundError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         raise ConfigError(f"config draft.checkpoint={spec.checkpoint!r} ({spec.path}) cannot be loaded into "

@@ -56,7 +56,7 @@ TABLE2_STEPS = 10
 
 def read_steps(run_dir: Path) -> list[dict]:
     """A run's per-step rows from its metrics.jsonl (NeMo-RL runs get one under the suite's names from
-    repro.nemo_rl.finish); a step logged twice (a resumed run) keeps its later row."""
+    integrations.nemo_rl.finish); a step logged twice (a resumed run) keeps its later row."""
     path = run_dir / SIDECAR
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; run the row first (python -m repro.rl.run ...)")

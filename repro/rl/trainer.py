@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from repro.core.handoffs import rollout_engine
 from repro.core.progress import Progress
 from repro.decoding.cuda_graph import GraphedCallable
 from repro.rl.checkpoint import load_checkpoint, save_checkpoint, warm_start_digest
@@ -139,11 +140,10 @@ class CoTrainer:
         max_prompt = 256
         max_len = (max_prompt + cfg.grpo.max_new_tokens + 64
                    + (cfg.workload.max_tool_calls * 24 if cfg.workload.name == "workplace" else 0))
-        if cfg.rollout_backend == "vllm":       # vLLM decodes from exported copies; push() reloads them
-            from repro.rollout.vllm_backend import VllmRolloutEngine
-            self.engine = VllmRolloutEngine.from_models(
-                self.rollout_policy, self.rollout_draft, workdir=Path(cfg.out) / "vllm", max_model_len=max_len,
-                num_speculative_tokens=cfg.draft.num_proposals if cfg.draft is not None else 3,
+        if cfg.rollout_backend != "suite":      # vLLM (integrations/) decodes exported copies; push() reloads them
+            self.engine = rollout_engine(cfg.rollout_backend).from_models(
+                self.rollout_policy, self.rollout_draft, workdir=Path(cfg.out) / cfg.rollout_backend,
+                max_model_len=max_len, num_speculative_tokens=cfg.draft.num_proposals if cfg.draft is not None else 3,
                 seed=cfg.rollout_seed)
         else:
             self.engine = RolloutEngine(self.rollout_policy, proposer, max_model_len=max_len,
@@ -161,7 +161,7 @@ class CoTrainer:
         moved = push_weights(self.policy.model, self.rollout_policy.model)
         if self.draft is not None:
             moved += push_weights(self.draft, self.rollout_draft)
-        if self.cfg.rollout_backend == "vllm":
+        if self.cfg.rollout_backend != "suite":
             self.engine.reload_policy(self.rollout_policy)
             if self.rollout_draft is not None:
                 self.engine.reload_draft(self.rollout_draft)

@@ -6,7 +6,7 @@
   ``torch.compile`` by hand instead breaks on a GPU: generate keeps reading a graph's output after the next replay
   has overwritten it;
 * ``hf-dynamic``: transformers ``generate`` eagerly with its ``DynamicCache`` (the stock baseline);
-* ``vllm``: vLLM's plain decoding through ``repro.rollout.vllm_backend`` where vLLM is importable.
+* ``vllm``: vLLM's plain decoding through ``integrations.vllm.engine`` where vLLM is importable.
 
 ``make_peer(name, policy, ...)`` returns a ``Peer`` whose ``generate(prompts)`` decodes ``new_tokens`` tokens
 per row (sampling at the given temperature, no stop token: every row runs to the length limit, as the
@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+
+from repro.core.handoffs import rollout_engine
 
 PEERS = ("hf-static-compile", "hf-dynamic", "vllm")
 
@@ -88,10 +90,9 @@ def _vllm_peer(policy, *, new_tokens: int, temperature: float, workdir, max_mode
                               "bash scripts/setup.sh --vllm, then run the benchmark with .venv-vllm/bin/python)")
     if workdir is None:
         raise PeerUnavailable("the vllm peer needs a workdir to export the policy into")
-    from repro.rollout.vllm_backend import VllmRolloutEngine
     try:
-        eng = VllmRolloutEngine.from_models(policy, None, workdir=Path(workdir) / "vllm_peer",
-                                            max_model_len=max_model_len, seed=0)
+        eng = rollout_engine("vllm").from_models(policy, None, workdir=Path(workdir) / "vllm_peer",
+                                                 max_model_len=max_model_len, seed=0)
     except Exception as exc:
         raise PeerUnavailable(f"vllm could not start on this policy: {type(exc).__name__}: {exc}") from exc
 

@@ -15,6 +15,7 @@ from kernels.attention import backends
 from kernels.attention.backends import flash4 as f4
 from kernels.attention.backends.torch_ref import TorchBackend
 from repro.bench import attention_check as ac
+from repro.core.profile import bench_settings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -64,7 +65,7 @@ def test_a_wrong_backend_fails_the_check(tmp_path, monkeypatch, capsys):
 
 
 def test_a_required_backend_that_does_not_run_here_fails(tmp_path, monkeypatch):
-    cfg = {**ac.settings("cpu-tiny"), "backends": ["torch", "flash4"], "require": ["flash4"]}
+    cfg = {**bench_settings("cpu-tiny", "attention_check"), "backends": ["torch", "flash4"], "require": ["flash4"]}
     res = ac.run_check("cpu-tiny", cfg, only={"kernel"})
     row = next(r for r in res["rows"] if r["backend"] == "flash4")
     assert res["verdict"] == "FAIL" and row["status"] == "FAIL" and "flash-attn-4" in row["error"]
@@ -75,8 +76,8 @@ def test_flash4_rows_through_the_standin(monkeypatch):
     f4.reset_probe()
     monkeypatch.setattr(f4, "capability", lambda device: (9, 0))
     monkeypatch.setattr(f4.Flash4Backend, "unavailable_reason", lambda self, spec, device, dtype: None)
-    cfg = {**ac.settings("cpu-tiny"), "backends": ["flash4"],
-           "padded": {**ac.settings("cpu-tiny")["padded"], "modes": []}}
+    cfg = {**bench_settings("cpu-tiny", "attention_check"), "backends": ["flash4"],
+           "padded": {**bench_settings("cpu-tiny", "attention_check")["padded"], "modes": []}}
     try:
         res = ac.run_check("cpu-tiny", cfg, only={"kernel", "ttt3", "block", "padded"})
     finally:

@@ -11,6 +11,7 @@ import pytest
 
 from kernels.attention.backends import flash4 as f4
 from repro.bench import fig5, fig6
+from repro.core.profile import bench_settings
 from repro.core.timing import BenchRun
 
 pytestmark = pytest.mark.timeout(300)
@@ -27,12 +28,12 @@ def test_fig5_runs_at_cp1_packed_against_the_padded_batch(tmp_path):
     m = rec["cp=1"]["metrics"]
     assert m["usp_pad_factor"] > 2 and m["speedup_vs_best_usp"] > 0 and m["peak_mem_ratio_usp_over_zigzag"] > 0
     assert rec["zigzag cp=1"]["metrics"]["ring_bytes_fwd"] == 0
-    assert fig5.settings("h200")["cp"] == [1]
+    assert bench_settings("h200", "fig5")["cp"] == [1]
     from repro.core.profile import ProfileError
     with pytest.raises(ProfileError, match="unknown profile 'nonsense'"):
-        fig5.settings("nonsense")
+        bench_settings("nonsense", "fig5")
     with pytest.raises(SystemExit, match="has no fig5: section"):
-        fig5.settings("paper-h100")
+        bench_settings("paper-h100", "fig5")
 
 
 def test_fig6_records_rows_and_same_run_ratios(tmp_path):
@@ -52,7 +53,7 @@ def test_fig6_records_rows_and_same_run_ratios(tmp_path):
 def test_fig6_ratios_are_named_per_route(tmp_path):
     times = {("ttt", 1): 3.3, ("trunk", 1): 3.0, ("sdpa_cudnn", 1): 3.6, ("block", 1): 0.04, ("block_fused", 1): 0.01,
              ("block_flash4", 1): 0.02}
-    routes = fig6.settings("h200")["block_routes"]
+    routes = bench_settings("h200", "fig6")["block_routes"]
     with BenchRun(tmp_path, artifact="fig6", profile="h200", config={"device": "cuda"}, log_metrics=False) as b:
         fig6.record_ratios(b, 262144, [1], times, routes)
     got = {(r["row"], k): v for r in b.records for k, v in r["metrics"].items()}
@@ -64,7 +65,7 @@ def test_fig6_ratios_are_named_per_route(tmp_path):
 
 
 def test_fig6_skips_what_cannot_run_here():
-    cfg = {**fig6.settings("cpu-tiny"), "device": "cpu"}
+    cfg = {**bench_settings("cpu-tiny", "fig6"), "device": "cpu"}
     assert "CP=1 on a GPU" in fig6.unavailable("sdpa_cudnn", None, cfg, 1)
     assert "one rank" in fig6.unavailable("block", "fused", cfg, 2)
     assert "flash-attn-4" in fig6.unavailable("block", "flash4", cfg, 1)
@@ -80,7 +81,7 @@ def test_fig6_flash4_block_routes_run_through_the_standin(monkeypatch, route):
     monkeypatch.setattr(f4, "capability", lambda device: (9, 0))
     monkeypatch.setattr(f4.Flash4Backend, "unavailable_reason", lambda self, spec, device, dtype: None)
     try:
-        cfg = {**fig6.settings("cpu-tiny"), "device": "cpu", "kind": "block", "route": route, "tokens": 300,
+        cfg = {**bench_settings("cpu-tiny", "fig6"), "device": "cpu", "kind": "block", "route": route, "tokens": 300,
                "anchors": 8, "block": 4, "heads": 4, "kv_heads": 2, "head_dim": 8, "repeats": 1, "warmup": 1}
         res = fig6.measure(0, 1, cfg)
     finally:

@@ -1,7 +1,7 @@
 """A profile's EAGLE-3 draft spec naming a released checkpoint: the run's draft starts from its weights.
 
 A draft checkpoint is written by hand in the released (SpecForge / vLLM) naming that
-repro.models.eagle3_import reads (``fc``, ``layers.0.*``, ``norm``, ``lm_head``, ``d2t``/``t2d`` and a
+integrations.vllm.load reads (``fc``, ``layers.0.*``, ``norm``, ``lm_head``, ``d2t``/``t2d`` and a
 config.json with ``draft_vocab_size``, ``target_hidden_size`` and the taps as
 ``eagle_aux_hidden_state_layer_ids``) for the tiny Qwen3 checkpoint of test_paper_profile_suite. The
 profile copy's ``rl.drafts.eagle3.checkpoint`` names it (resolved under checkpoint_root like a policy's

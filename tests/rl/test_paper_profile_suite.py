@@ -73,9 +73,9 @@ def _save_eagle3(policy_dir: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from integrations.vllm.export import export_eagle3
     from repro.models.eagle3 import Eagle3Config, Eagle3Draft
     from repro.models.policy import Policy
-    from repro.rollout.vllm_export import export_eagle3
     policy = Policy(AutoModelForCausalLM.from_pretrained(policy_dir, local_files_only=True), family="qwen3")
     torch.manual_seed(1)
     draft = Eagle3Draft(Eagle3Config.from_policy(policy))

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from integrations.vllm.engine import vllm_version
 from repro.core.specs import ConfigError
 from repro.rl.config import RunConfig
 from repro.rollout.engine import RolloutEngine
-from repro.rollout.vllm_backend import vllm_version
 
 from .conftest import tiny_config
 

@@ -74,7 +74,7 @@ def test_suite_engine_plans_the_paper_rows_as_torchrun_commands(paper_root):
                 f"--out {runs}/{folder} --seed 0 --log-artifact artifact")
         assert any(want in c for c in cmds), f"{want}\nnot among\n" + "\n".join(cmds)
         assert f"{runs}/{folder}/run.json" in text, text            # the workflow's DAG holds the same runs
-    assert "rl_sft" not in text and "repro.nemo_rl" not in plan and "--warm-start" not in plan
+    assert "rl_sft" not in text and "integrations.nemo_rl" not in plan and "--warm-start" not in plan
     assert "--results results/" in plan and "paper_figures/paper-h100-suite/table1.md" in text
     # every planned row's config holds against this root (the draft checkpoint included)
     check = subprocess.run([sys.executable, "-m", "repro.rl.config", "--profile", "paper-h100", "--artifact",
@@ -102,7 +102,7 @@ def test_default_engine_of_a_paper_profile_is_still_nemo_rl():
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
     plan = planned()
-    assert plan.count("-m repro.nemo_rl.run --artifact table1") == 6 and "dist_run" not in plan
+    assert plan.count("-m integrations.nemo_rl.run --artifact table1") == 6 and "dist_run" not in plan
     assert f"results/{hardware()['tag']}/paper-h100/table1/qwen3-8b_eagle-3" in text and "-suite" not in text
 
 

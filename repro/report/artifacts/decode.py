@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from repro.report.style import legend_below, measured_label, save_figure
-from repro.report.tables import write_table
+from repro.report.tables import latest, write_table
 
 ROW = re.compile(r"^(?P<kind>suite-[a-z]+|peer/[a-z0-9-]+|floor|bound)(?:/(?P<family>[a-z0-9]+))?/b(?P<batch>\d+)$")
 TABLE_METRICS = ("ms_per_step", "tokens_per_s", "acceptance_length", "speedup", "speedup_over_al",
@@ -29,8 +29,7 @@ TABLE_METRICS = ("ms_per_step", "tokens_per_s", "acceptance_length", "speedup", 
 
 def decode_rows(tidy: pd.DataFrame) -> pd.DataFrame:
     """One row per (hardware, kind, family, batch) with the latest value of each metric as a column."""
-    t = tidy.sort_values(["run", "step"], kind="stable")
-    t = t.groupby(["hardware", "hardware_label", "row", "metric"], as_index=False).last()
+    t = latest(tidy)
     p = t["row"].str.extract(ROW)
     t = pd.concat([t, p], axis=1).dropna(subset=["kind"])
     t["family"] = t["family"].fillna("plain")

@@ -22,7 +22,7 @@ import pandas as pd
 
 from repro.report import seed_spread
 from repro.report.style import measured_label, paper_label, paper_style, save_figure
-from repro.report.tables import to_markdown, write_table
+from repro.report.tables import latest, to_markdown, write_table
 
 ROWS = ["no draft", "EAGLE-3", "DFlash", "DSpark"]
 PANELS = (("train/reward", "reward"), ("val/accuracy", "held-out accuracy"),
@@ -42,8 +42,7 @@ def _paper_range(paper: pd.DataFrame, metric: str) -> list[tuple[float, str]]:
 
 def summary_table(tidy: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     """The summary metrics (row ``all`` and per family) beside the paper's values or ranges."""
-    t = tidy[tidy["metric"].isin(SUMMARY)].sort_values(["run", "step"], kind="stable")
-    t = t.groupby(["hardware", "hardware_label", "row", "metric"], as_index=False).last()
+    t = latest(tidy[tidy["metric"].isin(SUMMARY)])
     lines = []
     for (hw, label, row), g in t.groupby(["hardware", "hardware_label", "row"], sort=False):
         for _, r in g.iterrows():

@@ -25,20 +25,15 @@ from repro.report.style import (
     save_figure,
     series_label,
 )
-from repro.report.tables import MEASURED_VS_PAPER_COLUMNS, measured_vs_paper, write_table
+from repro.report.tables import MEASURED_VS_PAPER_COLUMNS, latest, measured_vs_paper, write_table
 
 METHOD = re.compile(r"^(?:(?P<zig>zigzag)|(?P<usp>usp(?:-zigzag)?) U=(?P<U>\d+) R=(?P<R>\d+)) cp=(?P<cp>\d+)$")
 SUMMARY = ("speedup_vs_best_usp", "speedup_vs_best_usp_wall", "peak_mem_ratio_usp_over_zigzag",
            "speedup_vs_best_usp_any", "peak_mem_ratio_usp_any_over_zigzag", "usp_pad_factor", "longest_seq_tokens")
 
 
-def _latest(tidy: pd.DataFrame) -> pd.DataFrame:
-    t = tidy.sort_values(["run", "step"], kind="stable")
-    return t.groupby(["hardware", "hardware_label", "row", "metric"], as_index=False).last()
-
-
 def method_rows(tidy: pd.DataFrame) -> pd.DataFrame:
-    t = _latest(tidy)
+    t = latest(tidy)
     p = t["row"].str.extract(METHOD)
     t = pd.concat([t, p], axis=1).dropna(subset=["cp"])
     t["method"] = t.apply(lambda r: "zigzag" if isinstance(r["zig"], str) else f"{r['usp']} ({r['U']},{r['R']})",
@@ -49,7 +44,7 @@ def method_rows(tidy: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary_table(tidy: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
-    t = _latest(tidy)
+    t = latest(tidy)
     t = t[t["row"].str.fullmatch(r"cp=\d+|all") & t["metric"].isin(SUMMARY)]
     lines = []
     for _, r in t.iterrows():
@@ -83,7 +78,7 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
                   label=series_label("zigzag", hw, label, len(machines)))
         ax_m.plot(best["cp"], best["peak_mem_gb"], marker="s", markersize=3,
                   label=series_label("best SpecForge USP", hw, label, len(machines)))
-        sp = _latest(tidy)
+        sp = latest(tidy)
         sp = sp[(sp["hardware"] == hw) & (sp["metric"] == "speedup_vs_best_usp") & sp["row"].str.fullmatch(r"cp=\d+")]
         ax_s.plot(sp["row"].str[3:].astype(int), sp["value"], marker="o", markersize=3,
                   label=series_label("measured", hw, label, len(machines)))

@@ -29,7 +29,7 @@ from repro.report.style import (
     save_figure,
     series_label,
 )
-from repro.report.tables import MEASURED_VS_PAPER_COLUMNS, measured_vs_paper, write_table
+from repro.report.tables import MEASURED_VS_PAPER_COLUMNS, latest, measured_vs_paper, write_table
 
 ROW = re.compile(r"^(?P<kind>[a-z_][a-z0-9_]*) (?P<tok>\d+)(?P<k>K?) cp=(?P<cp>\d+)$")
 TABLE_METRICS = ("time_s", "cpu_critical_s", "peak_mem_gb", "inputs_gb", "tflops", "branch_overhead_pct",
@@ -38,14 +38,9 @@ KIND_STYLE = {"ttt": "-", "trunk": "--", "sdpa_cudnn": ":", "block": "-", "block
               "block_flash4_rep": "-.", "block_fused": ":"}
 
 
-def _latest(tidy: pd.DataFrame) -> pd.DataFrame:
-    t = tidy.sort_values(["run", "step"], kind="stable")
-    return t.groupby(["hardware", "hardware_label", "row", "metric"], as_index=False).last()
-
-
 def config_rows(tidy: pd.DataFrame) -> pd.DataFrame:
     """One row per (hardware, kind, tokens, cp) with its metrics as columns."""
-    t = _latest(tidy)
+    t = latest(tidy)
     p = t["row"].str.extract(ROW)
     t = pd.concat([t, p], axis=1).dropna(subset=["kind"])
     t["tokens"] = t["tok"].astype(int) * t["k"].map({"K": 1024, "": 1})
@@ -69,7 +64,7 @@ def _paper_points(paper: pd.DataFrame, row_re: str, metric: str) -> list[tuple[i
 
 
 def summary_table(tidy: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
-    t = _latest(tidy)
+    t = latest(tidy)
     lines = []
     for _, r in t.iterrows():
         if r["metric"] not in TABLE_METRICS and not r["metric"].startswith("speedup_"):

@@ -26,7 +26,7 @@ from repro.report.style import (
     plain_log_labels,
     save_figure,
 )
-from repro.report.tables import write_table
+from repro.report.tables import latest, write_table
 
 ROW = re.compile(r"^pp=(?P<pp>\d+)/(?P<layout>[a-z0-9]+)/T=(?P<tokens>\d+)(?:/(?P<transport>[a-z0-9_]+))?$")
 SUMMARY = ("write_bandwidth_gbps", "speedup_vs_host_staging", "source_slowdown_pct", "draft_slowdown_pct",
@@ -35,15 +35,9 @@ LAYOUT_MARK = {"eagle3": "o", "dflash": "s"}
 TRANSPORT_STYLE = {"cuda_ipc": "-", "shm": "-", "gloo": "-.", "p2p": "--", "host_staging": ":"}
 
 
-def _latest(tidy: pd.DataFrame) -> pd.DataFrame:
-    """The last value of every (hardware, row, metric): a rerun replaces, never averages."""
-    t = tidy.sort_values(["run", "step"], kind="stable")
-    return t.groupby(["hardware", "hardware_label", "row", "metric"], as_index=False).last()
-
-
 def config_rows(tidy: pd.DataFrame) -> pd.DataFrame:
     """Per-config rows parsed into columns: hardware, pp, layout, tokens, transport (None = pair), metrics."""
-    t = _latest(tidy)
+    t = latest(tidy)
     t = t[t["metric"] != "tokens"]  # the row name carries T
     parsed = t["row"].str.extract(ROW)
     t = pd.concat([t, parsed], axis=1).dropna(subset=["layout"])
@@ -54,7 +48,7 @@ def config_rows(tidy: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary_table(tidy: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
-    t = _latest(tidy)
+    t = latest(tidy)
     lines = []
     for (hw, label, row), g in t[t["row"].str.fullmatch(r"pp=\d+")].groupby(["hardware", "hardware_label", "row"]):
         vals = dict(zip(g["metric"], g["value"]))

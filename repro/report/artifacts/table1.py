@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from repro.report.tables import write_table
+from repro.report.tables import latest, write_table
 
 METRICS = (("acceptance_length", "AL"), ("rollout_speedup", "rollout"), ("e2e_speedup", "E2E"))
 
@@ -26,9 +26,7 @@ LOCKSTEP_NOTE = ("Measured on '..., lockstep': the row and its no-draft baseline
 
 def latest_values(tidy: pd.DataFrame, metrics) -> pd.DataFrame:
     """One value per (hardware, row, metric): the last logged (by run, then step)."""
-    t = tidy[tidy["metric"].isin(list(metrics))]
-    t = t.sort_values(["run", "step"], kind="stable")
-    return t.groupby(["hardware", "hardware_label", "row", "metric"], as_index=False).last()
+    return latest(tidy[tidy["metric"].isin(list(metrics))])
 
 
 def paper_value(paper: pd.DataFrame, row: str, metric: str):
