@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 log = logging.getLogger(__name__)
+CAPTURE_ATTEMPTS = 2     # a capture that fails is tried once more before the callable runs eagerly
 
 
 _CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
@@ -124,14 +125,8 @@ class GraphedCallable:
         k = self.graph_key(inputs, settings)
         entry = self._graphs.get(k)
         if entry is None:
-            try:
-                entry = self._capture(inputs, settings)
-            except Exception as exc:                 # noqa: BLE001 - any capture failure falls back to eager
-                self.fallback_reason = f"{type(exc).__name__}: {exc}"
-                log.warning("CUDA graph capture of %s failed; running it eagerly: %s", self.name,
-                            self.fallback_reason)
-                with contextlib.suppress(Exception):  # let a broken capture's pending work finish first
-                    torch.cuda.synchronize()
+            entry = self._capture_or_fall_back(inputs, settings)
+            if entry is None:
                 self.eager_calls += 1
                 return self.fn(*inputs, **settings)
             self._graphs[k] = entry
@@ -144,6 +139,24 @@ class GraphedCallable:
         graph.replay()
         self.replays += 1
         return static_out
+
+    def _capture_or_fall_back(self, inputs: tuple[torch.Tensor, ...], settings: dict[str, Hashable]):
+        """Capture (warm-up included), once more if the first attempt fails; None (and ``fallback_reason`` set)
+        when both fail. Between the attempts the device is synchronised; the second attempt warms up again, so lazy
+        work that the first did inside its capture (a kernel's first load, an allocation) is done before it."""
+        for attempt in range(1, CAPTURE_ATTEMPTS + 1):
+            try:
+                return self._capture(inputs, settings)
+            except Exception as exc:                 # noqa: BLE001 - any capture failure falls back to eager
+                reason = f"{type(exc).__name__}: {exc}"
+                with contextlib.suppress(Exception):  # let a broken capture's pending work finish first
+                    torch.cuda.synchronize()
+                if attempt < CAPTURE_ATTEMPTS:
+                    log.warning("CUDA graph capture of %s did not succeed (attempt %d of %d), trying again: %s",
+                                self.name, attempt, CAPTURE_ATTEMPTS, reason)
+        self.fallback_reason = reason
+        log.warning("CUDA graph capture of %s failed; running it eagerly: %s", self.name, reason)
+        return None
 
     def _emulated(self, inputs: tuple[torch.Tensor, ...], settings: dict[str, Hashable]) -> Any:
         k = self.graph_key(inputs, settings)

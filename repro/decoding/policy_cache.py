@@ -95,10 +95,6 @@ class StaticPolicyCache:
         self.view = max_slots                     # the columns the running forward's attention reads
         self.next_col = 0                         # host copy of the cursor: the next free column
 
-    @property
-    def key_shape(self) -> tuple[int, ...]:
-        return tuple(self.keys.shape[1:])
-
     def write(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor):
         """``key/value_states [B, G, q, D]`` of decoder layer ``layer`` into the columns of the running forward;
         returns that layer's keys and values over the attention view."""

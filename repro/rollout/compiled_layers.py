@@ -1,19 +1,15 @@
 """The policy's decoder layers under ``torch.compile``, one compilation serving every layer (regional compilation).
 
-``with compiled_layers(policy, "inductor"): policy.decode_step_static(...)`` runs each decoder layer through one
-``torch.compile(type(layer).forward, dynamic=True)`` shared by all layers of that class (and by every policy and
-engine of the process); the embedding, rotary tables, final norm and head stay eager, as do the tap hooks, which
-run around each layer's ``forward``. Outside the block the layers are the model's own again, so training and the
-prefill never meet the compiled code.
+Inside ``with compiled_layers(policy, "inductor"):`` each decoder layer runs one ``torch.compile(type(layer).forward,
+dynamic=True)`` shared by all layers of its class (and every policy and engine of the process); embedding, rotary
+tables, final norm, head and tap hooks stay eager, and outside the block the layers are the model's own again, so
+training and the prefill never meet the compiled code. Traced once per layer class instead of once per 28-layer
+step, compile time no longer grows with depth. Under ``allow_unspec_int_on_nn_module`` the attention modules'
+``layer_idx`` is a graph input rather than a guarded constant, and the static cache selects its stacked keys/values
+by it as a tensor index (``repro.decoding.policy_cache.SlotCache``). New graphs come per dtype, for a batch of one
+(dynamo specialises sizes 0 and 1), for one-token against (k+1)-token steps, and for layer 0 (inductor's
+reinplacing pass guards on it).
 
-Why per layer: dynamo traces a whole 28-layer step as one graph and inductor lowers every layer of it again, so
-compile time grows with depth; traced once per layer class, it does not. The layer index is an ``int`` attribute of
-each attention module; under ``allow_unspec_int_on_nn_module`` it is an input of the graph instead of a constant
-to guard on, and the static cache (``repro.decoding.policy_cache.SlotCache``) selects its keys/values by it as a
-tensor index. So one graph serves all layers; a new graph comes per dtype, for a batch of one (dynamo specialises
-sizes 0 and 1), and once when the attention view first changes (it then compiles the view as a symbol).
-
-    from repro.rollout.compiled_layers import compiled_layers
     with torch.no_grad(), compiled_layers(policy, "inductor"):
         out = policy.decode_step_static(ids, positions, cache, cursor=cursor, view=view)
 """

@@ -228,6 +228,39 @@ def test_graphed_callable_is_eager_on_cpu_and_keys_by_shape(caplog):
 
 
 @pytest.mark.timeout(30)
+def test_a_failed_capture_is_tried_once_more(caplog):
+    """A capture that fails once and then succeeds replays (one retry, logged); one that always fails runs eagerly."""
+    class Graph:
+        replays = 0
+
+        def replay(self):
+            Graph.replays += 1
+
+    attempts = []
+
+    def capture(inputs, settings, fail=1):
+        attempts.append(len(attempts))
+        if len(attempts) <= fail:
+            raise RuntimeError("operation failed due to a previous error during capture")
+        return Graph(), list(inputs), inputs[0] * 2
+
+    x = torch.ones(3)
+    g = GraphedCallable(lambda t: t * 2, "t", enabled=True)
+    g.would_capture = lambda inputs: g.fallback_reason is None
+    g._capture = capture
+    with caplog.at_level(logging.WARNING, logger="repro.decoding.cuda_graph"):
+        assert torch.equal(g(x), 2 * x) and torch.equal(g(x), 2 * x)
+    assert len(attempts) == 2 and g.captures == 1 and Graph.replays == 2 and g.fallback_reason is None
+    assert sum("attempt 1 of 2" in r.getMessage() for r in caplog.records) == 1
+    attempts.clear()
+    h = GraphedCallable(lambda t: t * 2, "h", enabled=True)
+    h.would_capture = lambda inputs: h.fallback_reason is None
+    h._capture = lambda inputs, settings: capture(inputs, settings, fail=5)
+    assert torch.equal(h(x), 2 * x) and len(attempts) == 2 and h.captures == 0 and h.eager_calls == 1
+    assert "previous error during capture" in h.fallback_reason
+
+
+@pytest.mark.timeout(30)
 def test_bad_values_fail_clearly(trained):
     pol, prompts, drafts = trained
     d = drafts["eagle3"]
