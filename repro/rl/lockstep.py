@@ -12,8 +12,8 @@ the last step.
 
     python -m repro.rl.lockstep --artifact table1 --profile cpu-tiny --warm-start <sft folder> \\
         --rows "Qwen3-8B/no draft,Qwen3-8B/DFlash" --out-root /tmp/lockstep/table1
-    (each row in <out-root>/<run_dir_name(row)>, as repro.bench.gpu_rl and the workflow name them; an artifact
-    section with ``lockstep: true`` makes the workflow and gpu_rl run its rows this way, one job per policy)
+    (each row in <out-root>/<run_dir_name(row)>, as the workflow names them; an artifact section with
+    ``lockstep: true`` makes the workflow run its rows this way, one job per policy)
 """
 from __future__ import annotations
 
