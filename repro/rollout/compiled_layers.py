@@ -20,7 +20,7 @@ import functools
 
 import torch
 
-RECOMPILE_LIMIT = 32     # graphs per layer class: dtypes x (batch of one, larger) x layer kinds, with room
+RECOMPILE_LIMIT = 32     # graphs per layer class: dtypes x batch one/more x step width one/k+1 x layer 0/rest
 _COMPILED: dict = {}     # (layer class, backend) -> the compiled forward (holds no layer)
 
 

@@ -23,6 +23,7 @@ whenever they run on the same inputs; the state advances by copies outside the g
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -77,12 +78,9 @@ class StaticDecoder:
     def _policy_step(self, st, last_tok, last_pos, drafts, cursor, *, want_taps: bool, view: int):
         inp = torch.cat([last_tok[:, None], drafts], dim=1)
         qpos = last_pos[:, None] + torch.arange(self.k + 1, device=last_pos.device)
-        if self.compile_backend is None:
+        with (contextlib.nullcontext() if self.compile_backend is None
+              else compiled_layers(self.policy, self.compile_backend)):
             out = self.policy.decode_step_static(inp, qpos, st["cache"], want_taps=want_taps, cursor=cursor, view=view)
-        else:
-            with compiled_layers(self.policy, self.compile_backend):
-                out = self.policy.decode_step_static(inp, qpos, st["cache"], want_taps=want_taps, cursor=cursor,
-                                                     view=view)
         return out.logits, out.taps, qpos, st["cache"].cols
 
     def _accept_step(self, st, logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt,
