@@ -10,8 +10,8 @@ one run on the same weights and fresh prompts (temperature 1, exact rejection sa
   ``engine_modes``) for plain decoding and each family: raw time samples, ms per step (time / policy
   forwards), tokens/s, acceptance length, speedup over plain decoding in the same mode, speedup / AL, and
   the same from process CPU time (``*_cpu``: the robust ratio on a shared CPU machine);
-* ``bound/<family>/b<B>``: the policy's static verify step over k+1 tokens against its one-token decode step
-  (``verify_over_decode``): speedup / AL cannot pass ``1 / verify_over_decode`` however cheap the draft;
+* ``bound/<family>/b<B>``: the policy's static verify step over k+1 tokens against its one-token decode step,
+  graphed on a GPU as the engine runs them (``verify_over_decode``): speedup / AL cannot pass its inverse;
 * ``peer/<peer>/b<B>``: transformers ``generate`` with ``StaticCache`` + ``torch.compile(mode="reduce-overhead")``,
   transformers eagerly with its ``DynamicCache``, and vLLM where importable (``repro.rollout.peers``); a peer
   that cannot run is listed with its reason in the config's ``peer_status``, never invented;
@@ -32,6 +32,7 @@ its verdict; ``--self-check-only`` stops there; a failed check makes the program
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -50,6 +51,7 @@ from repro.core.profile import (
     load_profile_model,
 )
 from repro.core.timing import BenchRun, summarize, time_samples
+from repro.decoding.cuda_graph import GraphedCallable
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dflash import DFlashDraft
 from repro.models.dspark import DSparkDraft
@@ -172,8 +174,8 @@ class Timer:
 
 def policy_step_ratio(policy, batch: int, k: int, prompt_len: int, repeats: int) -> tuple[float, float, float]:
     """The policy's static verify step over k+1 tokens against its one-token decode step, both after the same
-    prompt: (ratio of the medians, verify seconds, decode seconds). The two are timed alternately, so a load
-    change on a shared machine hits both."""
+    prompt and replayed as CUDA graphs on a GPU, as the engine runs them (eager on a CPU): (ratio of the medians,
+    verify seconds, decode seconds). The two are timed alternately, so a load change hits both."""
     cache = policy.new_static_cache(batch, 256)
     dev = policy.device
     ids = torch.randint(0, policy.vocab_size - 1, (batch, prompt_len), device=dev)
@@ -183,12 +185,11 @@ def policy_step_ratio(policy, batch: int, k: int, prompt_len: int, repeats: int)
     for q in (1, k + 1):
         qi = torch.randint(0, policy.vocab_size - 1, (batch, q), device=dev)
         qp = prompt_len + torch.arange(q, device=dev).expand(batch, -1)
-
-        def step(qi=qi, qp=qp):
-            cache.next_col = prompt_len          # the same columns every call: a steady-state step
-            policy.decode_step_static(qi, qp, cache)
-
-        steps[q] = step
+        cache.next_col = prompt_len              # the same columns every call: a steady-state step
+        cursor = cache.reserve(q)
+        graph = GraphedCallable(lambda qi, qp, cursor, view: policy.decode_step_static(
+            qi, qp, cache, cursor=cursor, view=view).logits, f"bound.step[{q}]", enabled=dev.type == "cuda")
+        steps[q] = functools.partial(graph, qi, qp, cursor, view=cache.used_view())
     times = {q: [] for q in steps}
     for _ in range(max(10, 4 * repeats)):
         for q, step in steps.items():

@@ -95,6 +95,9 @@ class StaticPolicyCache:
         self.view = max_slots                     # the columns the running forward's attention reads
         self.next_col = 0                         # host copy of the cursor: the next free column
 
+    # eager even inside a compiled decoder layer (a graph break): inductor would write a mutated slice of this
+    # input by copying the layer's whole cache, which at batch 64 costs more than the layer's matmuls
+    @torch.compiler.disable
     def write(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor):
         """``key/value_states [B, G, q, D]`` of decoder layer ``layer`` into the columns of the running forward;
         returns that layer's keys and values over the attention view."""

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import Layout, make_layout
+from kernels.attention.grouped import grouped_sdpa
 from repro.decoding.kv import gather_slots
 
 
@@ -114,18 +115,11 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: 
     Rows that see no key return 0 (never NaN). A caller whose every query sees a key (its own, just written)
     says so with ``sees_a_key=True`` and skips that guard's five ops.
     """
-    H = q.shape[2]
-    G = k.shape[1]
-    if H % G:
-        raise ValueError(f"query heads {H} must be a multiple of key/value heads {G}")
     if sees_a_key:
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=visible.unsqueeze(1),
-                                             enable_gqa=H != G)
-        return out.transpose(1, 2)
+        return grouped_sdpa(q.transpose(1, 2), k, v, visible.unsqueeze(1)).transpose(1, 2)
     any_key = visible.any(-1, keepdim=True)                                  # [B, q, 1]
     vis = visible | ~any_key                                                  # keep SDPA NaN-free
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=vis.unsqueeze(1),
-                                         enable_gqa=H != G)
+    out = grouped_sdpa(q.transpose(1, 2), k, v, vis.unsqueeze(1))
     return out.transpose(1, 2) * any_key.unsqueeze(-1).to(out.dtype)
 
 

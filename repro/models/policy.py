@@ -16,6 +16,7 @@ Attention masks are passed to the HF model pre-built, so every family sees the s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import inspect
 import os
@@ -28,6 +29,7 @@ from torch import nn
 
 from repro.decoding.kv import SlotTable
 from repro.decoding.policy_cache import StaticPolicyCache
+from repro.models.policy_attention import grouped_attention
 from repro.models.taps import TapRecorder, TapSpec
 
 FAMILIES = ("qwen3", "qwen3_moe", "llama", "gpt_oss")
@@ -176,13 +178,11 @@ class Policy(nn.Module):
                       is not None}
         if cache is not None:
             kwargs[self._cache_kwarg] = cache
-        if want_taps:
-            if self.recorder is None:
-                raise RuntimeError("taps requested but the policy has no TapSpec (call set_taps)")
-            with self.recorder.capture() as taps:
-                out = self.model(**kwargs)
-        else:
-            taps = None
+        if want_taps and self.recorder is None:
+            raise RuntimeError("taps requested but the policy has no TapSpec (call set_taps)")
+        # steps on a cache attend with grouped queries (repro.models.policy_attention); training forwards as built
+        with (self.recorder.capture() if want_taps else contextlib.nullcontext()) as taps, \
+                (grouped_attention(self.model) if cache is not None else contextlib.nullcontext()):
             out = self.model(**kwargs)
         return StepOutput(out.logits, taps)
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kernels.attention.sdpa_choice import no_cudnn_sdpa
 from repro.core.specs import DraftSpec, GRPOSpec
-from repro.models.sdpa_choice import no_cudnn_sdpa
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.rl.draft_graph import DraftTrainStep
 from repro.rl.drafts import trainable_parameters
@@ -128,7 +128,7 @@ class JointUpdate:
         kept = [] if self._defers_draft(mb) else None    # the microbatches' detached taps and logits
         for s in range(0, B, mb):
             sl = slice(s, min(B, s + mb))
-            with amp, no_cudnn_sdpa(dev):       # every batch brings new lengths (see repro.models.sdpa_choice)
+            with amp, no_cudnn_sdpa(dev):       # every batch brings new lengths (see kernels.attention.sdpa_choice)
                 loss, total, logp, st, d_mb = self._microbatch(ids, att, mask, old, adv, sl, n_tok, temperature,
                                                                gen, lam, B, kept)
             if d_mb is not None:

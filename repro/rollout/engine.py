@@ -32,11 +32,11 @@ from collections.abc import Sequence
 
 import torch
 
+from kernels.attention.sdpa_choice import no_cudnn_sdpa
 from repro.decoding.kv import SlotTable, gather_hf_cache, select_hf_cache_rows, trim_hf_cache
 from repro.decoding.sampling import verify
 from repro.decoding.static_kv import batch_bucket, bucketed, slots_needed
 from repro.models.policy import Policy
-from repro.models.sdpa_choice import no_cudnn_sdpa
 from repro.rollout.proposer import Proposer
 from repro.rollout.result import AcceptanceCounters, RolloutResult, check_request  # noqa: F401 (re-exported)
 from repro.rollout.static_loop import StaticDecoder, generate_static

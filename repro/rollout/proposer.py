@@ -47,10 +47,3 @@ class Proposer(Protocol):
 
     def select(self, rows: torch.Tensor) -> None: ...
 
-
-class StaticProposer(Proposer, Protocol):
-    """A proposer that can also run on static caches (``RolloutEngine(cuda_graphs="draft")``)."""
-
-    def prepare(self, batch: int, max_slots: int, *, cuda_graphs: bool = False) -> None: ...
-
-    def graph_status(self) -> dict: ...

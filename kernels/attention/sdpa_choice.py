@@ -4,8 +4,8 @@ cuDNN's fused attention builds an execution plan for every new (query length, ke
 Decoding changes the key length at every step (speculative decoding also the query length) and every
 rollout batch gives the update new sequence lengths, so on an H200 that set-up cost ~0.85 ms of host
 time per attention call with plain decoding, ~7 ms with a draft, and 2-3 s per update on the first
-steps (repro.bench.profile_step; results/1xh200/h200/profile_step/). Flash and memory-efficient
-attention take the same inputs with no per-shape set-up. On CPU nothing changes.
+steps. Flash and memory-efficient attention take the same inputs with no per-shape set-up. On CPU nothing
+changes.
 
     with no_cudnn_sdpa(device):
         model(...)

@@ -1,0 +1,41 @@
+"""The policy's attention on its KV caches: grouped query heads folded into the query length, keys never repeated.
+
+``grouped_attention(model)`` selects ``GROUPED_SDPA`` (registered with transformers' attention registry) inside the
+block, the policy's decode and verify steps: a call with a ``[B, 1, q, S]`` mask goes to
+``kernels.attention.grouped.grouped_sdpa``, any other to transformers' SDPA. Training forwards and peers keep ``sdpa``.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from kernels.attention.grouped import grouped_sdpa
+
+GROUPED_SDPA = "repro_grouped_sdpa"
+
+
+def grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    m = attention_mask
+    folds = m is not None and m.dim() == 4 and m.shape[1] == 1 and not dropout
+    if not folds or kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None:
+        return sdpa_attention_forward(module, query, key, value, m, dropout=dropout, scaling=scaling, **kwargs)
+    out = grouped_sdpa(query, key, value, m[:, :, :, :key.shape[2]], scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_forward)
+AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
+
+
+@contextlib.contextmanager
+def grouped_attention(model):
+    """Inside the block, ``model`` attends through ``GROUPED_SDPA`` if it was built with ``sdpa`` (else unchanged)."""
+    cfg, built = model.config, model.config._attn_implementation
+    cfg._attn_implementation = GROUPED_SDPA if built == "sdpa" else built
+    try:
+        yield
+    finally:
+        cfg._attn_implementation = built
