@@ -91,10 +91,8 @@ def copy_bandwidth_gbps(path: str | Path) -> float:
         if not c.is_file():
             continue
         data = json.loads(c.read_text())
-        bw = (data.get("ceilings") or {}).get("copy_bw_gbps")
-        if bw is None:
-            bw = next((r["metrics"].get("copy_bw_gbps") for r in data.get("records", []) if r.get("row") == "copy"),
-                      None)
+        bw = (data.get("ceilings") or {}).get("copy_bw_gbps") or next(
+            (r["metrics"].get("copy_bw_gbps") for r in data.get("records", []) if r.get("row") == "copy"), None)
         if bw:
             return float(bw)
     raise ValueError(f"--envcheck {str(p)!r}: no copy_bw_gbps found (expected envcheck's env.json with "
@@ -173,9 +171,8 @@ class Timer:
 
 
 def policy_step_ratio(policy, batch: int, k: int, prompt_len: int, repeats: int) -> tuple[float, float, float]:
-    """The policy's static verify step over k+1 tokens against its one-token decode step, both after the same
-    prompt and replayed as CUDA graphs on a GPU, as the engine runs them (eager on a CPU): (ratio of the medians,
-    verify seconds, decode seconds). The two are timed alternately, so a load change hits both."""
+    """The policy's verify step over k+1 tokens against its one-token step after one prompt, graphed on a GPU as the
+    engine runs them: (ratio of medians, verify s, decode s). Timed alternately, so a load change hits both."""
     cache = policy.new_static_cache(batch, 256)
     dev = policy.device
     ids = torch.randint(0, policy.vocab_size - 1, (batch, prompt_len), device=dev)

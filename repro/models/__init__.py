@@ -1,6 +1,7 @@
 """The paper's models: the policy (HF transformers classes) with taps, and the three draft families.
 
 policy.py        build_policy / load_policy, the Policy wrapper (taps, ragged and static-cache decode steps)
+policy_attention.py  the policy's attention on its caches: grouped queries, no repeated keys (transformers' registry)
 taps.py          TapSpec (both tap-index conventions, family defaults), TapRecorder hooks
 vocab.py         EAGLE-3 reduced vocabulary maps (d2t offsets, t2d mask), built and validated
 draft_layers.py  RMSNorm, SwiGLU, RoPE, draft KV cache, cache attention (inference masks from SlotTable)

@@ -1,9 +1,6 @@
-"""The policy's attention on its KV caches: grouped query heads folded into the query length, keys never repeated.
-
-``grouped_attention(model)`` selects ``GROUPED_SDPA`` (registered with transformers' attention registry) inside the
-block, the policy's decode and verify steps: a call with a ``[B, 1, q, S]`` mask goes to
-``kernels.attention.grouped.grouped_sdpa``, any other to transformers' SDPA. Training forwards and peers keep ``sdpa``.
-"""
+"""The policy's attention on its KV caches: inside ``grouped_attention(model)`` (the decode and verify steps) a call
+with a ``[B, 1, q, S]`` mask goes to ``kernels.attention.grouped.grouped_sdpa`` (registered with transformers as
+``GROUPED_SDPA``), any other to transformers' SDPA. Training forwards and the peers keep stock ``sdpa``."""
 from __future__ import annotations
 
 import contextlib

@@ -106,10 +106,9 @@ def compare_artifact(artifact: str, tidy: pd.DataFrame, paper: pd.DataFrame, pro
             lines.append({**base, "measured_hardware": "-", "measured_value": None, "ratio": None,
                           "expected_ratio": exp, "status": "no measurement yet"})
             continue
-        for hw, h in hits.groupby("hardware", sort=True):
+        for (hw, label), h in hits.groupby(["hardware", "hardware_label"], sort=True):
             h = h.sort_values(["run", "step"], kind="stable")
             value = float(h["value"].iloc[-1])
-            label = h["hardware_label"].iloc[-1]
             ratio = None if is_range or lo == 0 else value / lo
             lines.append({**base, "measured_hardware": f"{hw} ({label})" if label else hw,
                           "measured_value": value, "ratio": ratio, "expected_ratio": exp,

@@ -207,7 +207,7 @@ def judge(h: pd.DataFrame, run: str, bands: dict[str, pd.DataFrame], row: str, b
 def baseline_groups(steps: pd.DataFrame):
     """(hardware, its steps less the replicas not banded, baseline row, replicas description) for every hardware
     whose runs include replicas (``banded_runs``); the loop that the verdict and self-check tables share."""
-    for hw, h in steps.groupby("hardware", sort=True):
+    for (hw, _), h in steps.groupby(["hardware", "hardware_label"], sort=True):   # a reference of this tag apart
         base = baseline_row(h)
         if base is not None:
             banded, replicas = banded_runs(h)

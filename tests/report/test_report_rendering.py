@@ -134,3 +134,26 @@ def test_table_rows_trained_in_lockstep_say_so():
     df = comparison_table(tidy, paper[paper["artifact"] == "table1"], METRICS, ["Qwen3-8B/DFlash", "Qwen3-8B/DSpark"])
     on = dict(zip(df["row"], df["measured on"]))
     assert on == {"Qwen3-8B/DFlash": "cpu-2c (cpu-emulated), lockstep", "Qwen3-8B/DSpark": "cpu-2c (cpu-emulated)"}
+
+
+def test_a_reference_run_of_this_machines_tag_keeps_its_own_values():
+    """This machine and a committed reference machine of the same tag (one machine type): every table gives each
+    its own numbers under its own label, never one's value on both lines."""
+    from repro.report.artifacts.decode import decode_rows, summary_table
+    from repro.report.artifacts.table1 import METRICS, comparison_table
+    paper = load_paper_numbers()
+    here, ref = (_tidy([("table1", "Qwen3-8B/DFlash", "rollout_speedup", v), ("decode", "suite-all/plain/b1",
+                                                                             "ms_per_step", v)]) for v in (1.1, 1.5))
+    here["hardware_label"], ref["hardware_label"], ref["run"] = "cpu-emulated, this machine", \
+        "cpu-emulated, reference", "reference/cpu-2c/cpu-tiny/r"
+    tidy = pd.concat([ref, here], ignore_index=True)
+    t1 = comparison_table(tidy, paper[paper["artifact"] == "table1"], METRICS, ["Qwen3-8B/DFlash"])
+    assert dict(zip(t1["measured on"], t1["rollout (ours)"])) == {
+        "cpu-2c (cpu-emulated, reference)": 1.5, "cpu-2c (cpu-emulated, this machine)": 1.1}
+    cmp = compare_artifact("table1", tidy, paper, load_profile("cpu-tiny"), None, {})
+    got = cmp[(cmp["row"] == "Qwen3-8B/DFlash") & (cmp["metric"] == "rollout_speedup")]
+    assert dict(zip(got["measured_hardware"], got["measured_value"])) == {
+        "cpu-2c (cpu-emulated, reference)": 1.5, "cpu-2c (cpu-emulated, this machine)": 1.1}
+    dec = summary_table(decode_rows(tidy[tidy["artifact"] == "decode"]))
+    assert dict(zip(dec["hardware"], dec["ms_per_step"])) == {
+        "cpu-2c (cpu-emulated, reference)": 1.5, "cpu-2c (cpu-emulated, this machine)": 1.1}

@@ -42,6 +42,7 @@ def decode_rows(tidy: pd.DataFrame) -> pd.DataFrame:
 def summary_table(rows: pd.DataFrame) -> pd.DataFrame:
     cols = ["hardware", "batch", "kind", "family"] + [m for m in TABLE_METRICS if m in rows]
     df = rows[cols].copy()
+    df["hardware"] = [f"{h} ({lab})" if lab else h for h, lab in zip(rows["hardware"], rows["hardware_label"])]
     df["engine"] = df["kind"].str.replace("suite-", "ours, cuda_graphs=", regex=False)
     return df[["hardware", "batch", "engine", "family"] + cols[4:]]
 

@@ -85,7 +85,7 @@ def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: s
     steps = _cpu_basis(steps, label) if len(steps) else steps
     cpu_basis = label.startswith("cpu-emulated") and (steps["metric"] == "train/step_cpu_s").any()
     base = seed_spread.baseline_row(steps) if len(steps) else None
-    hw_steps = steps[steps["hardware"] == hw] if len(steps) else steps
+    hw_steps = steps[(steps["hardware"] == hw) & (steps["hardware_label"] == label)] if len(steps) else steps
     if base is not None:                           # the replicas the verdict table bands (sampling ones first)
         hw_steps, _ = seed_spread.banded_runs(hw_steps)
     curves = seed_spread.main_runs(steps) if len(steps) else steps

@@ -79,7 +79,8 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax_m.plot(best["cp"], best["peak_mem_gb"], marker="s", markersize=3,
                   label=series_label("best SpecForge USP", hw, label, len(machines)))
         sp = latest(tidy)
-        sp = sp[(sp["hardware"] == hw) & (sp["metric"] == "speedup_vs_best_usp") & sp["row"].str.fullmatch(r"cp=\d+")]
+        sp = sp[(sp["hardware"] == hw) & (sp["hardware_label"] == label) & (sp["metric"] == "speedup_vs_best_usp")
+                & sp["row"].str.fullmatch(r"cp=\d+")]
         ax_s.plot(sp["row"].str[3:].astype(int), sp["value"], marker="o", markersize=3,
                   label=series_label("measured", hw, label, len(machines)))
     ps = paper[(paper["metric"] == "speedup_vs_best_usp") & paper["row"].str.fullmatch(r"cp=\d+")]

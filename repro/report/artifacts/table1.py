@@ -29,6 +29,11 @@ def latest_values(tidy: pd.DataFrame, metrics) -> pd.DataFrame:
     return latest(tidy[tidy["metric"].isin(list(metrics))])
 
 
+def of_machine(values: pd.DataFrame, row: str, hardware: str, label: str) -> pd.DataFrame:
+    """``values`` of ``row`` measured on one machine: its tag and its label (a reference of this tag stays apart)."""
+    return values[(values["row"] == row) & (values["hardware"] == hardware) & (values["hardware_label"] == label)]
+
+
 def paper_value(paper: pd.DataFrame, row: str, metric: str):
     hit = paper[(paper["row"] == row) & (paper["metric"] == metric) & (paper["stat"] == "value")]
     return (float(hit["value"].iloc[0]), str(hit["paper_hardware"].iloc[0])) if len(hit) else (None, "")
@@ -46,9 +51,9 @@ def comparison_table(tidy: pd.DataFrame, paper: pd.DataFrame, metrics, row_order
     for row in rows:
         for h, label in hw:
             line = {"row": row, "measured on": f"{h} ({label})" if label else h}
-            if ((lockstep["row"] == row) & (lockstep["hardware"] == h) & (lockstep["value"] > 1)).any():
+            if (of_machine(lockstep, row, h, label)["value"] > 1).any():
                 line["measured on"] += ", lockstep"
-            got = meas[(meas["row"] == row) & (meas["hardware"] == h)]
+            got = of_machine(meas, row, h, label)
             for m, short in metrics:
                 v = got[got["metric"] == m]["value"]
                 line[f"{short} (ours)"] = float(v.iloc[0]) if len(v) else None
