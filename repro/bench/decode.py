@@ -87,9 +87,7 @@ def copy_bandwidth_gbps(path: str | Path) -> float:
     """envcheck's measured copy bandwidth (GB/s, read + write counted) from its env.json, bench.json or folder."""
     p = Path(path)
     cands = [p / "env.json", p / "bench.json"] if p.is_dir() else [p]
-    for c in cands:
-        if not c.is_file():
-            continue
+    for c in (c for c in cands if c.is_file()):
         data = json.loads(c.read_text())
         bw = (data.get("ceilings") or {}).get("copy_bw_gbps") or next(
             (r["metrics"].get("copy_bw_gbps") for r in data.get("records", []) if r.get("row") == "copy"), None)

@@ -16,7 +16,8 @@ import pandas as pd
 
 from repro.report.tables import latest, write_table
 
-METRICS = (("acceptance_length", "AL"), ("rollout_speedup", "rollout"), ("e2e_speedup", "E2E"))
+METRICS = (("acceptance_length", "AL"), ("rollout_speedup", "rollout"), ("e2e_speedup", "E2E"),
+           ("rollout_share_of_step_pct", "rollout share of step %"))   # on the no-draft rows: what a draft can speed
 
 
 LOCKSTEP_NOTE = ("Measured on '..., lockstep': the row and its no-draft baseline trained in one process, their steps "

@@ -20,8 +20,7 @@ METRICS = (("acceptance_length", "AL"), ("rollout_time_s", "rollout s"), ("rollo
            ("update_time_s", "update s"), ("update_overhead_pct", "update overhead %"),
            ("update_overhead_ci95_low_pct", "overhead 95% CI low %"),
            ("update_overhead_ci95_high_pct", "overhead 95% CI high %"),
-           ("tap_wait_s", "tap wait s"),
-           ("e2e_speedup", "E2E x"))
+           ("tap_wait_s", "tap wait s"), ("e2e_speedup", "E2E x"), ("rollout_share_of_step_pct", "rollout share %"))
 ROWS = ["no draft", "EAGLE-3", "DFlash", "DSpark"]
 
 
