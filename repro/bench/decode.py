@@ -255,7 +255,7 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
                          extra={"train_time_s": time.perf_counter() - t0, **loss_ends(losses)})
             drafts[fam] = d.eval()
         if device.type == "cuda" or self_check_only:
-            check_failed = self_check(bench, policy, drafts, s, eval_prompts, lang, out)
+            check_failed = self_check(bench, policy, drafts, s, eval_prompts, lang, out, timed=self_check_only)
             if self_check_only:
                 return bench.records
         for mode in ([] if device.type == "cuda" else s.engine_modes):    # on CUDA the self-check did this
@@ -285,13 +285,14 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
     return bench.records
 
 
-def self_check(bench, policy, drafts, s: Decode, prompts, lang, out: Path) -> str | None:
-    """Run the engine self-check, write self_check.json, print the verdict; the failures joined, or None."""
+def self_check(bench, policy, drafts, s: Decode, prompts, lang, out: Path, timed: bool) -> str | None:
+    """Run the engine self-check, write self_check.json, print the verdict; the failures joined, or None. Its step
+    times only when ``timed`` (the check alone): a full run's sweep times every point with repeats."""
     ragged = [p[: max(2, len(p) - i % 4)] for i, p in enumerate(prompts[:4])]
     stop = int(lang.sample(1, 1, seed=9)[0, 0])
     report = run_self_check(policy, drafts, lambda fam, d: proposer_for(fam, d, s), ragged,
-                            new_tokens=s.self_check_tokens, stop_token=stop,
-                            timing_batches=(min(s.batch_sizes), max(s.batch_sizes)), timing_prompts=prompts,
+                            new_tokens=s.self_check_tokens, stop_token=stop, timing_prompts=prompts,
+                            timing_batches=(min(s.batch_sizes), max(s.batch_sizes)) if timed else (),
                             modes=[m for m in CUDA_GRAPH_MODES if m != "compiled" or m in s.engine_modes],
                             progress=lambda m: print(m, flush=True))
     write_json_atomic(out / "self_check.json", report)
