@@ -253,7 +253,7 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
                                  fallback_backend="torch")
             bench.record(f"train/{fam}", {"family": fam, "steps": len(losses), "attn_backend": d.attn_backend},
                          extra={"train_time_s": time.perf_counter() - t0, **loss_ends(losses)})
-            drafts[fam] = d.eval()
+            drafts[fam] = d.eval().to(dtype)     # decoding in the policy's dtype, as the RL engine's rollout drafts
         if device.type == "cuda" or self_check_only:
             check_failed = self_check(bench, policy, drafts, s, eval_prompts, lang, out, timed=self_check_only)
             if self_check_only:
