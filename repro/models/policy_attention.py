@@ -17,7 +17,7 @@ GROUPED_SDPA = "repro_grouped_sdpa"
 def grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     m = attention_mask
     folds = m is not None and m.dim() == 4 and m.shape[1] == 1 and not dropout
-    if not folds or kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None:
+    if not folds or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(module, query, key, value, m, dropout=dropout, scaling=scaling, **kwargs)
     out = grouped_sdpa(query, key, value, m[:, :, :, :key.shape[2]], scale=scaling)
     return out.transpose(1, 2).contiguous(), None

@@ -17,7 +17,7 @@ import pandas as pd
 from repro.report.tables import latest, write_table
 
 METRICS = (("acceptance_length", "AL"), ("rollout_speedup", "rollout"), ("e2e_speedup", "E2E"),
-           ("rollout_share_of_step_pct", "rollout share of step %"))   # on the no-draft rows: what a draft can speed
+           ("rollout_share_of_step_pct", "rollout share of step %"))   # no-draft rows: the part a draft speeds up
 
 
 LOCKSTEP_NOTE = ("Measured on '..., lockstep': the row and its no-draft baseline trained in one process, their steps "
