@@ -11,19 +11,12 @@ every method in turn), so the drifting load of a shared machine falls on all of 
                     the head counts
     usp-zigzag ..   the same with yunchang's zigzag ring instead of the basic one (R > 1; ours)
 the best SpecForge USP row (sequential ring) is the baseline, as in the paper ("cp=<C>": speedup_vs_best_usp,
-peak_mem_ratio_usp_over_zigzag); the best of every USP row, ours included, is reported beside it
-(speedup_vs_best_usp_any, peak_mem_ratio_usp_any_over_zigzag), a stronger baseline than the paper's,
-and times forward + backward of the 3 passes (wall: slowest rank per sample; and each rank's CPU time
-per step: on CPUs (few shared cores, often fewer than ranks) wall time measures the machine's total
-work and other load, so CPU runs compute the speedup from the critical path = largest per-rank CPU
-time per step; the wall-time speedup is logged beside it). Peak memory per rank is that of the
-baseline's row (and of the fastest row of any USP, beside it); it is measured from the inputs through the first step,
-after an untimed step of the
-same method on a tiny batch (worker): on CPUs the resident set then no longer counts the ~50 MB per
-process of code pages and library state that the first call of any method loads. Logged rows
-(metric names of experiments/paper_numbers.csv): "cp=<C>": speedup_vs_best_usp,
-peak_mem_ratio_usp_over_zigzag, usp_pad_factor; "all": the same pooled (smallest speedup and ratio),
-longest_seq_tokens.
+peak_mem_ratio_usp_over_zigzag, usp_pad_factor); the best of every USP row, ours included, is reported beside it
+(speedup_vs_best_usp_any, ...), a stronger baseline; "all" pools them (smallest speedup and ratio). Times are forward
++ backward of the 3 passes: wall (slowest rank per sample) and, on CPUs, where few shared cores measure the
+machine's total work, the critical path (largest per-rank CPU time per step), from which CPU runs compute the
+speedup. Peak memory per rank is measured from the inputs through the first step, after an untimed step of the
+same method on a tiny batch, so a CPU's resident set no longer counts the code pages the first call loads.
 At C = 1 (one GPU: the h200 profile) each method runs in one process: the packed zigzag path is a single
 local call per pass and USP at U = R = 1 is SpecForge's padded batch through the same kernels and backend, so
 the ratio is packing against padding.

@@ -29,6 +29,7 @@ import math
 import os
 import shutil
 import sys
+import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,6 +37,7 @@ from typing import Any
 
 from repro.core.io import write_atomic, write_json_atomic
 from repro.core.provenance import provenance
+from repro.core.wandb_reader import WandbLogError, read_wandb_log
 
 DEFAULT_PROJECT = "rl-spec-repro"
 RESERVED_KEYS = ("row", "step")
@@ -75,6 +77,21 @@ def read_sidecar(path: str | os.PathLike) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             pass                                # cut off mid-write: not a logged row
     return rows
+
+
+def _await_complete(log_path: Path, timeout_s: float = 30.0) -> None:
+    """W&B's service closes its transaction log a moment after ``finish()`` returns; wait for the
+    exit record so that whoever reads the log next (collect, a test) reads it whole."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if read_wandb_log(log_path).finished:
+                return
+        except (OSError, WandbLogError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{log_path} has no exit record {timeout_s:.0f} s after finish()")
+        time.sleep(0.05)
 
 
 class MetricsLogger:
@@ -165,7 +182,9 @@ class MetricsLogger:
                 write_json_atomic(self.run_dir / ENV, self._env)
         if self._wandb_run is not None:
             try:
+                log_path = Path(self._wandb_run.settings.sync_file)
                 self._wandb_run.finish(exit_code=exit_code)
+                _await_complete(log_path)
             except Exception as exc:   # noqa: BLE001 - the mirror's failure is not the run's
                 print(f"metrics: W&B did not finish cleanly ({exc})", file=sys.stderr, flush=True)
             self._wandb_run = None

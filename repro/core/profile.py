@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
@@ -503,14 +504,18 @@ def _fields_of(tp) -> dict[str, Any] | None:
     return None
 
 
+def _unwrapped(tp: Any) -> Any:
+    """``tp`` without Optional/Union and Annotated wrappers (their first non-None member)."""
+    while typing.get_origin(tp) in (typing.Union, types.UnionType, Annotated):
+        tp = [a for a in typing.get_args(tp) if a is not type(None)][0]
+    return tp
+
+
 def _type_at(loc: tuple) -> Any:
     """The declared type at ``loc`` inside Profile (for naming the keys an unknown key's section accepts)."""
     tp: Any = Profile
     for part in loc:
-        while typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None),
-                                        Annotated):
-            args = [a for a in typing.get_args(tp) if a is not type(None)]
-            tp = args[0]
+        tp = _unwrapped(tp)
         fields = _fields_of(tp)
         if fields is not None and part in fields:
             tp = fields[part]
@@ -520,9 +525,7 @@ def _type_at(loc: tuple) -> Any:
             tp = typing.get_args(tp)[0]
         else:
             return None
-    while typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None), Annotated):
-        tp = [a for a in typing.get_args(tp) if a is not type(None)][0]
-    return tp
+    return _unwrapped(tp)
 
 
 def describe_error(err: dict) -> str:

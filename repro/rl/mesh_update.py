@@ -1,36 +1,21 @@
 """The joint GRPO + draft update on a PP x CP process mesh (gloo on CPU, NCCL on GPUs).
 
-World rank ``p * cp + c`` runs pipeline stage ``p`` (a slice of the policy's decoder layers, Megatron
-style) on CP shard ``c`` of every microbatch. Along ``pp`` the ranks of one CP index form a pipeline
-run by ``torch.distributed.pipelining.Schedule1F1B``; along ``cp`` the ranks of one stage form a CP
-group in which every attention is the zigzag ring (``repro.rl.cp.CPPolicyStage``). The draft lives on
-the last stage: each of its CP ranks gets the taps of its *own* shard from the earlier stages over
-``kernels.transport.TapChannel`` (one channel per CP index, outside the schedule; taps of the last
-stage stay local) and runs its CP attention in the last stage's CP group.
+World rank ``p * cp + c`` runs pipeline stage ``p`` (a slice of the policy's decoder layers) on CP shard ``c`` of
+every microbatch: the mesh is a ``DeviceMesh`` of dims ``("pp", "cp")``; ``Schedule1F1B`` runs on its ``pp``
+groups, the zigzag ring attention (``repro.rl.cp.CPPolicyStage``) on its ``cp`` groups. The draft lives on the
+last stage; each of its CP ranks gets the taps of its own shard from the earlier stages over
+``kernels.transport.TapChannel`` (one channel per CP index, outside the schedule) and runs its CP attention in the
+last stage's CP group. Block drafts read the last stage's head and an embedding copy that stage 0 sends after
+every step, both with the gradient stopped.
 
-A microbatch (``cfg.grpo.microbatch`` sequences, as ``JointUpdate`` cuts them) is packed to real
-tokens and sharded (``repro.parallel.cp_batch.PackedShard``); every microbatch of a step is padded
-with a filler document to the same length, so stage shapes are static within the step. Loss per
-microbatch on the last stage: GRPO's clipped loss over its rows (normalised by the batch's token
-count) plus ``lambda * (sequences / B) * L_draft`` (this rank's share of the draft loss).
-
-The mesh is a ``DeviceMesh`` of dims ``("pp", "cp")`` (``init_device_mesh``; rank ``p * cp + c`` as above);
-the schedule runs on its ``pp`` groups, the ring attention on its ``cp`` groups. Each stage (the last one
-with its draft) is replicated over its CP group by ``DistributedDataParallel``, whose bucketed all-reduces
-sum the CP ranks' gradients while the backward of the step's last microbatch runs (the schedule runs the
-others under ``no_sync``, torch.distributed.pipelining's own DDP support). The policy's global gradient
-norm is reduced across the PP stages and clipped (``get_total_norm`` / ``clip_grads_with_norm_``, as
-torchtitan does across PP), the draft is clipped on its own, then the same AdamW step as ``JointUpdate``
-(tests/rl/test_mesh_update.py checks equality with it, PP=2 x CP=2). DDP, not FSDP2: the CP ranks of a
-stage hold the same parameters (as Megatron's DP x CP replicas do), and the draft reads the last stage's
-head and an embedding copy as plain tensors; FSDP2 would turn them into shards.
-``autocast_dtype`` (bf16 on a GPU, as ``JointUpdate``'s) runs the stages' and the draft's forward passes under
-``torch.autocast`` over fp32 weights; the ring attention then takes the fused bf16 kernels instead of the fp32
-fallback's per-segment loops.
-
-Block drafts (DFlash, DSpark) read the policy's embedding and head with the gradient stopped: the
-head is the last stage's own, the embedding a copy that stage 0 sends it over the pipeline's group after
-every step.
+A microbatch (``cfg.grpo.microbatch`` sequences) is packed to real tokens and sharded
+(``repro.parallel.cp_batch.PackedShard``), every microbatch of a step padded to one length so stage shapes are
+static. Loss per microbatch on the last stage: GRPO's clipped loss over its rows (normalised by the batch's token
+count) plus ``lambda * (sequences / B) * L_draft``. Each stage is replicated over its CP group by DDP (the CP ranks
+hold the same parameters, as Megatron's DP x CP replicas do; the schedule runs all but the last microbatch under
+``no_sync``); the policy's gradient norm is reduced across PP stages and clipped as torchtitan does, the draft
+clipped on its own, then the same AdamW step as ``JointUpdate`` (tests/rl/test_mesh_update.py checks equality,
+PP=2 x CP=2). ``autocast_dtype`` runs the forward passes under ``torch.autocast`` over fp32 weights.
 
     mesh = Mesh(MeshShape(pp=2, cp=2), "cpu")                # collective, under torch.distributed
     upd = MeshUpdate(cfg, mesh, policy, draft_state, mask_token_id=tok.mask_id)
