@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -14,6 +15,10 @@ from kernels.attention.grouped import grouped_sdpa
 GROUPED_SDPA = "repro_grouped_sdpa"
 
 
+# eager inside a compiled decoder layer (a graph break, as the cache write before it): inductor's SDPA lowering
+# copies the keys/values of a sliced cache view and pads the mask per layer, which at batch 64 over a verify step's
+# k+1 queries cost more than the attention kernel itself
+@torch.compiler.disable
 def grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     m = attention_mask
     folds = m is not None and m.dim() == 4 and m.shape[1] == 1 and not dropout

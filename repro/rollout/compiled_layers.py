@@ -8,7 +8,8 @@ step, compile time no longer grows with depth. Under ``allow_unspec_int_on_nn_mo
 ``layer_idx`` is a graph input rather than a guarded constant, and the static cache selects its stacked keys/values
 by it as a tensor index (``repro.decoding.policy_cache.SlotCache``). New graphs come per dtype, for a batch of one
 (dynamo specialises sizes 0 and 1), for one-token against (k+1)-token steps, and for layer 0 (inductor's
-reinplacing pass guards on it). Each is two graphs: the static cache's write runs eagerly between them, in place.
+reinplacing pass guards on it). Each is three graphs: the static cache's write and the attention run eagerly
+between them (``SlotCache`` and ``repro.models.policy_attention``).
 
     with torch.no_grad(), compiled_layers(policy, "inductor"):
         out = policy.decode_step_static(ids, positions, cache, cursor=cursor, view=view)

@@ -28,6 +28,7 @@ import torch
 from repro.core.handoffs import rollout_engine
 
 PEERS = ("hf-static-compile", "hf-dynamic", "vllm")
+PEER_RECOMPILE_LIMIT = 64
 
 
 class PeerUnavailable(RuntimeError):
@@ -78,7 +79,10 @@ def make_peer(name: str, policy, *, new_tokens: int, temperature: float, workdir
     @torch.no_grad()
     def generate(prompts):
         ids = torch.tensor([list(p) for p in prompts], dtype=torch.long, device=dev)
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+        # every peer of a run (one per batch size, each a model copy) adds graphs to the cache of the same forward
+        # code, and fullgraph=True fails once dynamo's default limit of 8 is reached
+        with torch._dynamo.config.patch(recompile_limit=PEER_RECOMPILE_LIMIT):
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
         return out[:, ids.shape[1]:].tolist()
 
     return Peer(name, generate)

@@ -9,8 +9,9 @@ over a ``StaticPolicyCache`` sized for the whole request. Per verify step:
 3. ``accept step``: exact acceptance from noise drawn beforehand (``sampling.verify_with_noise``), the
    committed tokens and their log-probabilities, stop tokens and the length limit, the acceptance counters,
    and the rejected slots marked dead, all as device tensors;
-4. the proposer observes the committed tokens; the loop reads one flag (is any row still running): the
-   step's only host sync.
+4. the proposer observes the committed tokens; the step's flag (is any row still running) is copied to the
+   host without waiting, and the loop reads the flag of the step before, so the host queues step ``i + 1`` while
+   the device runs step ``i``: the loop's only wait, and at most one step past the last running row's end.
 
 Finished rows stay in the batch, computed on and ignored, so every shape is static. On a GPU the policy and accept
 steps are replayed as CUDA graphs (``repro.decoding.cuda_graph.GraphedCallable``) per (rows, slots) shape, as are
@@ -136,6 +137,35 @@ class StaticDecoder:
         return j
 
 
+class RunningFlag:
+    """Whether any row is still running, read one step late: ``post(active)`` queues the flag's copy to the host
+    (pinned memory, no wait); ``read()`` waits for the flag posted before the latest one. On a GPU the host thus
+    stays one step ahead of the device; the cost is at most one step computed after every row has finished (on
+    finished rows, which the accept step ignores). On a CPU ``read`` is exact unless ``lag_on_cpu`` (tests)."""
+
+    lag_on_cpu = False
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.lagged = self.cuda or self.lag_on_cpu
+        self.flags = [torch.ones((), dtype=torch.bool, pin_memory=self.cuda) for _ in range(2)]
+        self.events = [torch.cuda.Event() if self.cuda else None for _ in range(2)]
+        self.posted = 0
+
+    def post(self, active: torch.Tensor) -> None:
+        i = self.posted % 2
+        self.flags[i].copy_(active.any(), non_blocking=self.cuda)
+        if self.cuda:
+            self.events[i].record()
+        self.posted += 1
+
+    def read(self) -> bool:
+        i = (self.posted - (2 if self.lagged and self.posted > 1 else 1)) % 2
+        if self.cuda:
+            self.events[i].synchronize()
+        return bool(self.flags[i])
+
+
 def count_acceptance(history: list[torch.Tensor], k: int, has_valid: bool):
     """Acceptance counters from the per-step ``[R]`` accepted counts (-1: row not running) of a request."""
     if not history:
@@ -210,8 +240,10 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     no_drafts = torch.zeros(R, 0, dtype=torch.long, device=dev)
     history: list[torch.Tensor] = []
     forwards = 1
+    running = RunningFlag(dev)
+    running.post(active)
     for _ in range(max_new_tokens - 1):
-        if not bool(active.any()):          # the step's one host sync
+        if not running.read():              # the flag of the step before the last one queued
             break
         n_valid = probs = None
         if proposer is not None:
@@ -240,6 +272,7 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         gen_len.copy_(new_len)
         active.copy_(new_active)
         history.append(hist.clone())       # a graph's output is overwritten by the next replay
+        running.post(active)
 
     # -- back to the host, once ---------------------------------------------------------------------------------
     n = gen_len[:B].tolist()

@@ -393,6 +393,30 @@ def test_all_static_greedy_is_plain_greedy(trained, family, bucket):
     assert got.cache_slots == 256 and got.cache_compactions == 0
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("family", ("plain", "dflash"))
+def test_lagged_running_flag_changes_no_output(trained, family, monkeypatch):
+    """The GPU's loop reads the running flag one step late: the same tokens, reasons, log-probabilities and
+    counters, at most one policy forward more (a step on rows that have all finished)."""
+    from repro.rollout.static_loop import RunningFlag
+
+    pol, prompts, drafts = trained
+    if family != "plain":
+        pol.set_taps(drafts[family].tap_spec)
+    ps = ragged(prompts)
+    plain = RolloutEngine(pol).generate(ps, max_new_tokens=16, greedy=True)
+    kw = {"max_new_tokens": 16, "greedy": True, "stop_tokens": sorted({t[6] for t in plain.tokens})}
+    prop = (lambda: None) if family == "plain" else (lambda: proposer(drafts[family]))
+    exact = RolloutEngine(pol, prop(), cuda_graphs="all").generate(ps, **kw)
+    monkeypatch.setattr(RunningFlag, "lag_on_cpu", True)
+    lagged = RolloutEngine(pol, prop(), cuda_graphs="all").generate(ps, **kw)
+    assert lagged.tokens == exact.tokens and lagged.finish_reason == exact.finish_reason
+    assert lagged.logprobs == exact.logprobs
+    assert lagged.counters.as_dict() == exact.counters.as_dict()
+    assert lagged.policy_forwards == exact.policy_forwards + 1   # one step past the end, and no more
+    assert exact.policy_forwards < 16 and set(exact.finish_reason) == {"stop"}   # the lag had a step to cost
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("family", ("plain", "dflash"))
 def test_compiled_static_step_is_the_static_step(trained, family, monkeypatch):
