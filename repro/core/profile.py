@@ -110,7 +110,7 @@ class RL(Section):
     sft: SFT = SFT()
     rollout: Rollout = Rollout()
     manual_gc_interval: NonNegInt = 0
-    ckpt_every: NonNegInt = 10                     # steps between checkpoints (0: only at the end)
+    ckpt_every: NonNegInt = 10                     # steps between checkpoints (0: none); a finished run drops its
     rollout_backend: Literal[ROLLOUT_BACKENDS] = "suite"   # type: ignore[valid-type]
 
 
@@ -455,7 +455,7 @@ def effective_specs(profile: Profile, artifact: str, row: str) -> dict[str, Any]
             "workload": workload, "sft": sft_spec({"sft": rl.sft.model_dump()}, workload.name), "rollout": rollout,
             "steps": spec.steps or section.steps,
             "rollout_backend": spec.rollout_backend or section.rollout_backend or rl.rollout_backend,
-            "ckpt_every": section.ckpt_every if section.ckpt_every is not None else rl.ckpt_every,  # 0: at the end
+            "ckpt_every": section.ckpt_every if section.ckpt_every is not None else rl.ckpt_every,  # 0: none
             "manual_gc_interval": (section.manual_gc_interval if section.manual_gc_interval is not None
                                    else rl.manual_gc_interval)}
 

@@ -1,10 +1,11 @@
 """Checkpoints of a co-training run: policy, draft, optimizer, RNG state and the step, written atomically.
 
-One file per run folder, ``<out>/ckpt/latest.pt``, replaced atomically after each checkpointed step,
-so a crash leaves the previous checkpoint intact. The run's config is stored with it and a resume
-refuses a checkpoint written under a different config (naming the first differing key). The digest of
-the warm-start files the run started from is stored too: a checkpoint whose warm start has since been
-rebuilt (same path, other weights) is stale, so it is dropped and the run starts over.
+One file per run folder, ``<out>/ckpt/latest.pt``, replaced atomically after each checkpointed step, so a crash
+leaves the previous checkpoint intact; a finished run drops it (``drop_checkpoint``: policy, draft and optimizer
+state are several GB per run at one-GPU scale, and nothing reads a finished run's). The run's config is stored with
+it and a resume refuses a checkpoint written under a different config (naming the first differing key). The digest
+of the warm-start files the run started from is stored too: a checkpoint whose warm start has since been rebuilt
+(same path, other weights) is stale, so it is dropped and the run starts over.
 
     save_checkpoint(out, step, {"policy": ..., "draft": ..., "optimizer": ...}, cfg_dict, warm_digest)
     state = load_checkpoint(out, cfg_dict, warm_digest)   # None: no checkpoint yet, or a stale one dropped
@@ -52,6 +53,11 @@ def save_checkpoint(out: str | os.PathLike, step: int, state: dict[str, Any], co
     torch.save({"step": int(step), "config": config, "rng": torch.get_rng_state(), "warm_start_digest": warm_digest,
                 **state}, buf)
     return write_atomic(Path(out) / CKPT, buf.getvalue())
+
+
+def drop_checkpoint(out: str | os.PathLike) -> None:
+    """Remove the run folder's checkpoint (once its run.json marks it finished)."""
+    (Path(out) / CKPT).unlink(missing_ok=True)
 
 
 def _start_over(path: Path, why: str) -> None:

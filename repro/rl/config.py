@@ -60,7 +60,7 @@ class RunConfig:
     sft: SFTSpec = field(default_factory=SFTSpec)
     vocab_size: int = 512
     warm_start: str = ""               # folder of the cached SFT warm start ("" = random init)
-    ckpt_every: int = 0                # 0: checkpoint only at the end
+    ckpt_every: int = 0                # 0: no checkpoint (a crash restarts the run)
     rollout_backend: str = "suite"     # "vllm": rollouts decoded by vLLM (own venv; README "vLLM backend")
     cuda_graphs: str = "off"           # suite engine: "draft" replays the draft's propose/observe as CUDA graphs,
                                        # "all" also the policy's static-cache decode/verify step (repro.rollout),

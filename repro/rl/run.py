@@ -28,6 +28,7 @@ from repro.core.io import write_json_atomic
 from repro.core.metrics import MetricsLogger
 from repro.core.profile import ProfileError
 from repro.core.specs import ARTIFACTS, ConfigError, require_device
+from repro.rl.checkpoint import drop_checkpoint
 from repro.rl.config import ENGINES, check_engine, load_run_profile, run_config_from_profile
 from repro.rl.hf_tokenizer import tokenizer_for_run
 from repro.rl.trainer import CoTrainer
@@ -84,6 +85,7 @@ def write_run_record(trainer: CoTrainer, first: int, rows: list[dict], **extra) 
     write_json_atomic(Path(cfg.out) / "run.json", {
         "artifact": cfg.artifact, "row": cfg.row, "profile": cfg.profile, "steps": cfg.steps,
         "resumed_at": first, "last": rows[-1] if rows else None, "draft_warm_start": trainer.draft_warm, **extra})
+    drop_checkpoint(cfg.out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -273,7 +273,7 @@ class CoTrainer:
             m["val/accuracy"] = self.validate(step)
             m["val/time_s"] = time.perf_counter() - tv
         logger.log(m, row=cfg.row, step=step)
-        if (cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or last:
+        if cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0 and not last:   # a finished run keeps none
             self.save(step)
         if on_step is not None:
             on_step(step, m)

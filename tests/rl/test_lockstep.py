@@ -77,6 +77,9 @@ def test_a_crashed_lockstep_job_resumes_every_row_without_losing_steps(tmp_path,
     profile_file.write_text(yaml.safe_dump(prof, sort_keys=False))
     args = ["--artifact", "table1", "--rows", ",".join(ROWS), "--profile", str(profile_file)]
     assert lockstep.main(args + ["--out-root", str(tmp_path / "whole")]) == 0
+    for row in ROWS:             # finished runs keep no checkpoint (several GB each at one-GPU scale)
+        assert (tmp_path / "whole" / run_dir_name(row) / "run.json").is_file()
+        assert not (tmp_path / "whole" / run_dir_name(row) / "ckpt" / "latest.pt").exists(), row
 
     real_step = run.CoTrainer.run_step
 

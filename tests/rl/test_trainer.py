@@ -104,7 +104,7 @@ def _fake_warm_start(root, cfg, seed):
 def test_checkpoint_of_a_rebuilt_warm_start_is_dropped_not_resumed(tmp_path, tok, capsys):
     """Same config and warm-start path, other weights (the SFT was rebuilt): the stale checkpoint must not
     be continued; with unchanged weights the run resumes."""
-    cfg = tiny_config(tmp_path / "run", steps=1)
+    cfg = tiny_config(tmp_path / "run", steps=2, ckpt_every=1)     # step 0 checkpointed (the last one never is)
     cfg.warm_start = str(tmp_path / "warm")
     _fake_warm_start(tmp_path / "warm", cfg, seed=1)
     _train(cfg, tok)
@@ -116,8 +116,8 @@ def test_checkpoint_of_a_rebuilt_warm_start_is_dropped_not_resumed(tmp_path, tok
 
 
 def test_resume_refuses_a_checkpoint_of_another_config(tmp_path, tok):
-    _train(tiny_config(tmp_path, draft="eagle3", steps=1), tok)
-    other = tiny_config(tmp_path, draft="dflash", steps=1)
+    _train(tiny_config(tmp_path, draft="eagle3", steps=2, ckpt_every=1), tok)
+    other = tiny_config(tmp_path, draft="dflash", steps=2, ckpt_every=1)
     with pytest.raises(ConfigError, match="different config.*--restart-on-config-change"):
         CoTrainer(other, tok).try_resume()
 
@@ -125,10 +125,10 @@ def test_resume_refuses_a_checkpoint_of_another_config(tmp_path, tok):
 def test_restart_on_config_change_drops_the_checkpoint_and_starts_over(tmp_path, tok, capsys):
     """The workflow's rerun after a profile change (here the draft's lr warm-up): the old checkpoint is dropped,
     the run starts at step 0; an unchanged config still resumes."""
-    cfg = tiny_config(tmp_path, draft="dflash", steps=1)
+    cfg = tiny_config(tmp_path, draft="dflash", steps=2, ckpt_every=1)
     _train(cfg, tok)
     assert CoTrainer(cfg, tok).try_resume(restart_on_config_change=True) == 1
-    changed = tiny_config(tmp_path, draft="dflash", steps=1)
+    changed = tiny_config(tmp_path, draft="dflash", steps=2, ckpt_every=1)
     changed.draft = dataclasses.replace(changed.draft, lr_warmup_steps=3)
     assert CoTrainer(changed, tok).try_resume(restart_on_config_change=True) == 0
     assert "another config (key 'draft' changed)" in capsys.readouterr().err
