@@ -15,11 +15,9 @@ peak_mem_gb: largest rank, the inputs counted (inputs_gb: rank 0's), gradients c
 Ratios, all between rows of this run: "ttt <T> cp=<C>" branch_overhead_pct = 100 (t_ttt / t_trunk - 1);
 "trunk <T> cp=<C>" speedup_vs_sdpa_cudnn = t_sdpa_cudnn / t_trunk; "block_<route> <T> cp=<C>" speedup_vs_block =
 t_block / t_route; "<kind> <T>" speedup_cp<Cmax>_over_cp1 and parallel_efficiency_pct (= t1 / (C t_C) x 100);
-"block cp=<C>" max_time_s over the lengths. A route that cannot run here is logged with the reason and no
-metrics. At C = 1 on a GPU every row runs in this process, one after another (peak memory per row from a reset
-of the allocator's peak); otherwise each row runs in a fresh process group (one process per rank; gloo on
-CPU, NCCL on GPUs). CPU runs are cpu-emulated (scaled lengths, small heads; speedups from the critical path,
-the largest per-rank CPU time per step, as in fig5): compare ratios, not times.
+"block cp=<C>" max_time_s over the lengths. A route that cannot run is logged with its reason. At C = 1 on a GPU
+every row runs in this process (peak memory per row from a reset of the allocator's peak); otherwise each row runs
+in a fresh process group. CPU runs are cpu-emulated (speedups from the critical path, as in fig5).
 
     python -m repro.bench.fig6 --profile h200               # -> results/<hw>/h200/fig6/
     python -m repro.bench.fig6 --profile cpu-tiny           # -> results/<hw>/cpu-tiny/fig6/

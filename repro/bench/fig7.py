@@ -12,20 +12,14 @@ sent), one microbatch of T tokens each. Measured per (layout, T, transport):
               the draft gets after computing. Slowdown = time with / time without - 1, per rank,
               A/B interleaved.
 
-Settings (transports, hidden size, T, repeats, compute scale) come from the ``fig7:`` section of
-experiments/profiles/<profile>.yaml (``repro.core.profile.Fig7``): GPU ``cuda_ipc`` (colocated processes;
-on one GPU all ranks share it) vs ``host_staging``; CPU ``shm`` vs ``host_staging`` (labelled cpu-emulated,
-sizes scaled down to hidden 1024, T = 256/1024). ``p2p`` (torch.distributed point-to-point, the remote-source
-transport) is a measured row wherever the machine allows it: over gloo on a CPU, over NCCL on GPUs when
-every stage has its own GPU (NCCL refuses two ranks on one device); a listed transport the machine cannot
-run is skipped with its reason in bench.json's ``summary.not_run``. The first measured transport other
-than host staging is the one the summary row compares. Slowdown and idle ranks: a stage without taps
-computes but is left out of the all-ranks average.
-Rows logged (metric names of experiments/paper_numbers.csv): per config
-``pp=4/<layout>/T=<T>/<transport>`` (with its speedup over host staging of the same config) and
-``pp=4/<layout>/T=<T>``; summary row ``pp=4`` with
-write_bandwidth_gbps, speedup_vs_host_staging, source_slowdown_pct, draft_slowdown_pct,
-host_staging_slowdown_pct (medians over configs; min/max alongside).
+Settings come from the profile's ``fig7:`` section (``repro.core.profile.Fig7``): GPU ``cuda_ipc`` (colocated
+processes; on one GPU all ranks share it) vs ``host_staging``; CPU ``shm`` vs ``host_staging`` (cpu-emulated, sizes
+scaled down). ``p2p`` (torch.distributed point-to-point) is measured wherever the machine allows it (gloo on a
+CPU, NCCL when every stage has its own GPU); a transport the machine cannot run is skipped with its reason in
+bench.json's ``summary.not_run``. The first measured transport other than host staging is the one the summary row
+compares; a stage without taps computes but is left out of the all-ranks slowdown. Rows (metric names of
+experiments/paper_numbers.csv): ``pp=4/<layout>/T=<T>/<transport>``, ``pp=4/<layout>/T=<T>`` and the summary row
+``pp=4`` (medians over configs of write_bandwidth_gbps, speedup_vs_host_staging, the slowdowns; min/max beside).
 
     python -m repro.bench.fig7 --profile cpu-tiny                   # results/<hw>/cpu-tiny/fig7
     python -m repro.bench.fig7 --profile h200 --out $OUT/fig7       # on a GPU machine

@@ -1,13 +1,9 @@
 """collect: every run folder's metrics -> tidy tables under results/tidy/.
 
-A run folder is any folder under results/ holding an ``env.json`` written by the suite's metrics logger. Its rows
-come from its ``metrics.jsonl``, the suite's own log (W&B is its mirror); the W&B offline logs
-(``wandb/*/run-*.wandb``, read with the suite's own reader) are read only for runs that have no sidecar, such as
-runs of other engines. Runs live only on a W&B server are read with ``wandb.Api().scan_history`` (``--online``).
-Runs of other engines (NeMo-RL) name their engine in env.json; a per-engine mapper turns the metric names of their
-W&B logs into the suite's (an outside engine's mapper lives with its integration and is named in
-``repro.core.handoffs``), so one set of table and figure rules serves both. A ``metrics.jsonl`` is in the suite's
-names whichever engine ran (integrations.nemo_rl.finish writes one after a NeMo-RL run), so it is read as such.
+A run folder is any folder under results/ holding an ``env.json`` written by the suite's metrics logger; its rows
+come from its ``metrics.jsonl`` (W&B is its mirror). W&B logs are read only for runs without one, such as other
+engines' (offline ``wandb/*/run-*.wandb`` with the suite's own reader, or ``--online`` with ``wandb.Api``); a
+per-engine mapper named in ``repro.core.handoffs`` turns their metric names into the suite's.
 
 Where a run was measured: the folder given as ``--here`` holds this machine's runs; results/reference/<machine>/
 holds runs committed from named machines (reference data). ``hardware_label`` says which (``cpu-emulated, this

@@ -1,34 +1,16 @@
 """The baseline's seed-to-seed spread in Figures 3-4, and whether each co-trained curve stays inside it.
 
-A profile's ``fig3:``/``fig4:`` section may ask for ``baseline_seeds: [1, 2]``: the workflow
-(workflow/rules/rl.smk) then runs the baseline (no-draft) row again with each of those *sampling* seeds,
-into run folders named ``<row folder>_sampling<k>`` (``replica_run_name``). A replica keeps the main
-run's prompts, held-out split and SFT warm start; only the random numbers of its rollouts (and of the
-update's draft anchors) come from seed k. That is exactly how a co-trained row differs from its
-baseline: speculative sampling is lossless, but it draws its own random numbers. So the band is the
-spread the null hypothesis ("co-training does not change the policy's learning") predicts.
-Replicas of the whole seed (``<row folder>_seed<k>``: other prompts too, an older kind of replica)
-are still read; they are banded only where no sampling replicas exist, and the table says which kind it
-used. Replicas log under the baseline's row label, so in the collected tidy table they are recognised
-by their run folder name (``replica_of_run``); the run without a suffix is the row's main run.
+A profile's ``fig3:``/``fig4:`` section may ask for ``baseline_seeds: [1, 2]``: the workflow then runs the
+baseline (no-draft) row again with each of those *sampling* seeds, into ``<row folder>_sampling<k>``
+(``replica_run_name``): the main run's prompts, held-out split and SFT warm start, only the random numbers of its
+rollouts and draft anchors from seed k. That is exactly how a co-trained row differs from its baseline (speculative
+sampling is lossless but draws its own random numbers), so the band is the spread the null hypothesis
+("co-training does not change the policy's learning") predicts. Whole-seed replicas (``<row folder>_seed<k>``,
+other prompts too) are banded only where no sampling replicas exist, and the table says which kind it used.
+Replicas log under the baseline's row label and are recognised by their run folder name (``replica_of_run``).
 
-Definitions used by the figure and the table (``repro.report.artifacts.fig3.build_curves``):
-
-* curves are smoothed by a trailing mean over the last ``SMOOTH[metric]`` logged points (reward: 4
-  steps, one GRPO batch per step is noisy; validation accuracy: 1, i.e. none);
-* band, per logged step: mean +- ``K_SD`` sample standard deviations (ddof=1) over the baseline's
-  runs (main run + seed replicas) of the smoothed value, on the steps every baseline run logged;
-* a co-trained row's fraction: its smoothed values inside the band (inclusive, 1e-12 tolerance) over
-  the band's steps it logged; verdict "within the seed-to-seed spread" when the fraction is at least
-  ``MIN_FRACTION`` for reward and for validation accuracy, else "outside";
-* run means: a row's mean reward and validation accuracy over the band's steps (unsmoothed), beside the lowest and
-  highest of the baseline runs' means; descriptive, not part of the verdict;
-* self-check (``self_check_table``, with >= 3 baseline runs): each baseline run judged the same way against the
-  band of the other baseline runs (leave one out), i.e. how often the test calls the baseline itself outside;
-* acceptance-length trend: slope of the least-squares line of acceptance length against step over
-  every logged step (per step), with a 95% percentile bootstrap interval over the steps (2,000 resamples of
-  (step, AL) pairs, seeded; steps treated as independent, so the interval is if anything too narrow). "rises" when
-  the interval lies above 0, "falls" when below, "not resolved" when it spans 0 (20 steps of a noisy AL often do).
+The band, the fractions, the verdict, the self-check and the acceptance-length trend are defined in
+docs/metrics.md.
 
     python -m repro.report.seed_spread results/tidy/cpu-tiny/fig3.csv     # print the verdict table
 """

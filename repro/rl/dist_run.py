@@ -41,7 +41,6 @@ from repro.core.metrics import MetricsLogger
 from repro.core.profile import ProfileError
 from repro.core.specs import ARTIFACTS, ConfigError, read_checkpoint_config
 from repro.models.policy import policy_config
-from repro.rl.checkpoint import drop_checkpoint
 from repro.rl.config import (
     ENGINES,
     RunConfig,
@@ -300,7 +299,6 @@ def main(argv: list[str] | None = None) -> int:
                 "artifact": args.artifact, "row": args.row, "profile": cfg.profile, "steps": cfg.steps,
                 "resumed_at": 0, "last": rows[-1] if rows else None, "draft_warm_start": trainer.draft_warm,
                 "parallel": parallel})
-            drop_checkpoint(args.out)
         else:
             for step in range(cfg.steps):
                 follower_step(upd, cfg, step)

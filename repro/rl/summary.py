@@ -3,27 +3,10 @@
 Reads each run folder's ``metrics.jsonl`` (the per-step rows written by ``repro.rl.run``), computes
 the artifact's numbers under the paper's metric names and logs them through ``MetricsLogger`` into
 ``<runs>/summary`` (row = the paper's row label), so ``collect`` and ``compare`` treat them as any
-other measurement. Definitions (steps before ``skip_steps`` are warm-up and left out; Table 2 keeps
-the paper's "mean of the first 10 updates" after that):
+other measurement (steps before ``skip_steps`` are warm-up and left out; Table 2 keeps the paper's "mean of the
+first 10 updates" after that).
 
-* ``acceptance_length``: mean over steps of the run's acceptance length (1 + accepted / verify steps).
-* ``rollout_speedup`` / ``e2e_speedup``: generated tokens per second of rollout time / of step time,
-  draft run over its no-draft run (a per-token ratio, so runs whose responses drift to different
-  lengths compare fairly; equal to the paper's time ratio at equal token counts). Time is wall time
-  on GPU profiles and process CPU time (+ tool latency) on CPU profiles, whose shared cores make
-  wall time noisy; the wall ratios are logged beside them (``*_wall``).
-* ``rollout_time_s``, ``update_time_s``: mean seconds per step (same basis); ``update_overhead_pct``:
-  100 * (update time with the draft / without - 1); ``tap_wait_s``: mean TapChannel wait per update
-  (runs whose artifact section has ``pp_probe``: after training, a few joint updates split into
-  pipeline stages with TapChannel, ``repro.rl.pp.probe_tap_wait``; wall seconds, on any basis).
-* ``update_overhead_ci95_low_pct`` / ``_high_pct``: a 95% percentile bootstrap interval of ``update_overhead_pct``
-  over the steps (2,000 resamples, seeded; steps resampled in pairs when the two rows have as many, as lockstep
-  rows do, whose step i share a time window). The update is launch-bound on one GPU, so the interval is wide.
-* ``lockstep_rows``: for rows trained by ``repro.rl.lockstep``, how many rows shared the process (their steps
-  interleaved; tables mark such rows "lockstep").
-* ``train_inference_kl``: mean over steps; Figure 3/4's ``all`` row gives the largest run mean.
-* ``acceptance_length_final``: mean over the last three steps; ``rollout_share_of_step_pct``:
-  100 * rollout time / step time of the no-draft run.
+The definitions of every metric: docs/metrics.md.
 
 Repeats (``--repeat DIR``, any number): the same rows run again with the same configuration (each row's
 ``env.json`` config must match, paths aside), e.g. a second device call of an artifact whose training reproduces bit

@@ -6,15 +6,13 @@ stop tokens and a length limit. Each verify step feeds ``[last token, d_1..d_k]`
 once, accepts a prefix by ``repro.decoding.sampling.verify`` and commits ``accepted + 1`` tokens.
 Without a proposer (k = 0) the same loop is the plain decoding baseline.
 
-``cuda_graphs="draft"`` runs the proposer on static-shape caches sized for the request
-(``repro.decoding.static_kv``) so that its per-step ``propose``/``observe`` replay as CUDA graphs on a
-GPU (``repro.decoding.cuda_graph``); the policy forward stays eager. On a CPU the same static path runs
-eagerly. ``"all"`` also runs the policy on a static cache, its decode/verify step replayed as a CUDA graph
-(``repro.rollout.static_loop``); ``"compiled"`` is ``"all"`` with that step compiled by ``torch.compile``
-(``compile_backend``, inductor by default: its kernels fuse the per-layer norms, rotary and MLP elementwise
-work) before capture. ``"off"`` (default) keeps the growing, compacted draft caches. ``max_draft_slots`` caps the
-static cache (slots per row); a request that needs more fails before decoding. ``bucket_batch=True`` rounds the
-draft's static batch up to a power of two (a multi-turn rollout's shrinking turns then share captured graphs).
+``cuda_graphs="draft"`` runs the proposer on static caches sized for the request (``repro.decoding.static_kv``),
+its ``propose``/``observe`` replayed as CUDA graphs on a GPU (eager on a CPU); the policy stays eager. ``"all"``
+also runs the policy on a static cache, its decode/verify step a CUDA graph (``repro.rollout.static_loop``);
+``"compiled"`` is ``"all"`` with the policy's decoder layers compiled by inductor before capture. ``"off"``
+(default) keeps growing, compacted caches. ``max_draft_slots`` caps the static cache (slots per row; a request
+that needs more fails before decoding); ``bucket_batch=True`` rounds the static batch up to a power of two (a
+multi-turn rollout's shrinking turns then share captured graphs).
 
 Returned per row: generated tokens, the policy's log-probabilities of those tokens
 (``log_softmax(logits / temperature)``; temperature 1 in greedy mode), why it stopped; and counters

@@ -138,10 +138,9 @@ class StaticDecoder:
 
 
 class RunningFlag:
-    """Whether any row is still running, read one step late: ``post(active)`` queues the flag's copy to the host
-    (pinned memory, no wait); ``read()`` waits for the flag posted before the latest one. On a GPU the host thus
-    stays one step ahead of the device; the cost is at most one step computed after every row has finished (on
-    finished rows, which the accept step ignores). On a CPU ``read`` is exact unless ``lag_on_cpu`` (tests)."""
+    """Whether any row still runs, read one step late: ``post`` queues the flag's copy to pinned host memory,
+    ``read`` waits for the one posted before the latest. The host stays a step ahead of the GPU, at the cost of
+    at most one step on finished rows. On a CPU ``read`` is exact unless ``lag_on_cpu`` (tests)."""
 
     lag_on_cpu = False
 
