@@ -110,7 +110,7 @@ class RL(Section):
     sft: SFT = SFT()
     rollout: Rollout = Rollout()
     manual_gc_interval: NonNegInt = 0
-    ckpt_every: NonNegInt = 10                     # steps between checkpoints (0: none); a finished run drops its
+    ckpt_every: NonNegInt = 10                     # steps between checkpoints (0: none; a finished run deletes it)
     rollout_backend: Literal[ROLLOUT_BACKENDS] = "suite"   # type: ignore[valid-type]
 
 

@@ -397,7 +397,7 @@ def test_all_static_greedy_is_plain_greedy(trained, family, bucket):
 @pytest.mark.parametrize("family", ("plain", "dflash"))
 def test_lagged_running_flag_changes_no_output(trained, family, monkeypatch):
     """The GPU's loop reads the running flag one step late: the same tokens, reasons, log-probabilities and
-    counters, at most one policy forward more (a step on rows that have all finished)."""
+    counters, and exactly one policy forward more (a step on rows that have all finished)."""
     from repro.rollout.static_loop import RunningFlag
 
     pol, prompts, drafts = trained
