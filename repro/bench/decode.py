@@ -59,7 +59,7 @@ from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.models.policy import build_policy
 from repro.models.synthetic import MarkovLanguage, pretrain_policy
 from repro.models.train_draft import train_draft
-from repro.rollout.engine import CUDA_GRAPH_MODES, RolloutEngine
+from repro.rollout.engine import COMPILED_MODES, CUDA_GRAPH_MODES, RolloutEngine
 from repro.rollout.peers import PEERS, PeerUnavailable, make_peer
 from repro.rollout.samples import sample_sequences
 from repro.rollout.self_check import run_self_check, verdict_table
@@ -293,7 +293,7 @@ def self_check(bench, policy, drafts, s: Decode, prompts, lang, out: Path, timed
     report = run_self_check(policy, drafts, lambda fam, d: proposer_for(fam, d, s), ragged,
                             new_tokens=s.self_check_tokens, stop_token=stop, timing_prompts=prompts,
                             timing_batches=(min(s.batch_sizes), max(s.batch_sizes)) if timed else (),
-                            modes=[m for m in CUDA_GRAPH_MODES if m != "compiled" or m in s.engine_modes],
+                            modes=[m for m in CUDA_GRAPH_MODES if m not in COMPILED_MODES or m in s.engine_modes],
                             progress=lambda m: print(m, flush=True))
     write_json_atomic(out / "self_check.json", report)
     print(verdict_table(report), flush=True)

@@ -88,27 +88,38 @@ class StaticPolicyCache:
         self.slots = StaticSlots(batch, max_slots, self.device)
         self.cursor = Cursor(max_slots, self.device)
         vd = value_head_dim or head_dim
-        self.keys = torch.zeros(num_layers, batch, kv_heads, max_slots, head_dim, dtype=dtype, device=self.device)
-        self.values = torch.zeros(num_layers, batch, kv_heads, max_slots, vd, dtype=dtype, device=self.device)
-        self.hf = SlotCache(self, [SlotLayer(self, self.keys[i], self.values[i]) for i in range(num_layers)])
+        # every layer's columns side by side along the slot axis: a write is one index_copy_ into the whole tensor,
+        # never into a view of it (which inductor functionalises by copying the base)
+        self.keys = torch.zeros(batch, kv_heads, num_layers * max_slots, head_dim, dtype=dtype, device=self.device)
+        self.values = torch.zeros(batch, kv_heads, num_layers * max_slots, vd, dtype=dtype, device=self.device)
+        self.hf = SlotCache(self, [SlotLayer(self, *self.layer(i, max_slots)) for i in range(num_layers)])
         self.cols: torch.Tensor | None = None     # the columns the running forward writes
         self.view = max_slots                     # the columns the running forward's attention reads
         self.next_col = 0                         # host copy of the cursor: the next free column
+        self.in_graph = False                     # whole forwards are traced (the write and attention inline)
 
-    # eager even inside a compiled decoder layer (a graph break): inductor would write a mutated slice of this
-    # input by copying the layer's whole cache, which at batch 64 costs more than the layer's matmuls
-    @torch.compiler.disable
     def write(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor):
         """``key/value_states [B, G, q, D]`` of decoder layer ``layer`` into the columns of the running forward;
         returns that layer's keys and values over the attention view."""
+        return (self._write if self.in_graph else self._write_eager)(layer, key_states, value_states)
+
+    def _write(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor):
         cols = self.cols
         if cols is None or cols.numel() != key_states.shape[2]:
             raise RuntimeError(f"the static policy cache was not begun for this forward: {key_states.shape[2]} new "
                                f"tokens, columns {None if cols is None else cols.numel()} (call begin() first)")
-        keys, values = self.keys.select(0, layer), self.values.select(0, layer)
-        keys.index_copy_(2, cols, key_states.to(keys.dtype))
-        values.index_copy_(2, cols, value_states.to(values.dtype))
-        return keys[:, :, :self.view], values[:, :, :self.view]
+        at = cols + layer * self.max_slots
+        self.keys.index_copy_(2, at, key_states.to(self.keys.dtype))
+        self.values.index_copy_(2, at, value_states.to(self.values.dtype))
+        return self.layer(layer, self.view)
+
+    # a graph break inside a compiled decoder layer (repro.rollout.compiled_layers, whose layer index is symbolic)
+    _write_eager = torch.compiler.disable(_write)
+
+    def layer(self, layer: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder layer ``layer``'s keys and values ``[B, G, columns, D]`` (views)."""
+        at = layer * self.max_slots
+        return self.keys[:, :, at:at + columns], self.values[:, :, at:at + columns]
 
     def start(self) -> None:
         """A new request: every slot dead and the cursor at column 0 (stale keys/values stay, masked)."""

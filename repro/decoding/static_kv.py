@@ -53,6 +53,18 @@ def batch_bucket(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def traced_whole(fn: Callable, backend: str = "inductor") -> Callable:
+    """``fn`` compiled whole (``fullgraph``, dynamic sizes): a graph per kept state, whose buffers are guarded on.
+    Modules are not inlined: their parameters are read as attributes, not guarded one by one as inputs, which on a
+    CPU halves the per-call cost of dynamo's guards (weights are updated in place, so the graph stays valid)."""
+    compiled = torch.compile(fn, backend=backend, dynamic=True, fullgraph=True)
+
+    def call(*args, **settings):
+        with torch._dynamo.config.patch(recompile_limit=64, inline_inbuilt_nn_modules=False):
+            return compiled(*args, **settings)
+    return call
+
+
 class Cursor:
     """The next free column, on the host (for the overflow check) and on the device (for graphs)."""
 
@@ -202,6 +214,7 @@ class StaticProposerState:
     needs_taps = True
     compact_min_waste = 64        # growing caches: squeeze dead slots out once this many columns would go
     check_steps = True            # host-side consistency checks per step (a device sync); the static engine skips them
+    compile_static = False        # the two static calls traced whole by torch.compile (the engine's "fused" mode)
 
     def init_static_state(self) -> None:
         self.static = False
@@ -220,10 +233,11 @@ class StaticProposerState:
 
     def prepare_static(self, batch: int, max_slots: int, dtype, device, *, cuda_graphs: bool, name: str,
                        extra: Callable[[], dict]) -> None:
-        st, new = self._states.get((batch, max_slots, dtype, str(device)), lambda: {
+        fused = self.compile_static
+        st, new = self._states.get((batch, max_slots, dtype, str(device), fused), lambda: {
             "slots": StaticSlots(batch, max_slots, device), "sb": StaticBatch(batch, device),
             "cursor": Cursor(max_slots, device),
-            "_graphs": {part: GraphedCallable(getattr(self, f"_{part}_static"), f"{name}.{part}",
+            "_graphs": {part: GraphedCallable(self._static_call(part, fused), f"{name}.{part}",
                                               persistent_inputs=True) for part in ("propose", "observe")},
             **extra()})
         self.__dict__.update(st)
@@ -234,6 +248,10 @@ class StaticProposerState:
             g.enabled = cuda_graphs
         self.next_col = 0
         self.static = True
+
+    def _static_call(self, part: str, fused: bool) -> Callable:
+        fn = getattr(self, f"_{part}_static")
+        return traced_whole(fn) if fused else fn
 
     def observe_static(self, width: int, inputs: list[tuple[str, torch.Tensor, object]]) -> None:
         """One ``observe`` on the static caches: ``inputs`` are ``(buffer name, tensor, fill)`` in the order of

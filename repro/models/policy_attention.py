@@ -13,12 +13,9 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from kernels.attention.grouped import grouped_sdpa
 
 GROUPED_SDPA = "repro_grouped_sdpa"
+GROUPED_SDPA_INLINE = "repro_grouped_sdpa_inline"
 
 
-# eager inside a compiled decoder layer (a graph break, as the cache write before it): inductor's SDPA lowering
-# copies the keys/values of a sliced cache view and pads the mask per layer, which at batch 64 over a verify step's
-# k+1 queries cost more than the attention kernel itself
-@torch.compiler.disable
 def grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     m = attention_mask
     folds = m is not None and m.dim() == 4 and m.shape[1] == 1 and not dropout
@@ -28,15 +25,21 @@ def grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0,
     return out.transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_forward)
-AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
+# eager inside a compiled decoder layer (a graph break, as the cache write before it): inductor's SDPA lowering
+# copies the keys/values of a sliced cache view and pads the mask per layer, which at batch 64 over a verify step's
+# k+1 queries cost more than the attention kernel itself
+for _name, _fn in ((GROUPED_SDPA, torch.compiler.disable(grouped_sdpa_forward)), (GROUPED_SDPA_INLINE,
+                                                                                    grouped_sdpa_forward)):
+    AttentionInterface.register(_name, _fn)
+    AttentionMaskInterface.register(_name, sdpa_mask)
 
 
 @contextlib.contextmanager
-def grouped_attention(model):
-    """Inside the block, ``model`` attends through ``GROUPED_SDPA`` if it was built with ``sdpa`` (else unchanged)."""
+def grouped_attention(model, inline: bool = False):
+    """Inside the block, ``model`` attends through ``GROUPED_SDPA`` if it was built with ``sdpa`` (else unchanged);
+    ``inline``: through ``GROUPED_SDPA_INLINE``, traced into a whole compiled forward."""
     cfg, built = model.config, model.config._attn_implementation
-    cfg._attn_implementation = GROUPED_SDPA if built == "sdpa" else built
+    cfg._attn_implementation = (GROUPED_SDPA_INLINE if inline else GROUPED_SDPA) if built == "sdpa" else built
     try:
         yield
     finally:

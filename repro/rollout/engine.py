@@ -40,8 +40,9 @@ from repro.rollout.result import AcceptanceCounters, RolloutResult, check_reques
 from repro.rollout.static_loop import StaticDecoder, generate_static
 
 log = logging.getLogger(__name__)
-CUDA_GRAPH_MODES = ("off", "draft", "all", "compiled")
-STATIC_MODES = ("all", "compiled")     # the policy on a static cache too (repro.rollout.static_loop)
+CUDA_GRAPH_MODES = ("off", "draft", "all", "compiled", "fused")
+STATIC_MODES = ("all", "compiled", "fused")
+COMPILED_MODES = ("compiled", "fused")     # inductor compiles first (minutes on a GPU): the self-check runs them if asked     # the policy on a static cache too (repro.rollout.static_loop)
 BUCKETED_STATES = 16      # static states a proposer keeps when batches are bucketed (every turn shape of a request)
 
 
@@ -90,9 +91,11 @@ class RolloutEngine:
         if cuda_graphs in STATIC_MODES:
             self.static_decoder = StaticDecoder(policy, self.k, keep_states=BUCKETED_STATES if self.bucket_batch
                                                 else 4,
-                                                compile_backend=compile_backend if cuda_graphs == "compiled" else None)
+                                                compile_backend=compile_backend if cuda_graphs != "all" else None,
+                                                fused=cuda_graphs == "fused")
             if proposer is not None:
                 proposer.check_steps = False      # its per-step check would be a second host sync
+                proposer.compile_static = cuda_graphs == "fused"
         self.max_model_len = max_model_len
         self.compact_every = 16           # verify steps between checks for dead slots to squeeze out
         self.compact_min_waste = 64       # ... and the fewest columns worth a compaction

@@ -31,7 +31,7 @@ import torch
 
 from repro.decoding.cuda_graph import GraphedCallable
 from repro.decoding.sampling import proposal_noise, sample_with_noise, verify_with_noise
-from repro.decoding.static_kv import StateCache, batch_bucket
+from repro.decoding.static_kv import StateCache, batch_bucket, traced_whole
 from repro.rollout.compiled_layers import compiled_layers
 from repro.rollout.result import AcceptanceCounters, RolloutResult
 
@@ -39,19 +39,30 @@ from repro.rollout.result import AcceptanceCounters, RolloutResult
 class StaticDecoder:
     """The policy's static caches and graphed steps of one engine, per request shape (last few kept)."""
 
-    def __init__(self, policy, num_proposals: int, *, keep_states: int = 4, compile_backend: str | None = None):
+    def __init__(self, policy, num_proposals: int, *, keep_states: int = 4, compile_backend: str | None = None,
+                 fused: bool = False):
         self.policy, self.k = policy, num_proposals
         self.states = StateCache(keep_states)
-        self.compile_backend = compile_backend
+        self.compile_backend = None if fused else compile_backend
+        # fused: the policy step and the acceptance traced whole into one inductor graph (one CUDA graph a step)
+        self.fused = traced_whole(self._fused_step, compile_backend or "inductor") if fused else None
 
     def state(self, rows: int, max_slots: int, cuda_graphs: bool) -> dict:
         st, _ = self.states.get((rows, max_slots), lambda: self._build(rows, max_slots))
-        for g in (st["step"], st["accept"]):
-            g.enabled = cuda_graphs
+        for g in self.graphed(st):
+            st[g].enabled = cuda_graphs
         return st
+
+    def graphed(self, st: dict) -> tuple[str, ...]:
+        return ("fused",) if self.fused is not None else ("step", "accept")
 
     def _build(self, rows: int, max_slots: int) -> dict:
         st = {"cache": self.policy.new_static_cache(rows, max_slots)}
+        if self.fused is not None:
+            st["cache"].in_graph = True
+            st["fused"] = GraphedCallable(lambda *a, **kw: self.fused(st, *a, **kw), "policy.fused_step",
+                                          persistent_inputs=True)
+            return st
         st["step"] = GraphedCallable(lambda *a, **kw: self._policy_step(st, *a, **kw), "policy.step",
                                      persistent_inputs=True)
         st["accept"] = GraphedCallable(lambda *a, **kw: self._accept_step(st, *a, **kw), "engine.accept",
@@ -71,7 +82,7 @@ class StaticDecoder:
     def graph_status(self) -> dict:
         out = {}
         for key, st in self.states._states.items():
-            for name in ("step", "accept"):
+            for name in self.graphed(st):
                 out[f"{st[name].name}[{key[0]}x{key[1]}]"] = st[name].status()
         return out
 
@@ -83,6 +94,13 @@ class StaticDecoder:
               else compiled_layers(self.policy, self.compile_backend)):
             out = self.policy.decode_step_static(inp, qpos, st["cache"], want_taps=want_taps, cursor=cursor, view=view)
         return out.logits, out.taps, qpos, st["cache"].cols
+
+    def _fused_step(self, st, last_tok, last_pos, drafts, cursor, active, gen_len, out_tok, out_lp, *opt,
+                    want_taps: bool, view: int, **settings):
+        logits, taps, qpos, cols = self._policy_step(st, last_tok, last_pos, drafts, cursor, want_taps=want_taps,
+                                                     view=view)
+        return taps, qpos, *self._accept_step(st, logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok,
+                                              out_lp, *opt, **settings)
 
     def _accept_step(self, st, logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt,
                      has_stop: bool, has_probs: bool, has_valid: bool, greedy: bool, temperature: float,
@@ -254,14 +272,19 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         noise = [] if greedy else ([proposal_noise((R, k), gen, dev)] if k else []) + [
             proposal_noise((R, pol.vocab_size), gen, dev)]
         cursor = cache.reserve(k + 1)
-        logits, taps, qpos, cols = st["step"](last_tok, last_pos, drafts, cursor, want_taps=want_taps,
-                                              view=cache.used_view())
-        forwards += 1
         opt = [x for x in (stop, probs, n_valid) if x is not None] + noise
-        committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["accept"](
-            logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt, has_stop=stop is not None,
-            has_probs=probs is not None, has_valid=n_valid is not None, greedy=bool(greedy), temperature=temp,
-            max_new=int(max_new_tokens))
+        settings = dict(has_stop=stop is not None, has_probs=probs is not None, has_valid=n_valid is not None,
+                        greedy=bool(greedy), temperature=temp, max_new=int(max_new_tokens))
+        if "fused" in st:
+            taps, qpos, committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["fused"](
+                last_tok, last_pos, drafts, cursor, active, gen_len, out_tok, out_lp, *opt, want_taps=want_taps,
+                view=cache.used_view(), **settings)
+        else:
+            logits, taps, qpos, cols = st["step"](last_tok, last_pos, drafts, cursor, want_taps=want_taps,
+                                                  view=cache.used_view())
+            committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["accept"](
+                logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt, **settings)
+        forwards += 1
         if proposer is not None:
             proposer.observe(committed, taps, qpos, valid)
         last_tok.copy_(new_last)

@@ -31,7 +31,7 @@ def test_policy_steps_through_grouped_attention_equal_stock_sdpa(monkeypatch):
     monkeypatch.setattr(policy_attention, "grouped_sdpa", lambda *a, **kw: calls.append(1) or grouped_sdpa(*a, **kw))
     got = run()
     assert len(calls) == 2 * pol.num_layers and pol.config._attn_implementation == "sdpa"
-    monkeypatch.setattr(policy_module, "grouped_attention", lambda model: contextlib.nullcontext())
+    monkeypatch.setattr(policy_module, "grouped_attention", lambda model, inline=False: contextlib.nullcontext())
     want = run()
     assert len(calls) == 2 * pol.num_layers
     for x, y in zip(got, want):

@@ -266,7 +266,7 @@ def test_bad_values_fail_clearly(trained):
     d = drafts["eagle3"]
     pol.set_taps(d.tap_spec)
     with pytest.raises(ValueError,
-                       match=r"cuda_graphs='full' is invalid: expected one of \('off', 'draft', 'all', 'compiled'\)"):
+                       match=r"cuda_graphs='full' is invalid: expected one of \('off', 'draft', 'all', 'compiled', 'fused'\)"):
         RolloutEngine(pol, proposer(d), cuda_graphs="full")
     with pytest.raises(ValueError, match="OracleProposer has none"):
         RolloutEngine(pol, OracleProposer(pol, 2, prompts[:1]), cuda_graphs="draft")
@@ -284,7 +284,7 @@ def test_bad_values_fail_clearly(trained):
         cur.set(5, 4)
     with pytest.raises(ValueError, match="max_slots must be >= 1"):
         StaticSlots(2, 0, "cpu")
-    assert CUDA_GRAPH_MODES == ("off", "draft", "all", "compiled")
+    assert CUDA_GRAPH_MODES == ("off", "draft", "all", "compiled", "fused")
 
 
 def test_rl_config_switch():
