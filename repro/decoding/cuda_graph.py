@@ -16,11 +16,9 @@ must not skip work through a memo keyed on tensor identity (the capture would re
 A failed capture never fails the run: the reason is logged once, kept in ``fallback_reason``, and
 this callable runs eagerly from then on (until ``reset()``).
 
-``GraphedCallable.emulate_replay = True`` (tests, CPU) makes an enabled callable on CPU tensors behave as a
-replayed graph would, short of recording kernels: the warm-up calls, then static inputs (inputs copied
-into the first call's tensors) and static outputs (every call's results copied into the first call's
-outputs, which the caller gets back each time). So a caller that passes a new tensor where the graph
-writes in place, or keeps an output across calls, goes wrong on the CPU as it would on a GPU.
+``GraphedCallable.emulate_replay = True`` (tests, CPU): static inputs and outputs as a replayed graph's, short of
+recording kernels, so a caller that passes a new tensor where the graph writes in place, or keeps an output across
+calls, goes wrong on the CPU as it would on a GPU.
 
     step = GraphedCallable(lambda x: model(x), "draft.propose", enabled=True)
     y = step(x, greedy=True)          # eager on CPU; captured once per input shape on CUDA, then replayed

@@ -1,21 +1,5 @@
-"""The policy's static KV cache: fixed slots per row, per-row lengths and liveness, behind transformers' Cache API.
-
-``StaticPolicyCache(batch, max_slots, num_layers, kv_heads, head_dim, dtype, device)`` preallocates every
-layer's keys/values ``[B, G, S_max, D]`` once. A forward writes its ``q`` new tokens at the columns
-``cursor + j`` (a device scalar, so a captured CUDA graph writes at a new place on every replay) of every
-row; each slot's token position lives in a ``StaticSlots`` table (-1: a left pad, a rejected proposal, an
-unused column), whose visibility rule (live, position <= query position, inside a sliding window) is the
-attention mask. So rows of different lengths share one shape and nothing is ever moved, trimmed or
-compacted; ``S_max`` is sized for the whole request (``static_kv.slots_needed``).
-
-The HF model sees the cache through ``hf`` (a ``SlotCache``: a ``transformers.Cache`` of ``SlotLayer`` s, one per
-decoder layer): its attention calls ``update(k, v, layer_idx)`` and gets the static keys/values back, then attends
-with the additive mask ``additive_masks`` builds. Every layer's keys (and values) are slices of one stacked ``[L, B,
-G, S_max, D]`` tensor, selected by the layer index as a number, not by picking a list item: so a decoder layer
-compiled once (``repro.rollout.compiled_layers``) serves every layer of the model, its index an input. Attention
-reads the first ``view`` columns, the used ones rounded up to ``VIEW_BUCKET`` (a host-side number, no sync): a
-captured step is keyed by it, so a request replays a few graphs (one per bucket it passes) and a short row set does
-not pay for the whole ``S_max``.
+"""The policy's static KV cache: fixed slots per row, per-row lengths and liveness, behind transformers' Cache API
+(layout and visibility rule: docs/engine.md).
 
     cache = StaticPolicyCache(2, 256, num_layers=8, kv_heads=2, head_dim=16, dtype=torch.float32, device="cpu")
     cache.start()                                     # a new request: every slot dead, cursor at column 0

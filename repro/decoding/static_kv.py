@@ -54,13 +54,12 @@ def batch_bucket(n: int) -> int:
 
 
 def traced_whole(fn: Callable, backend: str = "inductor") -> Callable:
-    """``fn`` compiled whole (``fullgraph``, dynamic sizes): a graph per kept state, whose buffers are guarded on.
-    Modules are not inlined: their parameters are read as attributes, not guarded one by one as inputs, which on a
-    CPU halves the per-call cost of dynamo's guards (weights are updated in place, so the graph stays valid)."""
+    """``fn`` compiled whole (``fullgraph``: a graph break is an error, dynamic sizes): a graph per kept state (its
+    buffers are guarded on) and per batch of one or more."""
     compiled = torch.compile(fn, backend=backend, dynamic=True, fullgraph=True)
 
     def call(*args, **settings):
-        with torch._dynamo.config.patch(recompile_limit=64, inline_inbuilt_nn_modules=False):
+        with torch._dynamo.config.patch(recompile_limit=64):
             return compiled(*args, **settings)
     return call
 
@@ -214,7 +213,7 @@ class StaticProposerState:
     needs_taps = True
     compact_min_waste = 64        # growing caches: squeeze dead slots out once this many columns would go
     check_steps = True            # host-side consistency checks per step (a device sync); the static engine skips them
-    compile_static = False        # the two static calls traced whole by torch.compile (the engine's "fused" mode)
+    compile_static: str | None = None   # a backend: the two static calls compiled whole (the engine's "fused" mode)
 
     def init_static_state(self) -> None:
         self.static = False
@@ -249,9 +248,9 @@ class StaticProposerState:
         self.next_col = 0
         self.static = True
 
-    def _static_call(self, part: str, fused: bool) -> Callable:
+    def _static_call(self, part: str, backend: str | None) -> Callable:
         fn = getattr(self, f"_{part}_static")
-        return traced_whole(fn) if fused else fn
+        return traced_whole(fn, backend) if backend else fn
 
     def observe_static(self, width: int, inputs: list[tuple[str, torch.Tensor, object]]) -> None:
         """One ``observe`` on the static caches: ``inputs`` are ``(buffer name, tensor, fill)`` in the order of

@@ -1,15 +1,5 @@
-"""The policy's decoder layers under ``torch.compile``, one compilation serving every layer (regional compilation).
-
-Inside ``with compiled_layers(policy, "inductor"):`` each decoder layer runs one ``torch.compile(type(layer).forward,
-dynamic=True)`` shared by all layers of its class (and every policy and engine of the process); embedding, rotary
-tables, final norm, head and tap hooks stay eager, and outside the block the layers are the model's own again, so
-training and the prefill never meet the compiled code. Traced once per layer class instead of once per 28-layer
-step, compile time no longer grows with depth. Under ``allow_unspec_int_on_nn_module`` the attention modules'
-``layer_idx`` is a graph input rather than a guarded constant, and the static cache selects its stacked keys/values
-by it as a tensor index (``repro.decoding.policy_cache.SlotCache``). New graphs come per dtype, for a batch of one
-(dynamo specialises sizes 0 and 1), for one-token against (k+1)-token steps, and for layer 0 (inductor's
-reinplacing pass guards on it). Each is three graphs: the static cache's write and the attention run eagerly
-between them (``SlotCache`` and ``repro.models.policy_attention``).
+"""The policy's decoder layers under ``torch.compile``, one compilation serving every layer (regional compilation,
+the engine's "compiled" mode; its graphs: docs/engine.md). Outside the block the layers are the model's own.
 
     with torch.no_grad(), compiled_layers(policy, "inductor"):
         out = policy.decode_step_static(ids, positions, cache, cursor=cursor, view=view)

@@ -6,13 +6,10 @@ stop tokens and a length limit. Each verify step feeds ``[last token, d_1..d_k]`
 once, accepts a prefix by ``repro.decoding.sampling.verify`` and commits ``accepted + 1`` tokens.
 Without a proposer (k = 0) the same loop is the plain decoding baseline.
 
-``cuda_graphs="draft"`` runs the proposer on static caches sized for the request (``repro.decoding.static_kv``),
-its ``propose``/``observe`` replayed as CUDA graphs on a GPU (eager on a CPU); the policy stays eager. ``"all"``
-also runs the policy on a static cache, its decode/verify step a CUDA graph (``repro.rollout.static_loop``);
-``"compiled"`` is ``"all"`` with the policy's decoder layers compiled by inductor before capture. ``"off"``
-(default) keeps growing, compacted caches. ``max_draft_slots`` caps the static cache (slots per row; a request
-that needs more fails before decoding); ``bucket_batch=True`` rounds the static batch up to a power of two (a
-multi-turn rollout's shrinking turns then share captured graphs).
+``cuda_graphs="draft"`` runs the proposer on static caches sized for the request, replayed as CUDA graphs on a GPU;
+``"all"``, ``"compiled"`` and ``"fused"`` the policy too (docs/engine.md); ``"off"`` (default) keeps growing, compacted
+caches. ``max_draft_slots`` caps the static cache (slots per row; a request that needs more fails before decoding);
+``bucket_batch=True`` rounds the static batch up to a power of two (shrinking turns then share captured graphs).
 
 Returned per row: generated tokens, the policy's log-probabilities of those tokens
 (``log_softmax(logits / temperature)``; temperature 1 in greedy mode), why it stopped; and counters
@@ -95,7 +92,7 @@ class RolloutEngine:
                                                 fused=cuda_graphs == "fused")
             if proposer is not None:
                 proposer.check_steps = False      # its per-step check would be a second host sync
-                proposer.compile_static = cuda_graphs == "fused"
+                proposer.compile_static = compile_backend if cuda_graphs == "fused" else None
         self.max_model_len = max_model_len
         self.compact_every = 16           # verify steps between checks for dead slots to squeeze out
         self.compact_min_waste = 64       # ... and the fewest columns worth a compaction

@@ -1,27 +1,5 @@
-"""The engine's static decode loop (``cuda_graphs="all"``): policy and draft on static caches, decisions on the device.
-
-One request runs in a fixed batch of ``R`` rows (the request's, or its power-of-two bucket with idle rows)
-over a ``StaticPolicyCache`` sized for the whole request. Per verify step:
-
-1. the proposer (static mode) proposes ``k`` tokens per row;
-2. ``policy step``: the policy runs ``[last token, d_1..d_k]`` at ``last_pos + 0..k``, writing its keys and
-   values at the cursor's ``k+1`` columns of every row (logits, and the taps a draft needs);
-3. ``accept step``: exact acceptance from noise drawn beforehand (``sampling.verify_with_noise``), the
-   committed tokens and their log-probabilities, stop tokens and the length limit, the acceptance counters,
-   and the rejected slots marked dead, all as device tensors;
-4. the proposer observes the committed tokens; the step's flag (is any row still running) is copied to the
-   host without waiting, and the loop reads the flag of the step before, so the host queues step ``i + 1`` while
-   the device runs step ``i``: the loop's only wait, and at most one step past the last running row's end.
-
-Finished rows stay in the batch, computed on and ignored, so every shape is static. On a GPU the policy and accept
-steps are replayed as CUDA graphs (``repro.decoding.cuda_graph.GraphedCallable``) per (rows, slots) shape, as are
-the proposer's; on a CPU, or if a capture fails, the same functions run eagerly, so the CPU tests exercise the
-indexing the GPU replays. With ``compile_backend`` (``cuda_graphs="compiled"``) the policy's decoder layers run
-``torch.compile``d inside the step (``repro.rollout.compiled_layers``: one compilation for all layers, dynamic
-shapes) and the compiled kernels are what the graph captures. Both graphed functions are replay-safe: the policy
-step's writes and the accept step's writes (the output rows past each row's length, dead slots) are the same
-whenever they run on the same inputs; the state advances by copies outside the graph.
-"""
+"""The engine's static decode loop (``cuda_graphs`` "all", "compiled", "fused"): policy and draft on static caches,
+decisions on the device, one host wait per step read one step late; docs/engine.md says how a verify step runs."""
 from __future__ import annotations
 
 import contextlib

@@ -457,6 +457,33 @@ def test_compiled_static_step_is_the_static_step(trained, family, monkeypatch):
             pass
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("family", ("plain", "eagle3", "dspark"))
+def test_fused_step_is_the_static_step(trained, family, monkeypatch):
+    """cuda_graphs="fused": the policy step with the acceptance, and the draft's propose and observe, each traced
+    whole (``fullgraph``: a graph break fails here) by dynamo with its eager backend, under replay emulation: the
+    tokens, log-probabilities and counters of the untraced static path, over two batch sizes, greedy and sampled."""
+    pol, prompts, drafts = trained
+    if family != "plain":
+        pol.set_taps(drafts[family].tap_spec)
+    make = (lambda: None) if family == "plain" else (lambda: proposer(drafts[family]))
+    ps = ragged(prompts)
+    requests = [(ps, True, 0), (ps[:3], False, 1), (ps[:1], False, 2)]
+    monkeypatch.setattr(GraphedCallable, "emulate_replay", True)
+    static = RolloutEngine(pol, make(), cuda_graphs="all")
+    want = [static.generate(p, max_new_tokens=10, greedy=g, temperature=0.9, seed=s) for p, g, s in requests]
+    torch._dynamo.reset()
+    eng = RolloutEngine(pol, make(), cuda_graphs="fused", compile_backend="eager")
+    for (p, g, s), w in zip(requests, want):
+        got = eng.generate(p, max_new_tokens=10, greedy=g, temperature=0.9, seed=s)
+        assert got.tokens == w.tokens and got.finish_reason == w.finish_reason
+        assert got.counters.as_dict() == w.counters.as_dict()
+        torch.testing.assert_close(torch.tensor(sum(got.logprobs, [])), torch.tensor(sum(w.logprobs, [])),
+                                   rtol=0, atol=1e-5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0      # it was traced, not run as it is
+    assert set(eng.graph_status()) >= {f"policy.fused_step[{len(ps)}x256]"}
+
+
 @pytest.mark.timeout(60)
 def test_all_static_sampling_equals_itself_and_differs_by_seed(trained):
     """Sampling on the static path: a seed fixes the output; another seed changes it; AL stays in range."""
