@@ -72,8 +72,6 @@ class StaticPolicyCache:
         self.slots = StaticSlots(batch, max_slots, self.device)
         self.cursor = Cursor(max_slots, self.device)
         vd = value_head_dim or head_dim
-        # every layer's columns side by side along the slot axis: a write is one index_copy_ into the whole tensor,
-        # never into a view of it (which inductor functionalises by copying the base)
         self.keys = torch.zeros(batch, kv_heads, num_layers * max_slots, head_dim, dtype=dtype, device=self.device)
         self.values = torch.zeros(batch, kv_heads, num_layers * max_slots, vd, dtype=dtype, device=self.device)
         self.hf = SlotCache(self, [SlotLayer(self, *self.layer(i, max_slots)) for i in range(num_layers)])

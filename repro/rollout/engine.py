@@ -38,8 +38,8 @@ from repro.rollout.static_loop import StaticDecoder, generate_static
 
 log = logging.getLogger(__name__)
 CUDA_GRAPH_MODES = ("off", "draft", "all", "compiled", "fused")
-STATIC_MODES = ("all", "compiled", "fused")
-COMPILED_MODES = ("compiled", "fused")     # inductor compiles first (minutes on a GPU): the self-check runs them if asked     # the policy on a static cache too (repro.rollout.static_loop)
+STATIC_MODES = ("all", "compiled", "fused")     # the policy on a static cache too (repro.rollout.static_loop)
+COMPILED_MODES = ("compiled", "fused")           # inductor compiles first (minutes on a GPU)
 BUCKETED_STATES = 16      # static states a proposer keeps when batches are bucketed (every turn shape of a request)
 
 

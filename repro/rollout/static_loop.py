@@ -27,24 +27,22 @@ class StaticDecoder:
 
     def state(self, rows: int, max_slots: int, cuda_graphs: bool) -> dict:
         st, _ = self.states.get((rows, max_slots), lambda: self._build(rows, max_slots))
-        for g in self.graphed(st):
+        for g in self.graphed:
             st[g].enabled = cuda_graphs
         return st
 
-    def graphed(self, st: dict) -> tuple[str, ...]:
+    @property
+    def graphed(self) -> tuple[str, ...]:
         return ("fused",) if self.fused is not None else ("step", "accept")
 
     def _build(self, rows: int, max_slots: int) -> dict:
         st = {"cache": self.policy.new_static_cache(rows, max_slots)}
         if self.fused is not None:
             st["cache"].in_graph = True
-            st["fused"] = GraphedCallable(lambda *a, **kw: self.fused(st, *a, **kw), "policy.fused_step",
-                                          persistent_inputs=True)
-            return st
-        st["step"] = GraphedCallable(lambda *a, **kw: self._policy_step(st, *a, **kw), "policy.step",
-                                     persistent_inputs=True)
-        st["accept"] = GraphedCallable(lambda *a, **kw: self._accept_step(st, *a, **kw), "engine.accept",
-                                       persistent_inputs=True)
+        calls = ({"fused": (self.fused, "policy.fused_step")} if self.fused is not None else
+                 {"step": (self._policy_step, "policy.step"), "accept": (self._accept_step, "engine.accept")})
+        for key, (fn, name) in calls.items():
+            st[key] = GraphedCallable(lambda *a, fn=fn, **kw: fn(st, *a, **kw), name, persistent_inputs=True)
         return st
 
     def outputs(self, st: dict, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,7 +58,7 @@ class StaticDecoder:
     def graph_status(self) -> dict:
         out = {}
         for key, st in self.states._states.items():
-            for name in self.graphed(st):
+            for name in self.graphed:
                 out[f"{st[name].name}[{key[0]}x{key[1]}]"] = st[name].status()
         return out
 

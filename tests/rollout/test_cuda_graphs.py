@@ -266,7 +266,8 @@ def test_bad_values_fail_clearly(trained):
     d = drafts["eagle3"]
     pol.set_taps(d.tap_spec)
     with pytest.raises(ValueError,
-                       match=r"cuda_graphs='full' is invalid: expected one of \('off', 'draft', 'all', 'compiled', 'fused'\)"):
+                       match=r"cuda_graphs='full' is invalid: expected one of \('off', 'draft', 'all', 'compiled', "
+                             r"'fused'\)"):
         RolloutEngine(pol, proposer(d), cuda_graphs="full")
     with pytest.raises(ValueError, match="OracleProposer has none"):
         RolloutEngine(pol, OracleProposer(pol, 2, prompts[:1]), cuda_graphs="draft")
