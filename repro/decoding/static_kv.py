@@ -55,7 +55,8 @@ def batch_bucket(n: int) -> int:
 
 def traced_whole(fn: Callable, backend: str = "inductor") -> Callable:
     """``fn`` compiled whole (``fullgraph``: a graph break is an error, dynamic sizes): a graph per kept state (its
-    buffers are guarded on) and per batch of one or more."""
+    buffers are guarded on) and per batch of one or more. ``fn`` must not set attributes (a memo set on the first
+    call is a guard failure, so a recompile, on the second)."""
     compiled = torch.compile(fn, backend=backend, dynamic=True, fullgraph=True)
 
     def call(*args, **settings):

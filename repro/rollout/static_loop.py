@@ -24,16 +24,13 @@ class StaticDecoder:
         self.compile_backend = None if fused else compile_backend
         # fused: the policy step and the acceptance traced whole into one inductor graph (one CUDA graph a step)
         self.fused = traced_whole(self._fused_step, compile_backend or "inductor") if fused else None
+        self.graphed = ("fused",) if fused else ("step", "accept")
 
     def state(self, rows: int, max_slots: int, cuda_graphs: bool) -> dict:
         st, _ = self.states.get((rows, max_slots), lambda: self._build(rows, max_slots))
         for g in self.graphed:
             st[g].enabled = cuda_graphs
         return st
-
-    @property
-    def graphed(self) -> tuple[str, ...]:
-        return ("fused",) if self.fused is not None else ("step", "accept")
 
     def _build(self, rows: int, max_slots: int) -> dict:
         st = {"cache": self.policy.new_static_cache(rows, max_slots)}
@@ -125,6 +122,8 @@ class StaticDecoder:
         return committed, j < n_new[:, None], new_last, last_pos + n_new, new_active, new_len, hit_stop, hist
 
     def _columns(self, device) -> torch.Tensor:
+        if self.fused is not None:            # traced: a memo set on the first call would recompile the second
+            return torch.arange(self.k + 1, device=device)[None, :]
         j = getattr(self, "_j", None)
         if j is None or j.device != device:
             j = self._j = torch.arange(self.k + 1, device=device)[None, :]
