@@ -1,31 +1,20 @@
 """Decode benchmark: our engine with and without each draft family beside the peers a user would pick and the floor.
 
-Builds the profile's policy (a Qwen3 of the ``decode:`` section's scale and overrides), pre-trains it briefly
-on a synthetic Markov language (``repro.models.synthetic``: no checkpoint is available, and a random-init
-policy's near-uniform distribution gives drafts nothing to learn), samples rollouts from it at the
-benchmark temperature, briefly trains an EAGLE-3, a DFlash and a DSpark draft on those samples, then, in
-one run on the same weights and fresh prompts (temperature 1, exact rejection sampling, no stop token):
+Builds the profile's ``decode:`` policy, pre-trains it briefly on a synthetic Markov language
+(``repro.models.synthetic``: a random-init policy gives drafts nothing to learn), trains an EAGLE-3, a DFlash and a
+DSpark draft on its samples, then measures in one run on the same weights and fresh prompts (temperature 1):
+``suite-<mode>/<family>/b<B>`` our engine per ``engine_modes`` (raw samples, ms per step, tokens/s, acceptance
+length, speedup and speedup / AL, also from process CPU time: ``*_cpu``); ``bound/<family>/b<B>`` the static
+verify step over its decode step (speedup / AL cannot pass its inverse); ``peer/<peer>/b<B>`` transformers'
+StaticCache + compile, its eager DynamicCache and vLLM where importable (``repro.rollout.peers``; a peer that cannot
+run is listed with its reason in ``peer_status``); ``floor/b<B>`` the weights read once at envcheck's copy
+bandwidth (``--envcheck``); ``identity/<family>/<mode>`` greedy speculative output against plain greedy output.
 
-* ``suite-<mode>/<family>/b<B>``: our engine (``RolloutEngine(cuda_graphs=<mode>)`` for each of the section's
-  ``engine_modes``) for plain decoding and each family: raw time samples, ms per step (time / policy
-  forwards), tokens/s, acceptance length, speedup over plain decoding in the same mode, speedup / AL, and
-  the same from process CPU time (``*_cpu``: the robust ratio on a shared CPU machine);
-* ``bound/<family>/b<B>``: the policy's static verify step over k+1 tokens against its one-token decode step,
-  graphed on a GPU as the engine runs them (``verify_over_decode``): speedup / AL cannot pass its inverse;
-* ``peer/<peer>/b<B>``: transformers ``generate`` with ``StaticCache`` + ``torch.compile(mode="reduce-overhead")``,
-  transformers eagerly with its ``DynamicCache``, and vLLM where importable (``repro.rollout.peers``); a peer
-  that cannot run is listed with its reason in the config's ``peer_status``, never invented;
-* ``floor/b<B>``: reading the policy's weights once at envcheck's measured copy bandwidth (``--envcheck``);
-  without it the row is skipped and the config says so;
-* ``identity/<family>/<mode>``: greedy speculative output token-identical to plain greedy output (fp32).
+On CUDA the engine self-check (``repro.rollout.self_check``) runs first and writes ``self_check.json``
+(``--self-check-only`` stops there; a failure exits non-zero). Writes ``bench.json``, ``metrics.jsonl`` and
+``env.json`` through ``repro.core.timing.BenchRun``; CPU runs are labelled cpu-emulated.
 
-On CUDA the engine self-check (``repro.rollout.self_check``) runs first, writes ``self_check.json`` and prints
-its verdict; ``--self-check-only`` stops there; a failed check makes the program exit non-zero. Writes
-``bench.json``, ``metrics.jsonl``, ``env.json`` (and W&B offline logs where wandb is installed) through
-``repro.core.timing.BenchRun``; CPU runs are labelled cpu-emulated by the provenance.
-
-    python -m repro.bench.decode --profile cpu-tiny --out results/cpu-2c/cpu-tiny/decode \\
-        --envcheck results/cpu-2c/cpu-tiny/envcheck/env.json               # ~10 min on 2 CPU cores
+    python -m repro.bench.decode --profile cpu-tiny --out /tmp/dec --envcheck results/<tag>/cpu-tiny/envcheck/bench.json
     python -m repro.bench.decode --profile h200 --self-check-only --out /tmp/dec    # the GPU check alone
     python -m repro.bench.decode --profile my.yaml --batch-sizes 1,4 --train-steps 20 --out /tmp/dec   # quick
 """

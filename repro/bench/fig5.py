@@ -1,28 +1,18 @@
 """Figure 5: packed zigzag CP vs the best USP split (SpecForge), EAGLE-3 TTT with 3 passes.
 
-A rollout-like packed batch (8 rollouts, longest 20,480 tokens; the others are fixed fractions of
-it whose mean is 0.444 of the longest, so padding every rollout to the longest costs 2.25x; the
-suite's choice of workload shape) is divided by ``--scale`` on CPUs. For each CP size, each method's
-peak memory is measured in a fresh process group (one process per rank; gloo on CPU), so it is that
-method's alone, and all methods are timed in one process group in interleaved rounds (sample k of
-every method in turn), so the drifting load of a shared machine falls on all of them alike:
-    zigzag          packed THD, zigzag ring trunk + rank-local branch (kernels.attention)
-    usp U=.. R=..   SpecForge's USP on the padded batch, every (U, R) with U*R = C that divides
-                    the head counts
-    usp-zigzag ..   the same with yunchang's zigzag ring instead of the basic one (R > 1; ours)
-the best SpecForge USP row (sequential ring) is the baseline, as in the paper ("cp=<C>": speedup_vs_best_usp,
+A rollout-like packed batch (8 rollouts, longest 20,480 tokens, mean 0.444 of the longest: padding costs 2.25x)
+is divided by ``--scale`` on CPUs. Methods: ``zigzag`` (packed THD, zigzag ring trunk + rank-local branch,
+kernels.attention), ``usp U=.. R=..`` (SpecForge's USP on the padded batch, every U*R = C that divides the head
+counts) and ``usp-zigzag`` (the same with yunchang's zigzag ring, R > 1). Each method's peak memory is measured in a
+fresh process group (one process per rank; gloo on CPU), from the inputs through the first step after an untimed
+warm-up step; all methods are timed in one process group in interleaved rounds, so a shared machine's drift falls
+on all alike. The baseline is the best SpecForge USP row, as in the paper ("cp=<C>": speedup_vs_best_usp,
 peak_mem_ratio_usp_over_zigzag, usp_pad_factor); the best of every USP row, ours included, is reported beside it
-(speedup_vs_best_usp_any, ...), a stronger baseline; "all" pools them (smallest speedup and ratio). Times are forward
-+ backward of the 3 passes: wall (slowest rank per sample) and, on CPUs, where few shared cores measure the
-machine's total work, the critical path (largest per-rank CPU time per step), from which CPU runs compute the
-speedup. Peak memory per rank is measured from the inputs through the first step, after an untimed step of the
-same method on a tiny batch, so a CPU's resident set no longer counts the code pages the first call loads.
-At C = 1 (one GPU: the h200 profile) each method runs in one process: the packed zigzag path is a single
-local call per pass and USP at U = R = 1 is SpecForge's padded batch through the same kernels and backend, so
-the ratio is packing against padding.
-CPU results are cpu-emulated: compare the ratios, not the times. cpu-tiny uses scale 4 (longest 5,120
-tokens; 12-14 minutes on 2 cores): at scale 8 (2,560 tokens) a CP=4 zigzag rank's chunks are 47-320 tokens,
-small for the fused CPU kernel, and per-call overheads dominate the CP=4 ratio.
+(``*_any``); "all" pools them. Times are forward + backward of the 3 passes: wall (slowest rank) and, on CPUs, the
+critical path (largest per-rank CPU time per step), from which CPU runs compute the speedup. At C = 1 (one GPU)
+each method runs in one process, so the ratio is packing against padding through the same kernels. CPU results
+are cpu-emulated; cpu-tiny uses scale 4 (longest 5,120 tokens; 12-14 minutes on 2 cores): at scale 8 a CP=4
+rank's chunks (47-320 tokens) are small for the fused CPU kernel and per-call overheads dominate.
 
     python -m repro.bench.fig5 --profile cpu-tiny              # -> results/<hw>/cpu-tiny/fig5/
     python -m repro.bench.fig5 --profile h200                  # CP=1 on one GPU -> results/<hw>/h200/fig5/

@@ -29,7 +29,9 @@ ROLLOUT_BACKENDS = ("suite", "vllm")   # repro.rollout.engine.RolloutEngine | in
 # DraftSpec.options keys per family; attn_backend (every family): the kernels.attention backend of the draft's
 # training attention ("auto" by default)
 _BLOCK_OPTIONS = ("num_layers", "block_size", "num_anchors", "decay_gamma", "attn_backend")
-DRAFT_OPTIONS = {"eagle3": ("ttt_steps", "decay", "pass_weights", "attn_backend"), "dflash": _BLOCK_OPTIONS,
+# draft_vocab_size (EAGLE-3): the reduced draft vocabulary, the most frequent tokens of the SFT demonstrations
+DRAFT_OPTIONS = {"eagle3": ("ttt_steps", "decay", "pass_weights", "draft_vocab_size", "attn_backend"),
+                 "dflash": _BLOCK_OPTIONS,
                  "dspark": _BLOCK_OPTIONS + ("markov_rank",)}
 
 
@@ -160,6 +162,10 @@ class DraftSpec:
             NAMES,  # kernels is the floor below; imported only to name backends
         )
         _check(backend in NAMES, f"{key}.options.attn_backend", backend, f"one of {list(NAMES)}")
+        vd = self.options.get("draft_vocab_size", 0)
+        _check(isinstance(vd, int) and not isinstance(vd, bool) and vd >= 0 and not (vd and self.checkpoint),
+               f"{key}.options.draft_vocab_size", vd, "an integer >= 0 (0: the full vocabulary), and none with a "
+               "checkpoint (its own vocabulary applies)")
         if self.family in ("dflash", "dspark"):
             bs = self.options.get("block_size", 8)
             _check(isinstance(bs, int) and not isinstance(bs, bool) and bs >= 2, f"{key}.options.block_size", bs,

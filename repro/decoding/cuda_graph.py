@@ -8,17 +8,13 @@ inputs into the static buffers and replays. With ``persistent_inputs=True`` the 
 long-lived buffers: the first call's tensors become the static inputs (no copies while the same tensors are passed
 again). The returned outputs are the static ones: they are overwritten by the next replay.
 
-``fn`` must be replay-safe: it may write into persistent tensors (caches), but the same inputs must
-give the same writes (the warm-up runs it for real before the capture's replay runs it again), it
-must not synchronise with the host, must not create CPU tensors that it copies to the device, and
-must not skip work through a memo keyed on tensor identity (the capture would record no kernel for it).
-
-A failed capture never fails the run: the reason is logged once, kept in ``fallback_reason``, and
-this callable runs eagerly from then on (until ``reset()``).
-
-``GraphedCallable.emulate_replay = True`` (tests, CPU): static inputs and outputs as a replayed graph's, short of
-recording kernels, so a caller that passes a new tensor where the graph writes in place, or keeps an output across
-calls, goes wrong on the CPU as it would on a GPU.
+``fn`` must be replay-safe: it may write into persistent tensors (caches), but the same inputs must give the same
+writes (the warm-up runs it for real before the replay runs it again); it must not synchronise with the host, copy
+CPU tensors it creates to the device, or skip work through a memo keyed on tensor identity. A failed capture never
+fails the run: the reason is logged once, kept in ``fallback_reason``, and the callable runs eagerly (until
+``reset()``). ``GraphedCallable.emulate_replay = True`` (tests, CPU) gives static inputs and outputs as a replay
+would, so a caller that passes a new tensor where the graph writes in place, or keeps an output across calls, goes
+wrong on the CPU as on a GPU.
 
     step = GraphedCallable(lambda x: model(x), "draft.propose", enabled=True)
     y = step(x, greedy=True)          # eager on CPU; captured once per input shape on CUDA, then replayed

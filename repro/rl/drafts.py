@@ -28,6 +28,7 @@ from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dflash import DFlashDraft
 from repro.models.dspark import DSparkDraft
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
+from repro.models.vocab import build_draft_vocab
 
 
 class _StopGradEmbedding(nn.Module):
@@ -65,8 +66,10 @@ class StopGradParts:
         self.lm_head = _StopGradLinear(policy.lm_head)
 
 
-def build_draft(spec: DraftSpec, policy, *, mask_token_id: int, train: bool = False) -> nn.Module:
-    """The draft of ``spec`` for ``policy`` (taps set on the policy); ``train`` attaches stop-gradient parts."""
+def build_draft(spec: DraftSpec, policy, *, mask_token_id: int, train: bool = False,
+                token_counts: torch.Tensor | None = None) -> nn.Module:
+    """The draft of ``spec`` for ``policy`` (taps set on the policy); ``train`` attaches stop-gradient parts. EAGLE-3's
+    ``draft_vocab_size`` keeps the top tokens of ``token_counts``, else placeholder maps that a state dict replaces."""
     spec.validate()          # options and proposal count fit the family, before any model exists
     backend = spec.options.get("attn_backend", "auto")
     if spec.family == "eagle3":
@@ -77,7 +80,10 @@ def build_draft(spec: DraftSpec, policy, *, mask_token_id: int, train: bool = Fa
         if spec.checkpoint:
             draft = _eagle3_from_checkpoint(spec, policy, opts)
         else:
-            draft = Eagle3Draft(Eagle3Config.from_policy(policy, **opts))
+            cfg = Eagle3Config.from_policy(policy, **opts)
+            maps = (None, None) if cfg.draft_vocab_size == cfg.vocab_size else build_draft_vocab(
+                torch.zeros(cfg.vocab_size) if token_counts is None else token_counts, cfg.draft_vocab_size)
+            draft = Eagle3Draft(cfg, *maps)
             draft.init_from_policy(policy)
     else:
         opts = dict(spec.options)

@@ -38,6 +38,7 @@ from repro.rl.drafts import build_draft, make_proposer
 from repro.rl.episodes import RolloutBatch, math_rollout, workplace_rollout
 from repro.rl.grpo import group_advantages
 from repro.rl.joint import JointUpdate, UpdateStats
+from repro.rl.sft import draft_token_counts
 from repro.rl.tasks.math import MathTaskSet
 from repro.rl.tasks.workplace import WorkplaceTaskSet
 from repro.rl.tokenizer import WorkloadTokenizer
@@ -129,10 +130,12 @@ class CoTrainer:
         proposer = None
         self.draft_warm = False
         if cfg.draft is not None:
-            self.draft = build_draft(cfg.draft, self.policy, mask_token_id=tok.mask_id, train=True)
+            counts = draft_token_counts(cfg.draft, tok, cfg.workload.name, cfg.seed, self.policy.vocab_size)
+            self.draft = build_draft(cfg.draft, self.policy, mask_token_id=tok.mask_id, train=True, token_counts=counts)
             self.draft_warm = load_draft_weights(self.draft, cfg.draft, cfg.warm_start)
             self.rollout_draft = build_draft(cfg.draft, self.rollout_policy, mask_token_id=tok.mask_id)
             self.rollout_draft.to(dtype=DTYPES[cfg.dtype])
+            push_weights(self.draft, self.rollout_draft)     # the proposer reads the draft's vocabulary maps
             proposer = make_proposer(self.rollout_draft, cfg.draft.num_proposals)
         # on a GPU the profile's dtype is also the update's compute dtype (autocast over fp32 master weights)
         amp = update_autocast_dtype(cfg.dtype, dev)
