@@ -42,7 +42,7 @@ from repro.rl.sft import draft_token_counts
 from repro.rl.tasks.math import MathTaskSet
 from repro.rl.tasks.workplace import WorkplaceTaskSet
 from repro.rl.tokenizer import WorkloadTokenizer
-from repro.rl.warmstart import DTYPES, load_draft_weights, make_policy, update_autocast_dtype
+from repro.rl.warmstart import DTYPES, draft_file, load_draft_weights, make_policy, update_autocast_dtype
 from repro.rollout.engine import RolloutEngine
 
 # metric names of the per-step rows (prefix "train/" or "val/": the tables' summary names stay free);
@@ -130,7 +130,10 @@ class CoTrainer:
         proposer = None
         self.draft_warm = False
         if cfg.draft is not None:
-            counts = draft_token_counts(cfg.draft, tok, cfg.workload.name, cfg.seed, self.policy.vocab_size)
+            # a warm-started draft brings its vocabulary maps; a cold one draws them from the demonstrations
+            warm = cfg.warm_start and draft_file(cfg.warm_start, cfg.draft.family).is_file()
+            counts = None if warm else draft_token_counts(cfg.draft, tok, cfg.workload.name, cfg.seed,
+                                                          self.policy.vocab_size)
             self.draft = build_draft(cfg.draft, self.policy, mask_token_id=tok.mask_id, train=True, token_counts=counts)
             self.draft_warm = load_draft_weights(self.draft, cfg.draft, cfg.warm_start)
             self.rollout_draft = build_draft(cfg.draft, self.rollout_policy, mask_token_id=tok.mask_id)

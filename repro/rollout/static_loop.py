@@ -87,7 +87,7 @@ class StaticDecoder:
         v = verify_with_noise(logits, drafts, probs, greedy=greedy, temperature=temperature, num_valid=n_valid,
                               accept_noise=acc_noise, token_noise=tok_noise)
         a = v.accepted
-        j = self._columns(logits.device)
+        j = torch.arange(k + 1, device=logits.device)[None, :]   # no memo: traced, one would recompile
         # committed tokens: d_1..d_a, then the policy's token at column a (columns past a are never kept)
         nxt = v.next_token[:, None]
         committed = torch.where(j == a[:, None], nxt, torch.cat([drafts, nxt], 1)) if k else nxt
@@ -121,13 +121,6 @@ class StaticDecoder:
         new_last = committed.gather(1, a[:, None])[:, 0]
         return committed, j < n_new[:, None], new_last, last_pos + n_new, new_active, new_len, hit_stop, hist
 
-    def _columns(self, device) -> torch.Tensor:
-        if self.fused is not None:            # traced: a memo set on the first call would recompile the second
-            return torch.arange(self.k + 1, device=device)[None, :]
-        j = getattr(self, "_j", None)
-        if j is None or j.device != device:
-            j = self._j = torch.arange(self.k + 1, device=device)[None, :]
-        return j
 
 
 class RunningFlag:
