@@ -1,10 +1,15 @@
 """Test-session settings: under pytest-xdist each worker takes its share of the cores for torch's threads (and
-the processes it starts inherit it), so N workers do not run N x cores threads."""
+the processes it starts inherit it), so N workers do not run N x cores threads. Without a GPU, Triton kernels
+run under Triton's CPU interpreter (TRITON_INTERPRET=1 is read when a kernel is defined, so it is set before
+anything imports triton: torch.compile does)."""
 from __future__ import annotations
 
 import os
 
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if workers > 1:

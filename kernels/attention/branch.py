@@ -10,15 +10,31 @@ The branch keys of a query live on the rank that owns the query, so no communica
 ``merge_forward(q, o_t, l_t, *tensors, scale)`` merges the trunk partial (o_t, l_t) with the branch
 and returns the joint (out, lse). ``backward(dout, q, out, lse, *tensors, scale, dq)`` adds the
 branch's share of dq into ``dq`` (in place) and returns the gradients of the branch tensors, using
-the joint (out, lse): w = exp(s - lse), dV = w dO, dS = w (dO.V - rowsum(dO*O)).
+the joint (out, lse): w = exp(s - lse), dV = w dO, dS = w (dO.V - rowsum(dO*O)). On CUDA devices with Triton,
+TTTBranch runs as one kernel each way (ttt_branch_triton.py); elsewhere, and with ``impl="torch"``, as the
+chunked torch ops below.
 """
 from __future__ import annotations
+
+import importlib
+import warnings
 
 import torch
 
 from kernels.attention.backends.base import acc_dtype
 
 _NEG = float("-inf")
+_TRITON: dict = {}
+
+
+def triton_kernels():
+    """kernels.attention.ttt_branch_triton, or None where Triton does not import or its kernels failed (once)."""
+    if "mod" not in _TRITON:
+        try:
+            _TRITON["mod"] = importlib.import_module("kernels.attention.ttt_branch_triton")
+        except ImportError:
+            _TRITON["mod"] = None
+    return _TRITON["mod"]
 
 
 def _safe(lse: torch.Tensor, fill: float) -> torch.Tensor:
@@ -57,9 +73,39 @@ class TTTBranch:
 
     chunk_elems_default = 1 << 23       # 2048 rows at H*D = 4096; larger: fewer launches, more memory
 
-    def __init__(self, num_keys: int, chunk_elems: int | None = None):
+    def __init__(self, num_keys: int, chunk_elems: int | None = None, impl: str = "auto"):
+        if impl not in ("auto", "torch", "triton"):
+            raise ValueError(f"impl must be 'auto', 'torch' or 'triton', got {impl!r}")
         self.P = num_keys
         self.chunk_elems = chunk_elems or TTTBranch.chunk_elems_default
+        self.impl = impl
+
+    def _kernels(self, q):
+        """The Triton kernels when they run this call ("auto": CUDA tensors and Triton importable)."""
+        if self.impl == "torch" or (self.impl == "auto" and (not q.is_cuda or q.dtype == torch.float64)):
+            return None                 # fp64 (the reference checks) keeps its fp64 accumulation
+        mod = triton_kernels()
+        if mod is None and self.impl == "triton":
+            raise RuntimeError("TTTBranch(impl='triton') needs Triton (pip install triton)"
+                               + (f"; its kernels failed here: {_TRITON['error']}" if "error" in _TRITON else ""))
+        return mod
+
+    def _on_kernels(self, q, name: str, *args):
+        """``kernels.<name>(*args)`` when the kernels run this call, else None. Under "auto" a kernel that does
+        not build on this machine (a Triton version the kernels were not written for) warns once and leaves the
+        torch ops in charge; nothing was written when that happens (compilation precedes the launch)."""
+        kernels = self._kernels(q)
+        if kernels is None:
+            return None
+        try:
+            return getattr(kernels, name)(*args) or True
+        except Exception as exc:
+            if self.impl == "triton":
+                raise
+            _TRITON.update(mod=None, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            warnings.warn(f"TTTBranch: the Triton kernels failed ({_TRITON['error']}); using the torch ops",
+                          RuntimeWarning, stacklevel=3)
+            return None
 
     def _rows(self, q) -> int:
         return max(1, self.chunk_elems // max(1, q.shape[1] * q.shape[2]))
@@ -74,6 +120,8 @@ class TTTBranch:
         out = o_t if _owned(o_t, q, kvs) else torch.empty(T, H, D, dtype=q.dtype, device=q.device)
         lse = l_t if (l_t.dtype == acc and l_t.is_contiguous() and out is o_t) else \
             torch.empty(T, H, dtype=acc, device=q.device)
+        if self._on_kernels(q, "merge_forward", q, o_t, l_t, ks, vs, out, lse, scale) is not None:
+            return out, lse
         chunk = self._rows(q)
         for a in range(0, T, chunk):
             b = min(T, a + chunk)
@@ -98,6 +146,9 @@ class TTTBranch:
         G = ks[0].shape[1]
         hg = H // G
         acc = acc_dtype(q.dtype)
+        res = self._on_kernels(q, "backward", dout, q, out, lse, ks, vs, dq, scale)
+        if res is not None:
+            return (*res[0], *res[1])
         dks = [torch.empty_like(k) for k in ks]
         dvs = [torch.empty_like(v) for v in vs]
         chunk = self._rows(q)

@@ -6,9 +6,11 @@ fp64, computed from the same (rounded) inputs, as max |x - oracle| / max |oracle
 
     kernel    the backend contract on its own: causal over documents shorter and longer than a 128-row tile,
               full blocks with a segment without keys and one without queries (the ring's step shapes), prefix
-              masks with rows that see nothing; and the split-keys backward with the joint (out, lse)
+              masks with rows that see nothing; and the split-keys backward with the joint (out, lse); flash4
+              also with its backward split into one call per K/V head (head slices read and written in place)
     trunk     causal attention (EAGLE-3 pass 0) through the front end
-    ttt2/3    EAGLE-3 TTT passes 2 and 3 (trunk + branch keys, the trunk's backward fed the joint lse)
+    ttt2/3    EAGLE-3 TTT passes 2 and 3 (trunk + branch keys, the trunk's backward fed the joint lse; on CUDA the
+              branch runs on its Triton kernels)
     block     DFlash/DSpark blocks (anchors at document starts and ends, partly invalid slots, an invalid block)
               through block_draft_attention; flash4 also as prefix_full[flash4] and the one-call route
     padded    the drafts' right-padded block attention: SDPA default / deterministic / math, and flash4's call
@@ -293,6 +295,10 @@ def run_check(profile: str, cfg: dict, only: set | None = None) -> dict:
             bk = b if b.supports(spec, dev, dt) else backends.get(f"prefix_full[{name}]")
             if want("kernel"):
                 row("kernel", bk.name, kind, lambda bk=bk, spec=spec: check_kernel(bk, spec, cfg))
+            if want("kernel") and name == "flash4" and kind in ("causal", "prefix"):
+                one_per_head = type(b)(bwd_workspace_bytes=1)        # the backward split per K/V head, in place
+                row("kernel", "flash4[head groups]", kind,
+                    lambda bk=one_per_head, spec=spec: check_kernel(bk, spec, cfg))
         for cname in ("trunk", "ttt2", "ttt3"):
             if want(cname):
                 row(cname, name, "lengths",

@@ -2,7 +2,8 @@
 
 One document of T tokens, forward + backward, per CP size C. Rows "<kind> <T> cp=<C>" (time_s: slowest rank;
 peak_mem_gb: largest rank, the inputs counted (inputs_gb: rank 0's), gradients consumed as they arrive):
-    ttt           EAGLE-3 TTT attention, ``passes`` passes (kernels.attention.eagle3_ttt_attention)
+    ttt           EAGLE-3 TTT attention, ``passes`` passes (kernels.attention.eagle3_ttt_attention; branch_impl:
+                  the branch's Triton kernels or its torch ops)
     trunk         the same passes without the branch keys (kernels.attention.causal_attention)
     sdpa_cudnn    the same passes through SDPA's cuDNN kernel (torch.nn.functional.scaled_dot_product_attention
                   under SDPBackend.CUDNN_ATTENTION, causal, GQA native): the peer a user would pick (CP=1, GPUs)
@@ -37,6 +38,7 @@ import torch.distributed as dist
 from kernels.attention import (
     backends,
     block_draft_attention,
+    branch,
     causal_attention,
     eagle3_ttt_attention,
     make_layout,
@@ -155,6 +157,9 @@ def measure(rank: int, world: int, cfg: dict) -> dict:
                 MaskSpec.prefix(torch.tensor([0, 1]), torch.tensor([0, n]), torch.tensor([n])))
         chosen = backends.select(name, spec, device, getattr(torch, cfg["dtype"]))
         report["backend_used"] = chosen.name
+        if cfg["kind"] == "ttt":
+            report["branch_impl"] = ("triton" if device.type == "cuda" and branch.triton_kernels() is not None
+                                     else "torch")          # after the steps: a kernel that failed reads torch
         if getattr(chosen, "used", None):
             report["backend_report"] = {k: str(v) for k, v in chosen.used.items()}
     del step
@@ -235,7 +240,8 @@ def main(argv=None) -> int:
                              "local_tokens": res[0]["local_tokens"], "cpu_critical_s": summarize(crit)["median"]}
                     bench.record(name, {**params, "cpu_critical_samples": crit,
                                         "backend_used": res[0].get("backend_used"),
-                                        "backend_report": res[0].get("backend_report")},
+                                        "backend_report": res[0].get("backend_report"),
+                                        "branch_impl": res[0].get("branch_impl")},
                                  res[0]["samples"], extra=extra)
             record_ratios(bench, T, cps, times, d["block_routes"])
         record_scaling(bench, sizes, cps, kinds, d["block_routes"], bench.records)

@@ -9,7 +9,8 @@ assert (int32 contiguous cu_seqlens on the data's device, lse [H, total_q] / [R,
   flash_attn_func(q [R, Sq, H, D], k, v, softmax_scale=, causal=, mask_mod=, aux_tensors=,
                   block_sparse_tensors=, return_lse=) -> (out, lse [R, H, Sq])
   interface._flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale, causal, softcap, ..., cu_seqlens_q/k,
-                            max_seqlen_q/k, mask_mod, aux_tensors, block_sparse_tensors) -> (dq, dk, dv)
+                            max_seqlen_q/k, dq=, dk=, dv=, mask_mod, aux_tensors, block_sparse_tensors)
+                            -> (dq, dk, dv), written into the given outputs when passed
   block_sparsity.BlockSparseTensorsTorch
 
 GQA maps query head h to K/V head h // (H / G). A mask function is a marker naming one of
@@ -21,6 +22,7 @@ give wrong results here. Rows of varlen segments without keys get NaN: the adapt
 """
 from __future__ import annotations
 
+import importlib.machinery
 import itertools
 import sys
 import types
@@ -181,7 +183,10 @@ def _flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=None, causal=False, s
     assert lse.dtype == torch.float32, "lse must be float32"
     assert softcap == 0.0 and not deterministic
     for t in (q, k, v, out, dout, lse):
-        assert t.is_contiguous(), "the stand-in wants what maybe_contiguous would give"
+        assert t.stride(-1) == 1, "maybe_contiguous would copy this (the adapter should not pass it)"
+    given = (dq, dk, dv)
+    for g, x in zip(given, (q, k, v)):
+        assert g is None or (g.shape == x.shape and g.dtype == x.dtype and g.stride(-1) == 1), "bad output tensor"
     if cu_seqlens_q is not None:
         assert block_sparse_tensors is None, "Varlen backward with block sparsity is not yet supported"
         _check_cu(cu_seqlens_q, q, "cu_seqlens_q")
@@ -190,13 +195,18 @@ def _flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=None, causal=False, s
         CALLS.append(("bwd_varlen", {"causal": causal, "heads": H}))
         mask = _varlen_mask(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, T, k.shape[0])
         g = _grads(q[None], k[None], v[None], out[None], dout[None], lse[None], mask[None], softmax_scale)
-        return g[0][0], g[1][0], g[2][0]
+        return _into(given, (g[0][0], g[1][0], g[2][0]))
     R, Sq, H, _D = q.shape
     assert lse.shape == (R, H, Sq), "lse must have shape (batch_size, num_head, seqlen_q)"
     assert mask_mod is not None
     CALLS.append(("bwd_func", {"mask": mask_mod.name, "sparse": block_sparse_tensors is not None, "heads": H}))
     mask = _masked(mask_mod, aux_tensors, block_sparse_tensors, R, Sq, k.shape[1], by_key=True)
-    return _grads(q, k, v, out, dout, lse, mask, softmax_scale)
+    return _into(given, _grads(q, k, v, out, dout, lse, mask, softmax_scale))
+
+
+def _into(given, grads):
+    """The kernel writes caller-given dq/dk/dv (any strides) and returns them; else fresh tensors."""
+    return tuple(g if d is None else d.copy_(g) for d, g in zip(given, grads))
 
 
 def install(monkeypatch) -> None:
@@ -214,6 +224,7 @@ def install(monkeypatch) -> None:
     pkg.cute, cute.interface, cute.block_sparsity = cute, iface, bs
     for name, mod in (("flash_attn", pkg), ("flash_attn.cute", cute), ("flash_attn.cute.interface", iface),
                       ("flash_attn.cute.block_sparsity", bs)):
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, None)      # importlib.util.find_spec reads it
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(flash4_masks, "cute_mask", MaskRef)
     CALLS.clear()

@@ -9,6 +9,7 @@ probe and ``auto``'s order. The kernels themselves are checked on the GPU (repro
 
 Run: .venv/bin/python -m pytest -q tests/attention/test_flash4.py
 """
+import functools
 import subprocess
 import sys
 
@@ -116,10 +117,38 @@ def test_backward_head_groups_give_the_same_gradients(fake, workspace):
         assert heads == ([6] if workspace > 1 else [2, 2, 2]) and b.used["bwd_head_groups"] == len(heads)
 
 
+def test_backward_head_groups_read_and_write_slices_in_place(fake, monkeypatch):
+    """A group passes head slices of the caller's tensors (no copies) and its gradients land in slices of
+    dq/dk/dv through the kernel's dq=/dk=/dv= outputs."""
+    spec = _specs()["causal"]
+    q, k, v, do = _qkv(spec, H=6, G=3, seed=4)
+    iface, seen = sys.modules["flash_attn.cute.interface"], []
+    real = iface._flash_attn_bwd
+
+    @functools.wraps(real)
+    def spy(*a, **kw):
+        seen.append(kw)
+        return real(*a, **kw)
+    monkeypatch.setattr(iface, "_flash_attn_bwd", spy)
+    f4.reset_probe()
+    b = Flash4Backend(bwd_workspace_bytes=1)
+    out, lse = b.forward(q, k, v, spec, 0.4)
+    dq, dk, dv = b.backward(do, q, k, v, out, lse, spec, 0.4)
+    assert len(seen) == 3
+    for g, kw in enumerate(seen):
+        assert kw["q"].data_ptr() == q[:, 2 * g].data_ptr() and kw["k"].data_ptr() == k[:, g].data_ptr()
+        assert kw["dq"].data_ptr() == dq[:, 2 * g].data_ptr() and kw["dv"].data_ptr() == dv[:, g].data_ptr()
+    _ro, _rl, rg = _reference(spec, q, k, v, do, 0.4)
+    for a, r in zip((dq, dk, dv), rg):
+        assert (a - r).abs().max() < 1e-6
+
+
 def test_head_groups_bound_the_accumulators():
     b = Flash4Backend(bwd_workspace_bytes=1 << 30)
     T = 262144
     assert b.head_groups(32, 8, T, T, 128) == 8          # 6.4 GB of fp32 accumulators at 256K -> 0.8 GB each
+    assert Flash4Backend().head_groups(32, 8, T, T, 128) == 4           # the default limit, 2 GiB
+    assert Flash4Backend().head_groups(32, 8, 65536, 65536, 128) == 1
     assert b.head_groups(32, 8, 16384, 16384, 128) == 1
     assert b.head_groups(16, 16, T, T, 128) == 2        # MHA: no dK/dV accumulators
     with pytest.raises(ValueError, match="bwd_workspace_bytes"):

@@ -30,7 +30,8 @@ Facts the adapter relies on (flash-attn-4 4.0.0b36, flash_attn/cute/interface.py
   workspace the backward allocates fp32 accumulators, dQ [H, Tq, D] and (GQA) dK, dV [G, Tk, D]: 6.4 GB at
             256K tokens with 32/8 heads of 128. Above ``bwd_workspace_bytes`` the backward runs in groups of
             whole K/V heads (each group's gradients are complete; no extra rounding), so the accumulators
-            stay bounded by the limit.
+            stay bounded by the limit. A group reads head slices of q/k/v/out/dout in place and writes head
+            slices of dq/dk/dv (the dq=/dk=/dv= outputs): no copies besides the accumulators.
 
     from kernels.attention.backends.flash4 import Flash4Backend, available
 """
@@ -158,7 +159,7 @@ def prefix_problem(spec: MaskSpec, device) -> MaskedProblem:
 class Flash4Backend(Backend):
     name = "flash4"
 
-    def __init__(self, bwd_workspace_bytes: int = 1 << 30, block_sparse: str = "auto", prefix: str = "auto"):
+    def __init__(self, bwd_workspace_bytes: int = 2 << 30, block_sparse: str = "auto", prefix: str = "auto"):
         if block_sparse not in ("auto", "on", "off"):
             raise ValueError(f"block_sparse must be 'auto', 'on' or 'off', got {block_sparse!r}")
         if prefix not in ("auto", "mask", "replicate"):
@@ -341,7 +342,11 @@ class Flash4Backend(Backend):
         return G
 
     def _grouped_backward(self, lib, dout, q, k, v, out, lse_k, fixed, tq, tk, head_dim: int, lse_dim: int):
-        """_flash_attn_bwd over groups of K/V heads (dim ``head_dim`` of q/k/v, ``lse_dim`` of the lse)."""
+        """_flash_attn_bwd over groups of K/V heads (dim ``head_dim`` of q/k/v, ``lse_dim`` of the lse).
+
+        A group's inputs are head slices of the callers' tensors and its gradients are written into head
+        slices of dq/dk/dv (the kernel takes any layout whose last dim is contiguous and whose strides are
+        16-byte aligned, and writes caller-given outputs): only the fp32 accumulators are extra."""
         H, G, D = q.shape[head_dim], k.shape[head_dim], q.shape[-1]
         dout, out = dout.to(q.dtype).contiguous(), out.to(q.dtype).contiguous()
         n = self.head_groups(H, G, tq, tk, D)
@@ -349,20 +354,20 @@ class Flash4Backend(Backend):
         if n == 1:
             return tuple(_call_by_name(lib.bwd, {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse_k,
                                                  **fixed})[:3])
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        grads = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         hq, hk = H // n, G // n
         for g in range(n):
-            qs = slice(g * hq, (g + 1) * hq)
-            ks = slice(g * hk, (g + 1) * hk)
-            sel = lambda x, s: x.narrow(head_dim, s.start, s.stop - s.start).contiguous()
-            res = _call_by_name(lib.bwd, {"q": sel(q, qs), "k": sel(k, ks), "v": sel(v, ks), "out": sel(out, qs),
-                                          "dout": sel(dout, qs),
-                                          "lse": lse_k.narrow(lse_dim, qs.start, hq).contiguous(), **fixed})
-            dq.narrow(head_dim, qs.start, hq).copy_(res[0])
-            dk.narrow(head_dim, ks.start, hk).copy_(res[1])
-            dv.narrow(head_dim, ks.start, hk).copy_(res[2])
+            qh = lambda x: x.narrow(head_dim, g * hq, hq)
+            kh = lambda x: x.narrow(head_dim, g * hk, hk)
+            dst = (qh(grads[0]), kh(grads[1]), kh(grads[2]))
+            res = _call_by_name(lib.bwd, {"q": qh(q), "k": kh(k), "v": kh(v), "out": qh(out), "dout": qh(dout),
+                                          "lse": lse_k.narrow(lse_dim, g * hq, hq), "dq": dst[0], "dk": dst[1],
+                                          "dv": dst[2], **fixed})
+            for d, r in zip(dst, res[:3]):
+                if r.data_ptr() != d.data_ptr():      # an interface that ignored the given outputs
+                    d.copy_(r)
             del res
-        return dq, dk, dv
+        return grads
 
 
 def _keyless_rows(spec: MaskSpec, device) -> torch.Tensor | None:
