@@ -87,6 +87,8 @@ def _tables_mask(t: BlockSparseTensorsTorch, R, Sq, Sk, by_key: bool):
             if cnt is None:
                 continue
             assert cnt.dtype == torch.int32 and idx.dtype == torch.int32
+            assert cnt.stride(-1) == 1 and idx.stride(-1) == 1, \
+                f"Expected strides[leading_dim] == 1, but got {idx.stride(-1)}."       # as the kernels check
             for a in range(cnt.shape[-1]):
                 for b in idx[rr, 0, a, :int(cnt[rr, 0, a])].tolist():
                     i, j = (b, a) if by_key else (a, b)

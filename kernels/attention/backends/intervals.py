@@ -76,7 +76,8 @@ def tile_tables(pairs, Tq: int, Tk: int, block_q: int, block_k: int, exact=None)
 
 
 def ordered(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[n, k] bool -> (count [n] int32, column indices [n, k] int32 with the True ones first, in order)."""
-    num = m.sum(-1, dtype=torch.int32)
-    idx = torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    """[n, k] bool -> (count [n] int32, column indices [n, k] int32 with the True ones first, in order), both
+    contiguous (kernels read them with a unit last stride; argsort of a transposed table keeps its strides)."""
+    num = m.sum(-1, dtype=torch.int32).contiguous()
+    idx = torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32).contiguous()
     return num, idx
