@@ -6,7 +6,8 @@ fp64, computed from the same (rounded) inputs, as max |x - oracle| / max |oracle
 
     kernel    the backend contract on its own: causal over documents shorter and longer than a 128-row tile,
               full blocks with a segment without keys and one without queries (the ring's step shapes), prefix
-              masks with rows that see nothing; and the split-keys backward with the joint (out, lse); flash4
+              masks with rows that see nothing, one causal document; and the split-keys backward with the joint
+              (out, lse); flash4
               also with its backward split into one call per K/V head (head slices read and written in place)
     trunk     causal attention (EAGLE-3 pass 0) through the front end
     ttt2/3    EAGLE-3 TTT passes 2 and 3 (trunk + branch keys, the trunk's backward fed the joint lse; on CUDA the
@@ -105,7 +106,8 @@ def kernel_specs(lengths: list[int]) -> dict[str, MaskSpec]:
     lo, hi = ck[seg], ck[seg + 1]
     ke = lo + (torch.rand(int(cq[-1]), generator=g) * (hi - lo + 1).double()).long()
     ke[::7] = lo[::7]                                                  # rows that see nothing
-    return {"causal": MaskSpec.causal(cu), "full": MaskSpec.full(cq, ck), "prefix": MaskSpec.prefix(cq, ck, ke)}
+    return {"causal": MaskSpec.causal(cu), "full": MaskSpec.full(cq, ck), "prefix": MaskSpec.prefix(cq, ck, ke),
+            "causal_one": MaskSpec.causal(cu[[0, -1]])}                 # one document (flash4's batched forward)
 
 
 def check_kernel(backend, spec: MaskSpec, cfg: dict) -> dict:

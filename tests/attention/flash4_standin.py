@@ -7,7 +7,7 @@ assert (int32 contiguous cu_seqlens on the data's device, lse [H, total_q] / [R,
   flash_attn_varlen_func(q, k, v, cu_seqlens_q=, cu_seqlens_k=, max_seqlen_q=, max_seqlen_k=, softmax_scale=,
                          causal=, return_lse=) -> (out, lse [H, T])      causal aligned bottom-right
   flash_attn_func(q [R, Sq, H, D], k, v, softmax_scale=, causal=, mask_mod=, aux_tensors=,
-                  block_sparse_tensors=, return_lse=) -> (out, lse [R, H, Sq])
+                  block_sparse_tensors=, return_lse=) -> (out, lse [R, H, Sq])   causal aligned bottom-right
   interface._flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale, causal, softcap, ..., cu_seqlens_q/k,
                             max_seqlen_q/k, dq=, dk=, dv=, mask_mod, aux_tensors, block_sparse_tensors)
                             -> (dq, dk, dv), written into the given outputs when passed
@@ -165,8 +165,15 @@ def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None
                     deterministic=False, score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None,
                     aux_scalars=None, block_sparse_tensors=None, block_sparse_tensors_bwd=None, return_lse=False):
     assert q.dim() == 4 and k.shape == v.shape and q.dtype == k.dtype == v.dtype
-    assert mask_mod is not None and not causal
     R, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
+    if mask_mod is None:                                 # causal (aligned bottom-right) or full
+        assert block_sparse_tensors is None
+        CALLS.append(("func", {"causal": causal}))
+        cu_q, cu_k = torch.tensor([0, Sq], dtype=torch.int32), torch.tensor([0, Sk], dtype=torch.int32)
+        mask = _varlen_mask(cu_q, cu_k, Sq, Sk, causal, Sq, Sk)[None].expand(R, Sq, Sk)
+        out, lse = _attend(q, k, v, mask, softmax_scale)
+        return out.to(q.dtype), (lse.float().contiguous() if return_lse else None)
+    assert not causal
     CALLS.append(("func", {"mask": mask_mod.name, "sparse": block_sparse_tensors is not None}))
     mask = _masked(mask_mod, aux_tensors, block_sparse_tensors, R, Sq, Sk, by_key=False)
     out, lse = _attend(q, k, v, mask, softmax_scale)

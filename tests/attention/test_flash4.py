@@ -85,6 +85,23 @@ def test_adapter_matches_dense_reference(fake, kind, sparse):
         assert names == ["varlen", "bwd_varlen"] and fake.CALLS[0][1]["causal"] == (kind == "causal")
 
 
+@pytest.mark.parametrize("kind,lq,lk", [("causal", 150, 150), ("causal", 7, 7), ("full", 37, 150)])
+def test_one_segment_runs_the_batched_forward(fake, kind, lq, lk):
+    """A single segment's forward is one flash_attn_func call, its backward the varlen one; both against the
+    dense reference."""
+    spec = MaskSpec.causal(torch.tensor([0, lq])) if kind == "causal" else \
+        MaskSpec.full(torch.tensor([0, lq]), torch.tensor([0, lk]))
+    q, k, v, do = _qkv(spec, seed=7)
+    ro, rl, rg = _reference(spec, q, k, v, do, 0.3)
+    b = Flash4Backend()
+    out, lse = b.forward(q, k, v, spec, 0.3)
+    assert (out - ro).abs().max() < TOL and (lse - rl).abs().max() < 1e-6
+    for a, r in zip(b.backward(do, q, k, v, out, lse, spec, 0.3), rg):
+        assert (a - r).abs().max() < 1e-6
+    assert [c[0] for c in fake.CALLS] == ["func", "bwd_varlen"]
+    assert fake.CALLS[0][1] == {"causal": kind == "causal"}
+
+
 def test_backward_uses_the_joint_lse(fake):
     """Two key halves, merged: each half's backward with the joint (out, lse) sums to the whole."""
     cu = torch.tensor([0, 12, 30])
