@@ -4,8 +4,10 @@ Builds the profile's ``decode:`` policy, pre-trains it briefly on a synthetic Ma
 (``repro.models.synthetic``: a random-init policy gives drafts nothing to learn), trains an EAGLE-3, a DFlash and a
 DSpark draft on its samples, then measures in one run on the same weights and fresh prompts (temperature 1):
 ``suite-<mode>/<family>/b<B>`` our engine per ``engine_modes`` (raw samples, ms per step, tokens/s, acceptance
-length, speedup and speedup / AL, also from process CPU time: ``*_cpu``); ``bound/<family>/b<B>`` the static
-verify step over its decode step (speedup / AL cannot pass its inverse); ``peer/<peer>/b<B>`` transformers'
+length, speedup and speedup / AL, also from process CPU time: ``*_cpu``, and occupancy: the share of (row, step)
+slots whose row was still generating, about what speedup / AL reaches with a free draft at B > 1, since the batch
+steps until its slowest row is done); ``bound/<family>/b<B>`` the static verify step over its decode step
+(speedup / AL cannot pass its inverse); ``peer/<peer>/b<B>`` transformers'
 StaticCache + compile, its eager DynamicCache and vLLM where importable (``repro.rollout.peers``; a peer that cannot
 run is listed with its reason in ``peer_status``); ``floor/b<B>`` the weights read once at envcheck's copy
 bandwidth (``--envcheck``); ``identity/<family>/<mode>`` greedy speculative output against plain greedy output.
@@ -315,8 +317,12 @@ def sweep_batch(bench, timer: Timer, policy, drafts, s: Decode, prompts, B: int,
             if fam == "plain":
                 base = (med, cpu)
             else:
+                # occupancy: the share of (row, speculative step) slots whose row was still generating. Rows accept
+                # at their own pace and the batch steps until its slowest row is done, so even a free draft with a
+                # verify step as cheap as a decode step gives speedup / AL of about this at batch B > 1
+                occupancy = r.counters.verify_steps / (B * max(1, r.policy_forwards - 1))
                 extra.update(speedup=base[0] / med, speedup_over_al=base[0] / med / al,
-                             speedup_cpu=base[1] / cpu, speedup_cpu_over_al=base[1] / cpu / al)
+                             speedup_cpu=base[1] / cpu, speedup_cpu_over_al=base[1] / cpu / al, occupancy=occupancy)
                 for i, a in enumerate(r.counters.accepted_per_pos):
                     extra[f"accept_rate_pos{i}"] = a / max(1, r.counters.verify_steps)
             bench.record(f"suite-{mode}/{fam}/b{B}", {"engine": "suite", "mode": mode, "family": fam, "batch": B,

@@ -1,7 +1,7 @@
 """The decode benchmark's table and figure: our engine, the peers and the floor side by side, per batch size.
 
 Reads only collected tidy rows of repro.bench.decode: ``suite-<mode>/<family>/b<B>`` (ms_per_step,
-tokens_per_s, acceptance_length, speedup, speedup_over_al, speedup_cpu_over_al), ``peer/<peer>/b<B>``
+tokens_per_s, acceptance_length, speedup, speedup_over_al, speedup_cpu_over_al, occupancy), ``peer/<peer>/b<B>``
 (ms_per_step, tokens_per_s), ``floor/b<B>`` (ms_per_step) and ``bound/<family>/b<B>`` (verify_over_decode).
 Writes decode.pdf/.png (left: ms per step of plain decoding for each engine mode, each peer and the floor
 against batch; right: speedup / acceptance length of each family and mode against batch, with the bound
@@ -24,7 +24,7 @@ from repro.report.tables import latest, write_table
 
 ROW = re.compile(r"^(?P<kind>suite-[a-z]+|peer/[a-z0-9-]+|floor|bound)(?:/(?P<family>[a-z0-9]+))?/b(?P<batch>\d+)$")
 TABLE_METRICS = ("ms_per_step", "tokens_per_s", "acceptance_length", "speedup", "speedup_over_al",
-                 "speedup_cpu_over_al", "verify_over_decode")
+                 "speedup_cpu_over_al", "occupancy", "verify_over_decode")
 
 
 def decode_rows(tidy: pd.DataFrame) -> pd.DataFrame:
