@@ -80,14 +80,8 @@ _SCALE_KEYS = {"out": ("out",), "dq": ("dq",), "dk": ("dks", "dbk", "dck"), "dv"
 
 def _from_abs(res: dict) -> dict:
     """selfcheck's max-abs errors -> relative to the oracle's largest value (lse: absolute)."""
-    out = {}
-    for name, err in res["err"].items():
-        if name == "lse":
-            out[name] = err
-            continue
-        scale = max((res["ref_max"][k] for k in _SCALE_KEYS[name] if k in res["ref_max"]), default=1.0)
-        out[name] = err / max(scale, 1e-30)
-    return out
+    scale = lambda n: max((res["ref_max"][k] for k in _SCALE_KEYS[n] if k in res["ref_max"]), default=1.0)
+    return {n: e if n == "lse" else e / max(scale(n), 1e-30) for n, e in res["err"].items()}
 
 
 # -- the checks -------------------------------------------------------------------------------------------
@@ -297,10 +291,9 @@ def run_check(profile: str, cfg: dict, only: set | None = None) -> dict:
             bk = b if b.supports(spec, dev, dt) else backends.get(f"prefix_full[{name}]")
             if want("kernel"):
                 row("kernel", bk.name, kind, lambda bk=bk, spec=spec: check_kernel(bk, spec, cfg))
-            if want("kernel") and name == "flash4" and kind in ("causal", "prefix"):
-                one_per_head = type(b)(bwd_workspace_bytes=1)        # the backward split per K/V head, in place
+            if want("kernel") and name == "flash4" and kind in ("causal", "prefix"):   # backward split per K/V head
                 row("kernel", "flash4[head groups]", kind,
-                    lambda bk=one_per_head, spec=spec: check_kernel(bk, spec, cfg))
+                    lambda spec=spec: check_kernel(type(b)(bwd_workspace_bytes=1), spec, cfg))
         for cname in ("trunk", "ttt2", "ttt3"):
             if want(cname):
                 row(cname, name, "lengths",

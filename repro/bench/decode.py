@@ -317,12 +317,9 @@ def sweep_batch(bench, timer: Timer, policy, drafts, s: Decode, prompts, B: int,
             if fam == "plain":
                 base = (med, cpu)
             else:
-                # occupancy: the share of (row, speculative step) slots whose row was still generating. Rows accept
-                # at their own pace and the batch steps until its slowest row is done, so even a free draft with a
-                # verify step as cheap as a decode step gives speedup / AL of about this at batch B > 1
-                occupancy = r.counters.verify_steps / (B * max(1, r.policy_forwards - 1))
                 extra.update(speedup=base[0] / med, speedup_over_al=base[0] / med / al,
-                             speedup_cpu=base[1] / cpu, speedup_cpu_over_al=base[1] / cpu / al, occupancy=occupancy)
+                             speedup_cpu=base[1] / cpu, speedup_cpu_over_al=base[1] / cpu / al,
+                             occupancy=r.counters.verify_steps / (B * max(1, r.policy_forwards - 1)))
                 for i, a in enumerate(r.counters.accepted_per_pos):
                     extra[f"accept_rate_pos{i}"] = a / max(1, r.counters.verify_steps)
             bench.record(f"suite-{mode}/{fam}/b{B}", {"engine": "suite", "mode": mode, "family": fam, "batch": B,

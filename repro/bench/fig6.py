@@ -35,14 +35,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from kernels.attention import (
-    backends,
-    block_draft_attention,
-    branch,
-    causal_attention,
-    eagle3_ttt_attention,
-    make_layout,
-)
+from kernels.attention import backends, block_draft_attention, causal_attention, eagle3_ttt_attention, make_layout
+from kernels.attention.branch import triton_kernels
 from kernels.attention.spec import MaskSpec
 from kernels.launch import spawn
 from repro.bench.fig5 import consumed_leaf, critical_path, timed_samples
@@ -157,9 +151,8 @@ def measure(rank: int, world: int, cfg: dict) -> dict:
                 MaskSpec.prefix(torch.tensor([0, 1]), torch.tensor([0, n]), torch.tensor([n])))
         chosen = backends.select(name, spec, device, getattr(torch, cfg["dtype"]))
         report["backend_used"] = chosen.name
-        if cfg["kind"] == "ttt":
-            report["branch_impl"] = ("triton" if device.type == "cuda" and branch.triton_kernels() is not None
-                                     else "torch")          # after the steps: a kernel that failed reads torch
+        if cfg["kind"] == "ttt":           # read after the steps: kernels that failed there read "torch"
+            report["branch_impl"] = "triton" if device.type == "cuda" and triton_kernels() else "torch"
         if getattr(chosen, "used", None):
             report["backend_report"] = {k: str(v) for k, v in chosen.used.items()}
     del step
