@@ -103,8 +103,10 @@ def _rowwise(x: torch.Tensor) -> torch.Tensor:
 
 
 def _table(tensors, like: torch.Tensor) -> torch.Tensor:
-    """The tensors' addresses, on ``like``'s device (the kernels index them with one layout)."""
-    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=like.device)
+    """The tensors' addresses, on ``like``'s device (the kernels index them with one layout). On CUDA the copy goes
+    through pinned memory, asynchronously: a pageable copy would make the host wait for the stream at every call."""
+    t = torch.tensor([x.data_ptr() for x in tensors], dtype=torch.int64)
+    return t.pin_memory().to(like.device, non_blocking=True) if like.is_cuda else t
 
 
 def _same_layout(tensors):
