@@ -69,6 +69,8 @@ class TTTBranch:
     Rows are processed in chunks of about ``chunk_elems`` elements per [rows, H, D] fp32 temporary
     (32 MB), so the temporaries stay bounded whatever T. The merged output overwrites the trunk's
     result in place when that buffer is ours (single-rank trunk in q's dtype): no second [T, H, D].
+    ``impl``: "auto" (the Triton kernels for CUDA tensors that are not fp64, else these ops), "torch"
+    or "triton".
     """
 
     chunk_elems_default = 1 << 23       # 2048 rows at H*D = 4096; larger: fewer launches, more memory
