@@ -100,7 +100,7 @@ class TTTBranch:
         if kernels is None:
             return None
         try:
-            return getattr(kernels, name)(*args) or True
+            return getattr(kernels, name)(*args)
         except Exception as exc:
             if self.impl == "triton":
                 raise
@@ -122,8 +122,9 @@ class TTTBranch:
         out = o_t if _owned(o_t, q, kvs) else torch.empty(T, H, D, dtype=q.dtype, device=q.device)
         lse = l_t if (l_t.dtype == acc and l_t.is_contiguous() and out is o_t) else \
             torch.empty(T, H, dtype=acc, device=q.device)
-        if self._on_kernels(q, "merge_forward", q, o_t, l_t, ks, vs, out, lse, scale) is not None:
-            return out, lse
+        res = self._on_kernels(q, "merge_forward", q, o_t, l_t, ks, vs, out, lse, scale)
+        if res is not None:
+            return res
         chunk = self._rows(q)
         for a in range(0, T, chunk):
             b = min(T, a + chunk)

@@ -4,16 +4,17 @@ Row t at pass P sees, besides its trunk keys, its own keys of passes 1..P (same 
 branch is P dot products per query head of the group, so the work is elementwise over rows. The torch path of
 TTTBranch runs it as ~20 ops per chunk of rows with fp32 temporaries; these kernels read every input once:
 
-    merge_forward(q, o_t, l_t, ks, vs, out, lse, scale)   out, lse <- the trunk partial (o_t, l_t) merged with the
-                                                         branch keys (online softmax in fp32); out may be o_t
+    merge_forward(q, o_t, l_t, ks, vs, out, lse, scale) -> (out, lse)
+                                                         the trunk partial (o_t, l_t) merged with the branch
+                                                         keys (online softmax in fp32); out may be o_t
     backward(dout, q, out, lse, ks, vs, dq, scale) -> (dks, dvs)
                                                          from the joint (out, lse): dq += the branch's share
                                                          (in place), and the gradients of the branch keys
 
 One program covers ``BT`` rows of one K/V head and the H/G query heads that read it, as a [BT, heads, D] tile.
-The P key tensors are reached through a device table of their addresses (they are separate allocations of one
-layout). Tested against the torch path and the fp64 reference under Triton's CPU interpreter
-(tests/attention/test_ttt_branch_triton.py); the GPU attention check runs it against fp64 on the device.
+The P key tensors (and, backward, their gradients) are reached through one device table of their addresses (they
+are separate allocations of one layout). Tested against the torch path and the fp64 reference under Triton's CPU
+interpreter (tests/attention/test_ttt_branch_triton.py); the GPU attention check runs it against fp64 on the device.
 """
 from __future__ import annotations
 
@@ -25,17 +26,25 @@ TILE_ELEMS = 4096          # BT * heads-per-group * D elements per fp32 tile: 16
 
 
 @triton.jit
-def _merge_fwd(q, o_t, l_t, out, lse, k_tab, v_tab, T, scale,
-               sq_t, sq_h, so_t, so_h, sl_t, sl_h, sout_t, sout_h, slse_t, slse_h, sk_t, sk_g,
-               HG: tl.constexpr, D: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
-               P: tl.constexpr):
+def _tile(T, HG: tl.constexpr, D: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr):
+    """This program's rows, K/V head g, query heads and dims, and the masks of its [BT, BH], [BT, BH, BD] and
+    [BT, BD] (key) tiles."""
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
     g = tl.program_id(1)
     heads = g * HG + tl.arange(0, BH)
     dims = tl.arange(0, BD)
-    m_h = (rows < T)[:, None] & (tl.arange(0, BH) < HG)[None, :]               # [BT, BH]
-    m_3 = m_h[:, :, None] & (dims < D)[None, None, :]                           # [BT, BH, BD]
-    m_k = (rows < T)[:, None] & (dims < D)[None, :]                             # [BT, BD]
+    m_h = (rows < T)[:, None] & (tl.arange(0, BH) < HG)[None, :]
+    m_3 = m_h[:, :, None] & (dims < D)[None, None, :]
+    m_k = (rows < T)[:, None] & (dims < D)[None, :]
+    return rows, g, heads, dims, m_h, m_3, m_k
+
+
+@triton.jit
+def _merge_fwd(q, o_t, l_t, out, lse, tab, T, scale,
+               sq_t, sq_h, so_t, so_h, sl_t, sl_h, sout_t, sout_h, slse_t, slse_h, sk_t, sk_g,
+               HG: tl.constexpr, D: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+               P: tl.constexpr):
+    rows, g, heads, dims, m_h, m_3, m_k = _tile(T, HG, D, BH, BD, BT)
     r3, h3, d3 = rows[:, None, None], heads[None, :, None], dims[None, None, :]
     qv = tl.load(q + r3 * sq_t + h3 * sq_h + d3, mask=m_3, other=0.0).to(tl.float32)
     acc = tl.load(o_t + r3 * so_t + h3 * so_h + d3, mask=m_3, other=0.0).to(tl.float32)
@@ -44,8 +53,8 @@ def _merge_fwd(q, o_t, l_t, out, lse, k_tab, v_tab, T, scale,
     acc = acc * ssum[:, :, None]
     k_off = rows[:, None] * sk_t + g * sk_g + dims[None, :]
     for p in tl.static_range(P):
-        kp = tl.load(k_tab + p).to(tl.pointer_type(q.dtype.element_ty))
-        vp = tl.load(v_tab + p).to(tl.pointer_type(q.dtype.element_ty))
+        kp = tl.load(tab + p).to(tl.pointer_type(q.dtype.element_ty))
+        vp = tl.load(tab + P + p).to(tl.pointer_type(q.dtype.element_ty))
         kv = tl.load(kp + k_off, mask=m_k, other=0.0).to(tl.float32)
         vv = tl.load(vp + k_off, mask=m_k, other=0.0).to(tl.float32)
         s = tl.sum(qv * kv[:, None, :], axis=2) * scale                          # [BT, BH]
@@ -61,17 +70,11 @@ def _merge_fwd(q, o_t, l_t, out, lse, k_tab, v_tab, T, scale,
 
 
 @triton.jit
-def _branch_bwd(dout, q, out, lse, dq, k_tab, v_tab, dk_tab, dv_tab, T, scale,
+def _branch_bwd(dout, q, out, lse, dq, tab, T, scale,
                 sdo_t, sdo_h, sq_t, sq_h, so_t, so_h, sl_t, sl_h, sdq_t, sdq_h, sk_t, sk_g,
                 HG: tl.constexpr, D: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
                 P: tl.constexpr):
-    rows = tl.program_id(0) * BT + tl.arange(0, BT)
-    g = tl.program_id(1)
-    heads = g * HG + tl.arange(0, BH)
-    dims = tl.arange(0, BD)
-    m_h = (rows < T)[:, None] & (tl.arange(0, BH) < HG)[None, :]
-    m_3 = m_h[:, :, None] & (dims < D)[None, None, :]
-    m_k = (rows < T)[:, None] & (dims < D)[None, :]
+    rows, g, heads, dims, m_h, m_3, m_k = _tile(T, HG, D, BH, BD, BT)
     r3, h3, d3 = rows[:, None, None], heads[None, :, None], dims[None, None, :]
     qv = tl.load(q + r3 * sq_t + h3 * sq_h + d3, mask=m_3, other=0.0).to(tl.float32)
     do = tl.load(dout + r3 * sdo_t + h3 * sdo_h + d3, mask=m_3, other=0.0).to(tl.float32)
@@ -82,10 +85,10 @@ def _branch_bwd(dout, q, out, lse, dq, k_tab, v_tab, dk_tab, dv_tab, T, scale,
     dqa = tl.zeros([BT, BH, BD], dtype=tl.float32)
     k_off = rows[:, None] * sk_t + g * sk_g + dims[None, :]
     for p in tl.static_range(P):
-        kp = tl.load(k_tab + p).to(tl.pointer_type(q.dtype.element_ty))
-        vp = tl.load(v_tab + p).to(tl.pointer_type(q.dtype.element_ty))
-        dkp = tl.load(dk_tab + p).to(tl.pointer_type(q.dtype.element_ty))
-        dvp = tl.load(dv_tab + p).to(tl.pointer_type(q.dtype.element_ty))
+        kp = tl.load(tab + p).to(tl.pointer_type(q.dtype.element_ty))
+        vp = tl.load(tab + P + p).to(tl.pointer_type(q.dtype.element_ty))
+        dkp = tl.load(tab + 2 * P + p).to(tl.pointer_type(q.dtype.element_ty))
+        dvp = tl.load(tab + 3 * P + p).to(tl.pointer_type(q.dtype.element_ty))
         kv = tl.load(kp + k_off, mask=m_k, other=0.0).to(tl.float32)
         vv = tl.load(vp + k_off, mask=m_k, other=0.0).to(tl.float32)
         w = tl.exp(tl.sum(qv * kv[:, None, :], axis=2) * scale - L)                # [BT, BH]
@@ -109,12 +112,12 @@ def _table(tensors, like: torch.Tensor) -> torch.Tensor:
     return t.pin_memory().to(like.device, non_blocking=True) if like.is_cuda else t
 
 
-def _same_layout(tensors):
-    """The tensors with one common stride (copies of the odd ones, contiguous); all [T, G, D]."""
-    tensors = [_rowwise(t) for t in tensors]
-    if len({t.stride() for t in tensors}) > 1:
-        tensors = [t.contiguous() for t in tensors]
-    return tensors
+def _keys(ks, vs):
+    """ks and vs [T, G, D] with one common stride (all copied contiguous when they differ)."""
+    kv = [_rowwise(t) for t in (*ks, *vs)]
+    if len({t.stride() for t in kv}) > 1:
+        kv = [t.contiguous() for t in kv]
+    return kv[:len(ks)], kv[len(ks):]
 
 
 def _shape(q: torch.Tensor, G: int):
@@ -125,28 +128,26 @@ def _shape(q: torch.Tensor, G: int):
     return T, HG, D, BH, BD, BT
 
 
-def merge_forward(q, o_t, l_t, ks, vs, out, lse, scale: float) -> None:
-    """Write the merged (out [T, H, D], lse [T, H] fp32) of the trunk partial and the branch keys ks/vs."""
-    ks, vs = _same_layout(ks), _same_layout(vs)
-    if ks[0].stride() != vs[0].stride():
-        ks, vs = [k.contiguous() for k in ks], [v.contiguous() for v in vs]
+def merge_forward(q, o_t, l_t, ks, vs, out, lse, scale: float):
+    """Write the merged (out [T, H, D], lse [T, H] fp32) of the trunk partial and the branch keys ks/vs; returns
+    (out, lse)."""
+    ks, vs = _keys(ks, vs)
     q, o_t = _rowwise(q), _rowwise(o_t)
     G = ks[0].shape[1]
     T, HG, D, BH, BD, BT = _shape(q, G)
     if T == 0:
-        return
+        return out, lse
     _merge_fwd[(triton.cdiv(T, BT), G)](
-        q, o_t, l_t, out, lse, _table(ks, q), _table(vs, q), T, scale,
+        q, o_t, l_t, out, lse, _table((*ks, *vs), q), T, scale,
         q.stride(0), q.stride(1), o_t.stride(0), o_t.stride(1), l_t.stride(0), l_t.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), ks[0].stride(0), ks[0].stride(1),
         HG=HG, D=D, BH=BH, BD=BD, BT=BT, P=len(ks), num_warps=4)
+    return out, lse
 
 
 def backward(dout, q, out, lse, ks, vs, dq, scale: float):
     """dq += the branch's share of the joint gradient (in place); returns (dks, dvs), the gradients of ks/vs."""
-    ks, vs = _same_layout(ks), _same_layout(vs)
-    if ks[0].stride() != vs[0].stride():
-        ks, vs = [k.contiguous() for k in ks], [v.contiguous() for v in vs]
+    ks, vs = _keys(ks, vs)
     if dq.stride(-1) != 1:
         raise ValueError(f"dq must have a contiguous last dim, got strides {dq.stride()}")
     dks, dvs = [torch.empty_like(ks[0]) for _ in ks], [torch.empty_like(vs[0]) for _ in vs]
@@ -156,7 +157,7 @@ def backward(dout, q, out, lse, ks, vs, dq, scale: float):
     if T == 0:
         return [d.zero_() for d in dks], [d.zero_() for d in dvs]
     _branch_bwd[(triton.cdiv(T, BT), G)](
-        dout, q, out, lse, dq, _table(ks, q), _table(vs, q), _table(dks, q), _table(dvs, q), T, scale,
+        dout, q, out, lse, dq, _table((*ks, *vs, *dks, *dvs), q), T, scale,
         dout.stride(0), dout.stride(1), q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         lse.stride(0), lse.stride(1), dq.stride(0), dq.stride(1), ks[0].stride(0), ks[0].stride(1),
         HG=HG, D=D, BH=BH, BD=BD, BT=BT, P=len(ks), num_warps=4)

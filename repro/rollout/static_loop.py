@@ -122,7 +122,6 @@ class StaticDecoder:
         return committed, j < n_new[:, None], new_last, last_pos + n_new, new_active, new_len, hit_stop, hist
 
 
-
 class RunningFlag:
     """Whether any row still runs, read one step late: ``post`` queues the flag's copy to pinned host memory,
     ``read`` waits for the one posted before the latest. The host stays a step ahead of the GPU, at the cost of
