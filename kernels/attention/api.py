@@ -20,6 +20,7 @@ from kernels.attention.branch import BlockBranch, TTTBranch
 from kernels.attention.layout import Layout, group_rank_size, make_layout
 from kernels.attention.plan import RingPlan, causal_plan, prefix_plan
 from kernels.attention.ring import RingStats
+from kernels.attention.staging import to_device
 from kernels.attention.trunk_branch import trunk_branch_attention
 
 
@@ -134,10 +135,9 @@ def block_draft_plan(anchors: torch.Tensor, block: int, cu_seqlens, group=None, 
         raise ValueError(f"block must be a positive number of slots, got {block!r}")
     Nb, B = anchors.numel(), block
     device = anchors.device if device is None else torch.device(device)
-    slot_valid = (torch.ones(Nb, B, dtype=torch.bool, device=device) if slot_valid is None
-                  else slot_valid.to(device, torch.bool))
-    block_valid = (torch.ones(Nb, dtype=torch.bool, device=device) if block_valid is None
-                   else block_valid.to(device, torch.bool))
+    # the plan is built on the host (given device tensors are read once) and moved without waits
+    slot_valid = torch.ones(Nb, B, dtype=torch.bool) if slot_valid is None else slot_valid.to("cpu", torch.bool)
+    block_valid = torch.ones(Nb, dtype=torch.bool) if block_valid is None else block_valid.to("cpu", torch.bool)
     if tuple(slot_valid.shape) != (Nb, B):
         raise ValueError(f"slot_valid has shape {tuple(slot_valid.shape)}, expected {(Nb, B)}")
     if tuple(block_valid.shape) != (Nb,):
@@ -152,10 +152,9 @@ def block_draft_plan(anchors: torch.Tensor, block: int, cu_seqlens, group=None, 
     inv[order] = torch.arange(Nb)
     rows = lambda x: x.repeat_interleave(B)
     ring = prefix_plan(lay, rows(doc[order]), rows(local[order]), rows(back[order]),
-                       rows(block_valid.cpu()[order]), device)
-    od = order.to(device)
-    branch = BlockBranch(B, (slot_valid & block_valid.unsqueeze(1)).index_select(0, od))
-    return BlockPlan(Nb, B, lay, od, inv.to(device), ring, branch)
+                       rows(block_valid[order]), device)
+    branch = BlockBranch(B, to_device((slot_valid & block_valid.unsqueeze(1)).index_select(0, order), device))
+    return BlockPlan(Nb, B, lay, to_device(order, device), to_device(inv, device), ring, branch)
 
 
 def block_draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_k: torch.Tensor,

@@ -16,25 +16,18 @@ chunked torch ops below.
 """
 from __future__ import annotations
 
-import importlib
-import warnings
-
 import torch
 
+from kernels.attention import triton_ops
 from kernels.attention.backends.base import acc_dtype
 
 _NEG = float("-inf")
-_TRITON: dict = {}
+KERNELS = "ttt_branch_triton"
 
 
 def triton_kernels():
     """kernels.attention.ttt_branch_triton, or None where Triton does not import or its kernels failed (once)."""
-    if "mod" not in _TRITON:
-        try:
-            _TRITON["mod"] = importlib.import_module("kernels.attention.ttt_branch_triton")
-        except ImportError:
-            _TRITON["mod"] = None
-    return _TRITON["mod"]
+    return triton_ops.load(KERNELS)
 
 
 def _safe(lse: torch.Tensor, fill: float) -> torch.Tensor:
@@ -88,26 +81,16 @@ class TTTBranch:
             return None                 # fp64 (the reference checks) keeps its fp64 accumulation
         mod = triton_kernels()
         if mod is None and self.impl == "triton":
+            why = triton_ops.error(KERNELS)
             raise RuntimeError("TTTBranch(impl='triton') needs Triton (pip install triton)"
-                               + (f"; its kernels failed here: {_TRITON['error']}" if "error" in _TRITON else ""))
+                               + (f"; here: {why}" if why else ""))
         return mod
 
     def _on_kernels(self, q, name: str, *args):
-        """``kernels.<name>(*args)`` when the kernels run this call, else None. Under "auto" a kernel that does
-        not build on this machine (a Triton version the kernels were not written for) warns once and leaves the
-        torch ops in charge; nothing was written when that happens (compilation precedes the launch)."""
+        """``kernels.<name>(*args)`` when the kernels run this call, else None (triton_ops.attempt: under "auto" a
+        kernel that does not build on this machine warns once and leaves the torch ops in charge)."""
         kernels = self._kernels(q)
-        if kernels is None:
-            return None
-        try:
-            return getattr(kernels, name)(*args)
-        except Exception as exc:
-            if self.impl == "triton":
-                raise
-            _TRITON.update(mod=None, error=f"{type(exc).__name__}: {str(exc)[:300]}")
-            warnings.warn(f"TTTBranch: the Triton kernels failed ({_TRITON['error']}); using the torch ops",
-                          RuntimeWarning, stacklevel=3)
-            return None
+        return None if kernels is None else triton_ops.attempt(KERNELS, kernels, self.impl, "TTTBranch", name, *args)
 
     def _rows(self, q) -> int:
         return max(1, self.chunk_elems // max(1, q.shape[1] * q.shape[2]))

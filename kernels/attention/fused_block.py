@@ -27,6 +27,7 @@ from kernels.attention import backends
 from kernels.attention.backends import flash4_masks
 from kernels.attention.backends.flash4 import Flash4Backend, MaskedProblem
 from kernels.attention.spec import check_cu
+from kernels.attention.staging import to_device
 
 
 def _backend(backend) -> Flash4Backend:
@@ -37,8 +38,9 @@ def _backend(backend) -> Flash4Backend:
     return b
 
 
-def block_problem(ctx_lo, ctx_hi, slot_valid, block_valid, B: int, S: int) -> MaskedProblem:
-    """The "block" mask problem over keys [context (S); blocks (Q)] for [R, N] bounds and [R, Q] slots."""
+def block_problem(ctx_lo, ctx_hi, slot_valid, block_valid, B: int, S: int, device=None) -> MaskedProblem:
+    """The "block" mask problem over keys [context (S); blocks (Q)] for [R, N] bounds and [R, Q] slots, built
+    where the bounds are (on the host: no device work, no waits) for a kernel on ``device`` (default: there)."""
     R, N = ctx_lo.shape
     Q = N * B
     dev = ctx_lo.device
@@ -51,9 +53,10 @@ def block_problem(ctx_lo, ctx_hi, slot_valid, block_valid, B: int, S: int) -> Ma
     key_ok = torch.cat([torch.ones(R, S, dtype=torch.bool, device=dev), slot_valid.bool()], dim=1)
     own = (slot_valid.bool().view(R, N, B).any(-1) & valid).repeat_interleave(B, dim=1)
     empty = torch.nonzero(((hi1 <= lo1) & ~own).flatten()).flatten()
-    aux = flash4_masks.aux_tensors("block", lo1, hi1, lo2, hi2, key_ok)
+    device = dev if device is None else torch.device(device)
+    aux = [to_device(a, device) for a in flash4_masks.aux_tensors("block", lo1, hi1, lo2, hi2, key_ok)]
     return MaskedProblem("block", aux, R, Q, S + Q, [(lo1, hi1), (lo2, hi2)], [True, False],
-                         empty if empty.numel() else None)
+                         to_device(empty, device) if empty.numel() else None)
 
 
 class _FusedBlock(torch.autograd.Function):
@@ -94,14 +97,14 @@ def fused_block_attention(q, k, v, ctx_k, ctx_v, ctx_lo, ctx_hi, slot_valid=None
     if ctx_lo.dim() != 2 or ctx_lo.shape[0] != R or Q % ctx_lo.shape[1] or ctx_hi.shape != ctx_lo.shape:
         raise ValueError(f"ctx_lo/ctx_hi must be [R={R}, N] with N dividing the {Q} block queries, got "
                          f"{tuple(ctx_lo.shape)} and {tuple(ctx_hi.shape)}")
-    N = ctx_lo.shape[1]
-    slot_valid = torch.ones(R, Q, dtype=torch.bool, device=q.device) if slot_valid is None else slot_valid
-    block_valid = torch.ones(R, N, dtype=torch.bool, device=q.device) if block_valid is None else block_valid
+    N, where = ctx_lo.shape[1], ctx_lo.device                  # the problem is built where the bounds are
+    slot_valid = torch.ones(R, Q, dtype=torch.bool, device=where) if slot_valid is None else slot_valid
+    block_valid = torch.ones(R, N, dtype=torch.bool, device=where) if block_valid is None else block_valid
     if tuple(slot_valid.shape) != (R, Q) or tuple(block_valid.shape) != (R, N):
         raise ValueError(f"slot_valid must be [{R}, {Q}] and block_valid [{R}, {N}], got "
                          f"{tuple(slot_valid.shape)} and {tuple(block_valid.shape)}")
-    prob = block_problem(ctx_lo.to(q.device), ctx_hi.to(q.device), slot_valid.to(q.device),
-                         block_valid.to(q.device), Q // N, ctx_k.shape[1])
+    prob = block_problem(ctx_lo, ctx_hi.to(where), slot_valid.to(where), block_valid.to(where), Q // N,
+                         ctx_k.shape[1], device=q.device)
     return _FusedBlock.apply(b, prob, D ** -0.5 if scale is None else float(scale), q, k, v, ctx_k, ctx_v)
 
 
@@ -123,7 +126,7 @@ def fused_block_draft_attention(q, k, v, ctx_k, ctx_v, anchors, cu_seqlens, *, s
     if Nb and (int(a.min()) < 0 or int(a.max()) >= T):
         raise ValueError(f"anchors must lie in [0, {T}), got min {int(a.min())} max {int(a.max())}")
     doc = torch.searchsorted(cu, a, right=True) - 1
-    lo, hi = cu[doc].view(1, Nb).to(q.device), a.view(1, Nb).to(q.device)
+    lo, hi = cu[doc].view(1, Nb), a.view(1, Nb)                 # host bounds: the problem is built there
     sv = None if slot_valid is None else slot_valid.reshape(1, Nb * B)
     bv = None if block_valid is None else block_valid.reshape(1, Nb)
     out = fused_block_attention(q.reshape(1, Nb * B, *q.shape[2:]), k.reshape(1, Nb * B, *k.shape[2:]),

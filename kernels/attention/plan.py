@@ -23,6 +23,7 @@ import torch
 
 from kernels.attention.layout import Layout
 from kernels.attention.spec import MaskSpec
+from kernels.attention.staging import to_device
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,8 +90,8 @@ def prefix_plan(layout: Layout, doc: torch.Tensor, key_end: torch.Tensor, is_bac
     S = layout.num_docs
     rows = torch.nonzero(valid.cpu()).flatten()
     cu_q = _cu_from_docs(doc[rows], S)
-    mv = lambda t: t.to(device) if device is not None else t
-    diag = StepPlan(mv(rows), None, MaskSpec.prefix(cu_q, layout.cu_local, mv(key_end[rows])))
+    mv = lambda t: to_device(t, device) if device is not None else t
+    diag = StepPlan(mv(rows), None, MaskSpec.prefix(cu_q, layout.cu_local, key_end.cpu()[rows]))
     lower = upper = None
     if layout.cp_size > 1 and layout.scheme == "zigzag":
         lower = StepPlan(mv(rows), mv(layout.front_rows), MaskSpec.full(cu_q, layout.cu_half))

@@ -48,7 +48,7 @@ class MaskSpec:
     kind: str
     cu_q: torch.Tensor            # int64 CPU [S+1]
     cu_k: torch.Tensor            # int64 CPU [S+1]
-    key_end: torch.Tensor | None = None   # prefix only: int64 [Tq] on the data's device
+    key_end: torch.Tensor | None = None   # prefix only: int64 CPU [Tq]
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
@@ -78,7 +78,7 @@ class MaskSpec:
     @staticmethod
     def prefix(cu_q: torch.Tensor, cu_k: torch.Tensor, key_end: torch.Tensor) -> MaskSpec:
         return MaskSpec("prefix", check_cu(cu_q, None, "cu_q"), check_cu(cu_k, None, "cu_k"),
-                        key_end.to(torch.int64))
+                        key_end.to("cpu", torch.int64))
 
     @property
     def num_q(self) -> int:
@@ -112,7 +112,7 @@ class MaskSpec:
         else:
             seg = torch.repeat_interleave(torch.arange(lq.numel()), lq)
             start = self.cu_k[seg]
-            end = self.key_end.cpu()
+            end = self.key_end
             n = int((end - start).clamp_min(0).sum())
         self._cache["pairs"] = n
         return n

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention.staging import to_device
+
 TILE_ELEMS = 4096          # BT * heads-per-group * D elements per fp32 tile: 16 registers a thread at 4 warps
 
 
@@ -106,10 +108,10 @@ def _rowwise(x: torch.Tensor) -> torch.Tensor:
 
 
 def _table(tensors, like: torch.Tensor) -> torch.Tensor:
-    """The tensors' addresses, on ``like``'s device (the kernels index them with one layout). On CUDA the copy goes
-    through pinned memory, asynchronously: a pageable copy would make the host wait for the stream at every call."""
+    """The tensors' addresses, on ``like``'s device (the kernels index them with one layout), copied without making
+    the host wait for the stream."""
     t = torch.tensor([x.data_ptr() for x in tensors], dtype=torch.int64)
-    return t.pin_memory().to(like.device, non_blocking=True) if like.is_cuda else t
+    return to_device(t, like.device)
 
 
 def _keys(ks, vs):

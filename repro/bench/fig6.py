@@ -13,6 +13,8 @@ peak_mem_gb: largest rank, the inputs counted (inputs_gb: rank 0's), gradients c
     block_flash4      block_draft_attention on flash-attn-4 (the prefix trunk as one masked call)
     block_flash4_rep  block_draft_attention on prefix_full[flash4] (replicated full segments, varlen)
     block_fused       fused_block_draft_attention: context prefix and own block in one masked call (CP=1)
+A route is a backend name, "fused", or "prefix_full[<name>]:torch_fold": the replicated route with its replicas
+folded back by torch's scatter ops rather than the Triton kernels (the route as it ran before those kernels).
 Ratios, all between rows of this run: "ttt <T> cp=<C>" branch_overhead_pct = 100 (t_ttt / t_trunk - 1);
 "trunk <T> cp=<C>" speedup_vs_sdpa_cudnn = t_sdpa_cudnn / t_trunk; "block_<route> <T> cp=<C>" speedup_vs_block =
 t_block / t_route; "<kind> <T>" speedup_cp<Cmax>_over_cp1 and parallel_efficiency_pct (= t1 / (C t_C) x 100);
@@ -36,8 +38,10 @@ import torch
 import torch.distributed as dist
 
 from kernels.attention import backends, block_draft_attention, causal_attention, eagle3_ttt_attention, make_layout
+from kernels.attention.backends.prefix_full import PrefixAsFull
 from kernels.attention.branch import triton_kernels
 from kernels.attention.spec import MaskSpec
+from kernels.attention.triton_ops import load as triton_module
 from kernels.launch import spawn
 from repro.bench.fig5 import consumed_leaf, critical_path, timed_samples
 from repro.core.profile import bench_settings, load_profile_model
@@ -49,6 +53,24 @@ KINDS = ("ttt", "trunk", "sdpa_cudnn", "block")
 
 def tag(T: int) -> str:
     return f"{T // 1024}K" if T % 1024 == 0 else str(T)
+
+
+TORCH_FOLD = ":torch_fold"
+_FOLDED: dict = {}
+
+
+def route_backend(route: str):
+    """The backend of a block route: a registered name, or (``prefix_full[<name>]:torch_fold``) the replicated
+    route folding its replicas with torch ops."""
+    if not route.endswith(TORCH_FOLD):
+        return route
+    name = route[:-len(TORCH_FOLD)]
+    if not (name.startswith("prefix_full[") and name in backends.NAMES):
+        raise ValueError(f"route {route!r}: {TORCH_FOLD} applies to a registered prefix_full[<name>] backend")
+    if route not in _FOLDED:
+        _FOLDED[route] = PrefixAsFull(backends.get(name).inner, merge="torch")
+        _FOLDED[route].name = route
+    return _FOLDED[route]
 
 
 def unavailable(kind: str, route: str | None, cfg: dict, C: int) -> str | None:
@@ -64,7 +86,8 @@ def unavailable(kind: str, route: str | None, cfg: dict, C: int) -> str | None:
     if route == "fused" and C != 1:
         return "the one-call route runs at one rank"
     spec = MaskSpec.prefix(torch.tensor([0, 1]), torch.tensor([0, 1]), torch.tensor([1]))
-    b = backends.get(name)
+    b = route_backend(name)
+    b = backends.get(b) if isinstance(b, str) else b
     if not b.supports(spec, device, dtype):
         return b.unavailable_reason(spec, device, dtype) or f"{name} does not run {dtype} on {device.type} here"
     return None
@@ -132,7 +155,7 @@ def build(cfg: dict, rank: int, group):
             fused_block_draft_attention(q, k, v, ck, cv, mine, cu, backend="flash4").backward(dout)
     else:
         def step():
-            block_draft_attention(q, k, v, ck, cv, mine, lay, group, backend=route).backward(dout)
+            block_draft_attention(q, k, v, ck, cv, mine, lay, group, backend=route_backend(route)).backward(dout)
     return step, n, _gb(q, k, v, ck, cv, dout)
 
 
@@ -149,10 +172,13 @@ def measure(rank: int, world: int, cfg: dict) -> dict:
         name = cfg["backend"] if cfg["kind"] != "block" else cfg["route"]
         spec = (MaskSpec.causal(torch.tensor([0, n])) if cfg["kind"] != "block" else
                 MaskSpec.prefix(torch.tensor([0, 1]), torch.tensor([0, n]), torch.tensor([n])))
-        chosen = backends.select(name, spec, device, getattr(torch, cfg["dtype"]))
+        chosen = backends.select(route_backend(name), spec, device, getattr(torch, cfg["dtype"]))
         report["backend_used"] = chosen.name
         if cfg["kind"] == "ttt":           # read after the steps: kernels that failed there read "torch"
             report["branch_impl"] = "triton" if device.type == "cuda" and triton_kernels() else "torch"
+        if isinstance(chosen, PrefixAsFull):  # read after the steps, as branch_impl
+            report["fold_impl"] = ("triton" if device.type == "cuda" and chosen.merge != "torch"
+                                   and triton_module(chosen.KERNELS) else "torch")
         if getattr(chosen, "used", None):
             report["backend_report"] = {k: str(v) for k, v in chosen.used.items()}
     del step
@@ -234,7 +260,8 @@ def main(argv=None) -> int:
                     bench.record(name, {**params, "cpu_critical_samples": crit,
                                         "backend_used": res[0].get("backend_used"),
                                         "backend_report": res[0].get("backend_report"),
-                                        "branch_impl": res[0].get("branch_impl")},
+                                        "branch_impl": res[0].get("branch_impl"),
+                                        "fold_impl": res[0].get("fold_impl")},
                                  res[0]["samples"], extra=extra)
             record_ratios(bench, T, cps, times, d["block_routes"])
         record_scaling(bench, sizes, cps, kinds, d["block_routes"], bench.records)

@@ -9,6 +9,7 @@ import json
 import flash4_standin as standin
 import pytest
 
+from kernels.attention import backends
 from kernels.attention.backends import flash4 as f4
 from repro.bench import fig5, fig6
 from repro.core.profile import bench_settings
@@ -91,3 +92,16 @@ def test_fig6_flash4_block_routes_run_through_the_standin(monkeypatch, route):
     assert (("func" in names) == (route != "prefix_full[flash4]")
             and ("varlen" in names) == (route == "prefix_full[flash4]"))
     assert res.get("backend_used") == (None if route == "fused" else route)
+
+
+def test_fig6_torch_fold_route_is_the_replicated_route_on_torch_ops():
+    b = fig6.route_backend("prefix_full[torch]:torch_fold")
+    assert b.merge == "torch" and b.name == "prefix_full[torch]:torch_fold" and b.inner is backends.get("torch")
+    assert fig6.route_backend("flash4") == "flash4"
+    with pytest.raises(ValueError, match="torch_fold"):
+        fig6.route_backend("flash4:torch_fold")
+    cfg = {**bench_settings("cpu-tiny", "fig6"), "device": "cpu", "kind": "block",
+           "route": "prefix_full[torch]:torch_fold", "tokens": 200, "anchors": 6, "block": 4, "heads": 4,
+           "kv_heads": 2, "head_dim": 8, "repeats": 1, "warmup": 1}
+    res = fig6.measure(0, 1, cfg)
+    assert res["backend_used"] == "prefix_full[torch]:torch_fold" and res["fold_impl"] == "torch"

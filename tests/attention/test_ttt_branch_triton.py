@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from kernels.attention import branch as branch_mod  # noqa: E402
-from kernels.attention import eagle3_ttt_attention  # noqa: E402
+from kernels.attention import eagle3_ttt_attention, triton_ops  # noqa: E402
 from kernels.attention.branch import TTTBranch  # noqa: E402
 from kernels.attention.reference import dense_attention, eagle3_ttt_mask  # noqa: E402
 
@@ -123,7 +123,7 @@ def test_a_kernel_that_fails_leaves_the_torch_ops_in_charge(monkeypatch):
     class Broken:
         def merge_forward(self, *a):
             raise RuntimeError("no such intrinsic")
-    monkeypatch.setitem(branch_mod._TRITON, "mod", Broken())
+    monkeypatch.setitem(triton_ops._MODS, branch_mod.KERNELS, Broken())
     T, H, G, D, P = 9, 4, 2, 8, 1
     q, o_t, l_t, ks, vs, _ = _inputs(T, H, G, D, P, torch.float32, seed=5)
     b = TTTBranch(P)
@@ -132,6 +132,6 @@ def test_a_kernel_that_fails_leaves_the_torch_ops_in_charge(monkeypatch):
         out, lse = b.merge_forward(q, o_t.clone(), l_t.clone(), *ks, *vs, scale=0.5)
     ref = TTTBranch(P, impl="torch").merge_forward(q, o_t.clone(), l_t.clone(), *ks, *vs, scale=0.5)
     assert torch.equal(out, ref[0]) and branch_mod.triton_kernels() is None
-    monkeypatch.setitem(branch_mod._TRITON, "mod", Broken())
+    monkeypatch.setitem(triton_ops._MODS, branch_mod.KERNELS, Broken())
     with pytest.raises(RuntimeError, match="no such intrinsic"):
         TTTBranch(P, impl="triton").merge_forward(q, o_t.clone(), l_t.clone(), *ks, *vs, scale=0.5)

@@ -49,6 +49,7 @@ from kernels.attention.backends.base import Backend
 from kernels.attention.backends.intervals import intervals, ordered, tile_tables
 from kernels.attention.backends.varlen_index import varlen_bounds
 from kernels.attention.spec import MaskSpec
+from kernels.attention.staging import to_device
 
 _PROBE: dict = {}
 MIN_CAPABILITY = (9, 0)
@@ -117,8 +118,10 @@ def _safe_lse(lse: torch.Tensor) -> torch.Tensor:
 
 
 class MaskedProblem:
-    """A masked call on the batched layout: the mask's name and aux tensors, rows without keys, and the
-    per-row intervals the block-sparsity tables come from (built on first use, per device, and kept)."""
+    """A masked call on the batched layout: the mask's name and aux tensors (on the kernel's device), rows
+    without keys, and the per-row intervals the block-sparsity tables come from. The tables are built on the
+    intervals' device on first use, then kept on the kernel's device: intervals on the host build them there,
+    with no device work and no waits."""
 
     def __init__(self, name: str, aux: list[torch.Tensor], R: int, Sq: int, Sk: int, pairs, exact, empty_rows):
         self.name, self.aux, self.R, self.Sq, self.Sk = name, aux, R, Sq, Sk
@@ -134,13 +137,15 @@ class MaskedProblem:
                        for r in range(self.R)]
             stack = lambda f: torch.stack([f(t) for t in per_row])[:, None]      # [R, 1, ...]
             part, full = stack(lambda t: t.partial), stack(lambda t: t.full)
-            cnt = lambda m: ordered(m)[0]
-            idx = lambda m: ordered(m)[1]
-            fwd = lib.BlockSparse(mask_block_cnt=cnt(part), mask_block_idx=idx(part), full_block_cnt=cnt(full),
-                                  full_block_idx=idx(full), block_size=block)
-            pt, ft = part.transpose(-1, -2), full.transpose(-1, -2)
-            bwd = lib.BlockSparse(mask_block_cnt=cnt(pt), mask_block_idx=idx(pt), full_block_cnt=cnt(ft),
-                                  full_block_idx=idx(ft), block_size=block)
+            dev = self.aux[0].device
+            tables = lambda m: [to_device(t, dev) for t in ordered(m)]       # (count, indices)
+
+            def sparse(part, full):
+                (pc, pi), (fc, fi) = tables(part), tables(full)
+                return lib.BlockSparse(mask_block_cnt=pc, mask_block_idx=pi, full_block_cnt=fc, full_block_idx=fi,
+                                       block_size=block)
+            fwd = sparse(part, full)
+            bwd = sparse(part.transpose(-1, -2), full.transpose(-1, -2))
             self._sparse[block] = (fwd, bwd)
         return self._sparse[block]
 
@@ -149,11 +154,11 @@ def prefix_problem(spec: MaskSpec, device) -> MaskedProblem:
     """The "interval" problem of a MaskSpec (batch 1), cached on the spec."""
     key = ("flash4_problem", str(device))
     if key not in spec._cache:
-        lo, hi = intervals(spec, device)
+        lo, hi = intervals(spec, "cpu")
         empty = torch.nonzero(hi <= lo).flatten()
-        spec._cache[key] = MaskedProblem("interval", flash4_masks.aux_tensors("interval", lo, hi), 1, spec.num_q,
-                                         spec.num_k, [(lo[None], hi[None])], [True],
-                                         empty if empty.numel() else None)
+        aux = [to_device(a, device) for a in flash4_masks.aux_tensors("interval", lo, hi)]
+        spec._cache[key] = MaskedProblem("interval", aux, 1, spec.num_q, spec.num_k, [(lo[None], hi[None])], [True],
+                                         to_device(empty, device) if empty.numel() else None)
     return spec._cache[key]
 
 
@@ -385,7 +390,7 @@ def _keyless_rows(spec: MaskSpec, device) -> torch.Tensor | None:
         lq, lk = spec.cu_q.diff(), spec.cu_k.diff()
         seg = torch.repeat_interleave(torch.arange(lq.numel()), lq)
         rows = torch.nonzero(lk[seg] == 0).flatten()
-        spec._cache[key] = rows.to(device) if rows.numel() else None
+        spec._cache[key] = to_device(rows, device) if rows.numel() else None
     return spec._cache[key]
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.attention.spec import MaskSpec
+from kernels.attention.staging import to_device
 
 
 def intervals(spec: MaskSpec, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,8 +35,8 @@ def intervals(spec: MaskSpec, device) -> tuple[torch.Tensor, torch.Tensor]:
         hi = k0 + (torch.arange(spec.num_q) - spec.cu_q[:-1][seg]) + 1
     else:
         lo = k0
-        hi = torch.minimum(torch.maximum(spec.key_end.cpu(), k0), k1)
-    return lo.to(device), hi.to(device)
+        hi = torch.minimum(torch.maximum(spec.key_end, k0), k1)
+    return to_device(lo, device), to_device(hi, device)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ def tile_tables(pairs, Tq: int, Tk: int, block_q: int, block_k: int, exact=None)
 
 def ordered(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[n, k] bool -> (count [n] int32, column indices [n, k] int32 with the True ones first, in order), both
-    contiguous (kernels read them with a unit last stride; argsort of a transposed table keeps its strides)."""
+    contiguous (kernels read them with a unit last stride). A scatter of each column to its rank, not a sort."""
     num = m.sum(-1, dtype=torch.int32).contiguous()
-    idx = torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32).contiguous()
-    return num, idx
+    rank = torch.where(m, m.cumsum(-1) - 1, num.unsqueeze(-1) + (~m).cumsum(-1) - 1)
+    cols = torch.arange(m.shape[-1], dtype=torch.int32, device=m.device).expand(m.shape)
+    return num, torch.empty(m.shape, dtype=torch.int32, device=m.device).scatter_(-1, rank, cols)

@@ -10,13 +10,18 @@ segments without queries. The replicas are merged back with the LSE rule; backwa
 backward on the replicas with the joint (out, lse) and sums dq over replicas.
 
     b = PrefixAsFull(inner=SdpaCudaBackend())     # or any backend supporting "full"
+
+On CUDA (not fp64) the fold of the replicas back into their rows, both ways, runs as two Triton kernels
+(replica_merge_triton.py) instead of scatters over every replica; ``merge="torch"`` keeps the torch ops.
 """
 from __future__ import annotations
 
 import torch
 
+from kernels.attention import triton_ops
 from kernels.attention.backends.base import Backend, acc_dtype
 from kernels.attention.spec import MaskSpec
+from kernels.attention.staging import to_device
 
 
 def _expand(spec: MaskSpec):
@@ -31,7 +36,7 @@ def _expand(spec: MaskSpec):
     S, T, W = cu_q_t.numel() - 1, spec.num_q, spec.num_k + 1
     seg = torch.repeat_interleave(torch.arange(S), cu_q_t.diff())                 # segment of each row
     k0, k1 = cu_k_t[seg], cu_k_t[seg + 1]
-    ke = torch.minimum(torch.maximum(spec.key_end.cpu().long(), k0), k1)
+    ke = torch.minimum(torch.maximum(spec.key_end, k0), k1)
     code = seg * W + ke                                                           # sorts by (segment, end)
     groups = torch.unique(code[ke > k0])                                          # the intervals, in order
     first = torch.searchsorted(groups, torch.arange(S + 1) * W)                   # each segment's first one
@@ -63,10 +68,36 @@ def _expand(spec: MaskSpec):
     return idx, full
 
 
+def _by_row(spec: MaskSpec, device):
+    """The replicas of each row as CSR on ``device``: row t's are pos[ptr[t]:ptr[t+1]]; cached on the spec."""
+    key = ("prefix_full_rows", str(device))
+    if key not in spec._cache:
+        idx, _ = _expand(spec)
+        ptr = torch.zeros(spec.num_q + 1, dtype=torch.int64)
+        ptr[1:] = torch.bincount(idx, minlength=spec.num_q).cumsum(0)
+        spec._cache[key] = (to_device(ptr, device), to_device(torch.argsort(idx, stable=True), device))
+    return spec._cache[key]
+
+
 class PrefixAsFull(Backend):
-    def __init__(self, inner: Backend):
-        self.inner = inner
+    KERNELS = "replica_merge_triton"
+
+    def __init__(self, inner: Backend, merge: str = "auto"):
+        if merge not in ("auto", "torch", "triton"):
+            raise ValueError(f"merge must be 'auto', 'torch' or 'triton', got {merge!r}")
+        self.inner, self.merge = inner, merge
         self.name = f"prefix_full[{inner.name}]"
+
+    def _fold(self, q, name: str, *args):
+        """The Triton fold ``name``(*args) when it runs here ("auto": CUDA, not fp64), else None (torch ops)."""
+        if self.merge == "torch" or (self.merge == "auto" and (not q.is_cuda or q.dtype == torch.float64)):
+            return None
+        kernels = triton_ops.load(self.KERNELS)
+        if kernels is None:
+            if self.merge == "triton":
+                raise RuntimeError(f"PrefixAsFull(merge='triton') needs Triton: {triton_ops.error(self.KERNELS)}")
+            return None
+        return triton_ops.attempt(self.KERNELS, kernels, self.merge, self.name, name, *args)
 
     def supports(self, spec, device, dtype) -> bool:
         if spec.kind != "prefix":
@@ -83,13 +114,16 @@ class PrefixAsFull(Backend):
         idx, full = _expand(spec)
         T, H, D = q.shape
         acc = acc_dtype(q.dtype)
-        out = torch.zeros(T, H, D, dtype=acc, device=q.device)
         lse = torch.full((T, H), float("-inf"), dtype=acc, device=q.device)
         if idx.numel() == 0:
-            return out.to(q.dtype), lse
-        idx_d = idx.to(q.device)
+            return torch.zeros_like(q), lse
+        idx_d = to_device(idx, q.device)
         o_r, l_r = self.inner.forward(q.index_select(0, idx_d), k, v, full, scale)
         l_r = l_r.to(acc)
+        folded = self._fold(q, "merge_replicas", o_r, l_r, *_by_row(spec, q.device), torch.empty_like(q), lse)
+        if folded is not None:
+            return folded
+        out = torch.zeros(T, H, D, dtype=acc, device=q.device)
         m = lse.scatter_reduce(0, idx_d.unsqueeze(1).expand_as(l_r), l_r, "amax", include_self=True)
         m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
         w = torch.exp(l_r - m_safe.index_select(0, idx_d))                         # -inf -> 0
@@ -109,8 +143,9 @@ class PrefixAsFull(Backend):
         if idx.numel() == 0:
             return dq, torch.zeros(k.shape, dtype=acc, device=q.device), torch.zeros(v.shape, dtype=acc,
                                                                                       device=q.device)
-        idx_d = idx.to(q.device)
+        idx_d = to_device(idx, q.device)
         sel = lambda x: x.index_select(0, idx_d)
         gq, gk, gv = self.inner.backward(sel(dout), sel(q), k, v, sel(out), sel(lse), full, scale)
-        dq.index_add_(0, idx_d, gq.to(acc))
+        if self._fold(q, "sum_replicas", gq, *_by_row(spec, q.device), dq) is None:
+            dq.index_add_(0, idx_d, gq.to(acc))
         return dq, gk, gv

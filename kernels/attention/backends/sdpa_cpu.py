@@ -64,7 +64,7 @@ class SdpaCpuBackend(Backend):
             return None, None, False
         if spec.kind == "causal":
             return None, None, True
-        ke = spec.key_end[q0:q1].cpu()
+        ke = spec.key_end[q0:q1]
         rows = torch.nonzero(ke > k0).flatten()
         kj = torch.arange(k0, k1)
         vis = kj.unsqueeze(0) < ke[rows].unsqueeze(1)

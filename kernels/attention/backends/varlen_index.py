@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from kernels.attention.spec import MaskSpec
+from kernels.attention.staging import to_device
 
 
 def varlen_bounds(spec: MaskSpec, device):
@@ -20,7 +21,7 @@ def varlen_bounds(spec: MaskSpec, device):
     key = ("varlen_bounds", str(device))
     if key not in spec._cache:
         lq, lk = spec.cu_q.diff(), spec.cu_k.diff()
-        spec._cache[key] = (spec.cu_q.to(device, torch.int32), spec.cu_k.to(device, torch.int32),
+        spec._cache[key] = (to_device(spec.cu_q, device, torch.int32), to_device(spec.cu_k, device, torch.int32),
                             int(lq.max()) if lq.numel() else 0, int(lk.max()) if lk.numel() else 0)
     return spec._cache[key]
 
@@ -31,7 +32,7 @@ def padded_index(spec: MaskSpec, device):
     if key not in spec._cache:
         lq = spec.cu_q.diff()
         seg = torch.repeat_interleave(torch.arange(lq.numel()), lq)
-        spec._cache[key] = (seg.to(device), (torch.arange(spec.num_q) - spec.cu_q[seg]).to(device))
+        spec._cache[key] = (to_device(seg, device), to_device(torch.arange(spec.num_q) - spec.cu_q[seg], device))
     return spec._cache[key]
 
 

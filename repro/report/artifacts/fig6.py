@@ -34,8 +34,8 @@ from repro.report.tables import MEASURED_VS_PAPER_COLUMNS, latest, measured_vs_p
 ROW = re.compile(r"^(?P<kind>[a-z_][a-z0-9_]*) (?P<tok>\d+)(?P<k>K?) cp=(?P<cp>\d+)$")
 TABLE_METRICS = ("time_s", "cpu_critical_s", "peak_mem_gb", "inputs_gb", "tflops", "branch_overhead_pct",
                  "parallel_efficiency_pct", "max_time_s", "cuda_kernels", "busy_fraction")
-KIND_STYLE = {"ttt": "-", "trunk": "--", "sdpa_cudnn": ":", "block": "-", "block_flash4": "--",
-              "block_flash4_rep": "-.", "block_fused": ":"}
+KIND_STYLE = {"ttt": "-", "trunk": "--", "sdpa_cudnn": ":", "block": "-", "block_sdpa": (0, (1, 1)),
+              "block_flash4": "--", "block_flash4_rep": "-.", "block_fused": ":"}
 
 
 def config_rows(tidy: pd.DataFrame) -> pd.DataFrame:
@@ -119,9 +119,11 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     paths = save_figure(fig, out_dir / "fig6")
     notes = [("TTT: EAGLE-3, 3 passes, one document, fwd+bwd; trunk: the same passes without the branch keys; "
              "sdpa_cudnn: the same passes through SDPA's cuDNN kernel; all in the same run. Block: 64 anchors x 16 "
-             "slots; block is the suite's route before flash-attn-4, block_flash4 / block_flash4_rep / block_fused "
-             "the flash-attn-4 routes (masked call, replicated segments, one call for context and block), timed "
-             "in the same run (speedup_vs_block). Qwen3-8B draft attention shape (32/8 heads, dim 128, bf16) on "
+             "slots; block is the suite's route before flash-attn-4 (replicated segments on torch's flash kernel, "
+             "replicas folded by torch scatters), block_sdpa the same with the Triton fold, block_flash4 / "
+             "block_flash4_rep / block_fused the flash-attn-4 routes (masked call, replicated segments, one call "
+             "for context and block), timed in the same run (speedup_vs_block). Qwen3-8B draft attention shape "
+             "(32/8 heads, dim 128, bf16) on "
              "GPUs; CPU runs are cpu-emulated with scaled lengths and small heads (compare ratios only)."),
              "Peak memory includes the inputs; gradients are consumed as they arrive (freed after accumulation).",
              "CPU runs plot and compare the critical path (cpu_critical_s: largest per-rank CPU time per step)."]
