@@ -2,19 +2,13 @@
 
 One document of T tokens, forward + backward, per CP size C. Rows "<kind> <T> cp=<C>" (time_s: slowest rank;
 peak_mem_gb: largest rank, the inputs counted (inputs_gb: rank 0's), gradients consumed as they arrive):
-    ttt           EAGLE-3 TTT attention, ``passes`` passes (kernels.attention.eagle3_ttt_attention; branch_impl:
-                  the branch's Triton kernels or its torch ops)
+    ttt           EAGLE-3 TTT attention, ``passes`` passes (kernels.attention.eagle3_ttt_attention)
     trunk         the same passes without the branch keys (kernels.attention.causal_attention)
-    sdpa_cudnn    the same passes through SDPA's cuDNN kernel (torch.nn.functional.scaled_dot_product_attention
-                  under SDPBackend.CUDNN_ATTENTION, causal, GQA native): the peer a user would pick (CP=1, GPUs)
-    block         DFlash/DSpark block attention as the suite runs it today (``anchors`` blocks of ``block`` slots;
-                  block_draft_attention on the ``block_routes["block"]`` backend; blocks on the rank owning their
-                  anchor), and beside it every other route of ``block_routes``:
-    block_flash4      block_draft_attention on flash-attn-4 (the prefix trunk as one masked call)
-    block_flash4_rep  block_draft_attention on prefix_full[flash4] (replicated full segments, varlen)
-    block_fused       fused_block_draft_attention: context prefix and own block in one masked call (CP=1)
-A route is a backend name, "fused", or "prefix_full[<name>]:torch_fold": the replicated route with its replicas
-folded back by torch's scatter ops rather than the Triton kernels (the route as it ran before those kernels).
+    sdpa_cudnn    the same passes through SDPA's cuDNN kernel (causal, GQA native): the peer a user would pick
+    block_*       DFlash/DSpark block attention (``anchors`` blocks of ``block`` slots, each on the rank owning its
+                  anchor), one row per ``block_routes`` entry (label -> a backend name for block_draft_attention, or
+                  "fused": fused_block_draft_attention, one masked call each way, CP=1); "block" is the baseline
+branch_impl / fold_impl: whether the TTT branch / the replicated route's fold ran on their Triton kernels.
 Ratios, all between rows of this run: "ttt <T> cp=<C>" branch_overhead_pct = 100 (t_ttt / t_trunk - 1);
 "trunk <T> cp=<C>" speedup_vs_sdpa_cudnn = t_sdpa_cudnn / t_trunk; "block_<route> <T> cp=<C>" speedup_vs_block =
 t_block / t_route; "<kind> <T>" speedup_cp<Cmax>_over_cp1 and parallel_efficiency_pct (= t1 / (C t_C) x 100);
@@ -55,24 +49,6 @@ def tag(T: int) -> str:
     return f"{T // 1024}K" if T % 1024 == 0 else str(T)
 
 
-TORCH_FOLD = ":torch_fold"
-_FOLDED: dict = {}
-
-
-def route_backend(route: str):
-    """The backend of a block route: a registered name, or (``prefix_full[<name>]:torch_fold``) the replicated
-    route folding its replicas with torch ops."""
-    if not route.endswith(TORCH_FOLD):
-        return route
-    name = route[:-len(TORCH_FOLD)]
-    if not (name.startswith("prefix_full[") and name in backends.NAMES):
-        raise ValueError(f"route {route!r}: {TORCH_FOLD} applies to a registered prefix_full[<name>] backend")
-    if route not in _FOLDED:
-        _FOLDED[route] = PrefixAsFull(backends.get(name).inner, merge="torch")
-        _FOLDED[route].name = route
-    return _FOLDED[route]
-
-
 def unavailable(kind: str, route: str | None, cfg: dict, C: int) -> str | None:
     """Why a row cannot run here (None: it can)."""
     device, dtype = torch.device(cfg["device"]), getattr(torch, cfg["dtype"])
@@ -86,8 +62,7 @@ def unavailable(kind: str, route: str | None, cfg: dict, C: int) -> str | None:
     if route == "fused" and C != 1:
         return "the one-call route runs at one rank"
     spec = MaskSpec.prefix(torch.tensor([0, 1]), torch.tensor([0, 1]), torch.tensor([1]))
-    b = route_backend(name)
-    b = backends.get(b) if isinstance(b, str) else b
+    b = backends.get(name)
     if not b.supports(spec, device, dtype):
         return b.unavailable_reason(spec, device, dtype) or f"{name} does not run {dtype} on {device.type} here"
     return None
@@ -155,7 +130,7 @@ def build(cfg: dict, rank: int, group):
             fused_block_draft_attention(q, k, v, ck, cv, mine, cu, backend="flash4").backward(dout)
     else:
         def step():
-            block_draft_attention(q, k, v, ck, cv, mine, lay, group, backend=route_backend(route)).backward(dout)
+            block_draft_attention(q, k, v, ck, cv, mine, lay, group, backend=route).backward(dout)
     return step, n, _gb(q, k, v, ck, cv, dout)
 
 
@@ -172,7 +147,7 @@ def measure(rank: int, world: int, cfg: dict) -> dict:
         name = cfg["backend"] if cfg["kind"] != "block" else cfg["route"]
         spec = (MaskSpec.causal(torch.tensor([0, n])) if cfg["kind"] != "block" else
                 MaskSpec.prefix(torch.tensor([0, 1]), torch.tensor([0, n]), torch.tensor([n])))
-        chosen = backends.select(route_backend(name), spec, device, getattr(torch, cfg["dtype"]))
+        chosen = backends.select(name, spec, device, getattr(torch, cfg["dtype"]))
         report["backend_used"] = chosen.name
         if cfg["kind"] == "ttt":           # read after the steps: kernels that failed there read "torch"
             report["branch_impl"] = "triton" if device.type == "cuda" and triton_kernels() else "torch"
@@ -213,16 +188,14 @@ def main(argv=None) -> int:
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise SystemExit(f"--kinds: unknown {bad}; expected some of {KINDS}")
-    for key in ("passes", "repeats"):
-        if getattr(args, key) is not None:
-            d[key] = getattr(args, key)
+    d.update({key: getattr(args, key) for key in ("passes", "repeats") if getattr(args, key) is not None})
     if min(cps) < 1 or min(sizes) < 2 * d["block"] or d["passes"] < 1:
         raise SystemExit(f"--cp {cps} / --tokens {sizes} / --passes {d['passes']} invalid: expected CP sizes >= 1, "
                          f"lengths >= {2 * d['block']} and at least one pass")
     device = load_profile_model(args.profile).hardware.device
     if device == "cuda" and torch.cuda.device_count() < max(cps):
         raise SystemExit(f"CP={max(cps)} needs {max(cps)} GPUs, found {torch.cuda.device_count()}")
-    if device == "cuda":
+    elif device == "cuda":
         os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")   # flash-attn-4: compile once
     out = args.out or Path("results") / hardware()["tag"] / load_profile_model(args.profile).name / "fig6"
     config = {**{k: d[k] for k in ("heads", "kv_heads", "head_dim", "dtype", "anchors", "block", "repeats",

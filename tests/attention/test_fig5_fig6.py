@@ -95,11 +95,9 @@ def test_fig6_flash4_block_routes_run_through_the_standin(monkeypatch, route):
 
 
 def test_fig6_torch_fold_route_is_the_replicated_route_on_torch_ops():
-    b = fig6.route_backend("prefix_full[torch]:torch_fold")
+    b = backends.get("prefix_full[torch]:torch_fold")
     assert b.merge == "torch" and b.name == "prefix_full[torch]:torch_fold" and b.inner is backends.get("torch")
-    assert fig6.route_backend("flash4") == "flash4"
-    with pytest.raises(ValueError, match="torch_fold"):
-        fig6.route_backend("flash4:torch_fold")
+    assert backends.get("prefix_full[torch]").merge == "auto"
     cfg = {**bench_settings("cpu-tiny", "fig6"), "device": "cpu", "kind": "block",
            "route": "prefix_full[torch]:torch_fold", "tokens": 200, "anchors": 6, "block": 4, "heads": 4,
            "kv_heads": 2, "head_dim": 8, "repeats": 1, "warmup": 1}

@@ -8,7 +8,8 @@ kernels), "sdpa_cuda" (torch's bundled flash-attention 2, varlen), "cudnn" (torc
 one call per packed segment), "flex" (torch.nn.attention.flex_attention with block masks from the
 MaskSpec: every kind, CPU eager / CUDA compiled), "flash4" (flash-attn-4, ``flash_attn.cute``: varlen
 causal/full, prefix masks in one masked call; sm90+), "flash_attn" (the external flash-attn 2/3 package,
-varlen), and the wrappers "prefix_full[<name>]" (DFlash/DSpark prefix masks on a full-segment kernel) and
+varlen), and the wrappers "prefix_full[<name>]" (DFlash/DSpark prefix masks on a full-segment kernel; with
+":torch_fold" its replicas are folded back by torch scatters instead of the Triton kernels) and
 "tiled[<name>]" (the backward in square tiles of 16384 rows x keys: kernel workspaces and gradient
 temporaries bounded by the tile; see tiled.py). The external packages are probed, never imported
 unconditionally: a clear error when one is requested but missing.
@@ -50,8 +51,9 @@ _REGISTRY: dict[str, Backend] = {
     "flash_attn": FlashAttnBackend(),
     "flash4": Flash4Backend(),
 }
-_REGISTRY.update({f"prefix_full[{n}]": PrefixAsFull(_REGISTRY[n])
-                  for n in ("torch", "sdpa_cpu", "sdpa_cuda", "cudnn", "flash_attn", "flash4")})
+_REGISTRY.update({f"prefix_full[{n}]{tag}": PrefixAsFull(_REGISTRY[n], merge)
+                  for n in ("torch", "sdpa_cpu", "sdpa_cuda", "cudnn", "flash_attn", "flash4")
+                  for tag, merge in (("", "auto"), (":torch_fold", "torch"))})
 _REGISTRY.update({f"tiled[{n}]": TiledBackward(_REGISTRY[n])
                   for n in ("torch", "sdpa_cpu", "sdpa_cuda", "cudnn", "flash_attn", "flash4")})
 NAMES = ("auto", *_REGISTRY)

@@ -12,7 +12,8 @@ backward on the replicas with the joint (out, lse) and sums dq over replicas.
     b = PrefixAsFull(inner=SdpaCudaBackend())     # or any backend supporting "full"
 
 On CUDA (not fp64) the fold of the replicas back into their rows, both ways, runs as two Triton kernels
-(replica_merge_triton.py) instead of scatters over every replica; ``merge="torch"`` keeps the torch ops.
+(replica_merge_triton.py) instead of scatters over every replica; ``merge="torch"`` keeps the torch ops
+(registered as "prefix_full[<name>]:torch_fold").
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ class PrefixAsFull(Backend):
         if merge not in ("auto", "torch", "triton"):
             raise ValueError(f"merge must be 'auto', 'torch' or 'triton', got {merge!r}")
         self.inner, self.merge = inner, merge
-        self.name = f"prefix_full[{inner.name}]"
+        self.name = f"prefix_full[{inner.name}]" + (":torch_fold" if merge == "torch" else "")
 
     def _fold(self, q, name: str, *args):
         """The Triton fold ``name``(*args) when it runs here ("auto": CUDA, not fp64), else None (torch ops)."""
