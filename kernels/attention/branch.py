@@ -76,15 +76,8 @@ class TTTBranch:
         self.impl = impl
 
     def _kernels(self, q):
-        """The Triton kernels when they run this call ("auto": CUDA tensors and Triton importable)."""
-        if self.impl == "torch" or (self.impl == "auto" and (not q.is_cuda or q.dtype == torch.float64)):
-            return None                 # fp64 (the reference checks) keeps its fp64 accumulation
-        mod = triton_kernels()
-        if mod is None and self.impl == "triton":
-            why = triton_ops.error(KERNELS)
-            raise RuntimeError("TTTBranch(impl='triton') needs Triton (pip install triton)"
-                               + (f"; here: {why}" if why else ""))
-        return mod
+        """The Triton kernels when they run this call (triton_ops.choose)."""
+        return triton_ops.choose(KERNELS, self.impl, "TTTBranch(impl='triton')", q)
 
     def _on_kernels(self, q, name: str, *args):
         """``kernels.<name>(*args)`` when the kernels run this call, else None (triton_ops.attempt: under "auto" a

@@ -13,9 +13,7 @@ import torch
 
 def to_device(t: torch.Tensor, device, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``t`` on ``device`` (and in ``dtype``); CPU to CUDA goes through pinned memory, asynchronously."""
-    device = torch.device(device)
-    if dtype is not None and t.dtype != dtype:
-        t = t.to(dtype) if t.device.type == "cpu" or device == t.device else t.to(device, dtype)
+    device, dtype = torch.device(device), dtype or t.dtype
     if t.device.type == "cpu" and device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
+        return t.to(dtype).pin_memory().to(device, non_blocking=True)
+    return t.to(device, dtype)

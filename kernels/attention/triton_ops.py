@@ -4,6 +4,7 @@ A module imports only where Triton does; a kernel that fails to build on a machi
 kernels were not written for) is reported once and then not tried again, so callers fall back to their torch ops.
 
     mod = triton_ops.load("replica_merge_triton")      # kernels.attention.<name>, or None
+    mod = triton_ops.choose("replica_merge_triton", "auto", "prefix_full", q)   # None: not for q, or not here
     res = triton_ops.attempt("replica_merge_triton", mod, "auto", "prefix_full", "sum_replicas", *args)
                                                         # mod.sum_replicas(*args); a failure warns once, gives None
     triton_ops.error("replica_merge_triton")           # why it is None ("" when it loaded or was never tried)
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import importlib
 import warnings
+
+import torch
 
 _MODS: dict = {}
 _ERRORS: dict = {}
@@ -25,6 +28,19 @@ def load(name: str):
         except ImportError as exc:
             _MODS[name], _ERRORS[name] = None, f"{type(exc).__name__}: {exc}"
     return _MODS[name]
+
+
+def choose(name: str, impl: str, who: str, q):
+    """The kernel module this call runs on, or None for the caller's torch ops: ``impl`` "torch" never; "auto" for
+    CUDA tensors that are not fp64 (fp64, the reference checks, keeps its fp64 torch ops) when the kernels load;
+    "triton" always, and an error naming ``who`` when they do not load."""
+    if impl == "torch" or (impl == "auto" and (not q.is_cuda or q.dtype == torch.float64)):
+        return None
+    mod = load(name)
+    if mod is None and impl == "triton":
+        why = error(name)
+        raise RuntimeError(f"{who} needs Triton (pip install triton)" + (f"; here: {why}" if why else ""))
+    return mod
 
 
 def failed(name: str, exc: BaseException, who: str) -> None:

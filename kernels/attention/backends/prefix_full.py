@@ -89,16 +89,14 @@ class PrefixAsFull(Backend):
         self.inner, self.merge = inner, merge
         self.name = f"prefix_full[{inner.name}]" + (":torch_fold" if merge == "torch" else "")
 
-    def _fold(self, q, name: str, *args):
-        """The Triton fold ``name``(*args) when it runs here ("auto": CUDA, not fp64), else None (torch ops)."""
-        if self.merge == "torch" or (self.merge == "auto" and (not q.is_cuda or q.dtype == torch.float64)):
-            return None
-        kernels = triton_ops.load(self.KERNELS)
+    def _fold(self, q, name: str, spec, replicas: tuple, *outs):
+        """The Triton fold ``name``(*replicas, CSR of ``spec``'s replicas, *outs) when it runs here
+        (triton_ops.choose), else None (torch ops); the CSR is built only then."""
+        kernels = triton_ops.choose(self.KERNELS, self.merge, "PrefixAsFull(merge='triton')", q)
         if kernels is None:
-            if self.merge == "triton":
-                raise RuntimeError(f"PrefixAsFull(merge='triton') needs Triton: {triton_ops.error(self.KERNELS)}")
             return None
-        return triton_ops.attempt(self.KERNELS, kernels, self.merge, self.name, name, *args)
+        return triton_ops.attempt(self.KERNELS, kernels, self.merge, self.name, name, *replicas,
+                                  *_by_row(spec, q.device), *outs)
 
     def supports(self, spec, device, dtype) -> bool:
         if spec.kind != "prefix":
@@ -121,7 +119,7 @@ class PrefixAsFull(Backend):
         idx_d = to_device(idx, q.device)
         o_r, l_r = self.inner.forward(q.index_select(0, idx_d), k, v, full, scale)
         l_r = l_r.to(acc)
-        folded = self._fold(q, "merge_replicas", o_r, l_r, *_by_row(spec, q.device), torch.empty_like(q), lse)
+        folded = self._fold(q, "merge_replicas", spec, (o_r, l_r), torch.empty_like(q), lse)
         if folded is not None:
             return folded
         out = torch.zeros(T, H, D, dtype=acc, device=q.device)
@@ -147,6 +145,6 @@ class PrefixAsFull(Backend):
         idx_d = to_device(idx, q.device)
         sel = lambda x: x.index_select(0, idx_d)
         gq, gk, gv = self.inner.backward(sel(dout), sel(q), k, v, sel(out), sel(lse), full, scale)
-        if self._fold(q, "sum_replicas", gq, *_by_row(spec, q.device), dq) is None:
+        if self._fold(q, "sum_replicas", spec, (gq,), dq) is None:
             dq.index_add_(0, idx_d, gq.to(acc))
         return dq, gk, gv
