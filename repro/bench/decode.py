@@ -43,6 +43,7 @@ from repro.core.profile import (
 )
 from repro.core.timing import BenchRun, summarize, time_samples
 from repro.decoding.cuda_graph import GraphedCallable
+from repro.decoding.merged_projections import merged_projections
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dflash import DFlashDraft
 from repro.models.dspark import DSparkDraft
@@ -177,9 +178,10 @@ def policy_step_ratio(policy, batch: int, k: int, prompt_len: int, repeats: int)
             qi, qp, cache, cursor=cursor, view=view).logits, f"bound.step[{q}]", enabled=dev.type == "cuda")
         steps[q] = functools.partial(graph, qi, qp, cursor, view=cache.used_view())
     times = {q: [] for q in steps}
-    for _ in range(max(10, 4 * repeats)):
-        for q, step in steps.items():
-            times[q] += time_samples(step, warmup=1, repeats=1, device=dev)
+    with merged_projections(policy.model):           # as the engine's steps run
+        for _ in range(max(10, 4 * repeats)):
+            for q, step in steps.items():
+                times[q] += time_samples(step, warmup=1, repeats=1, device=dev)
     verify, decode = (summarize(times[q])["median"] for q in (k + 1, 1))
     return verify / decode, verify, decode
 

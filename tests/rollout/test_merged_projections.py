@@ -1,0 +1,91 @@
+"""Merged q/k/v and gate/up projections for decoding (repro.decoding.merged_projections), CPU only.
+
+Inside the block a decode step gives the logits and taps of the unmerged model (fp32, to rounding), the stacked
+copies follow weight changes in place, calls on another input fall back, MoE layers merge only their attention, and
+outside the block the model is its own again (classes, buffers, state dict).
+
+    .venv/bin/python -m pytest -q tests/rollout/test_merged_projections.py
+"""
+import pytest
+import torch
+from torch import nn
+
+from repro.decoding.kv import SlotTable
+from repro.decoding.merged_projections import STASH, MergedFirst, MergedPart, MergedProjections, merged_projections
+from repro.models.policy import build_policy
+
+
+def step_logits(pol, ids):
+    """A prefill decode step's logits on a fresh cache."""
+    pos = torch.arange(ids.shape[1]).expand_as(ids)
+    with torch.no_grad():
+        return pol.decode_step(ids, pos, pol.new_cache(), SlotTable(ids.shape[0], ids.device)).logits
+
+
+@pytest.mark.timeout(60)
+def test_decode_step_equals_the_unmerged_model_and_the_model_is_restored():
+    pol = build_policy("qwen3", "tiny", seed=1, init_std=0.2)
+    ids = torch.randint(0, 127, (3, 7), generator=torch.Generator().manual_seed(0))
+    before = {k: v.clone() for k, v in pol.model.state_dict().items()}
+    want = step_logits(pol, ids)
+    with merged_projections(pol.model):
+        attn = pol.decoder_layers()[0].self_attn
+        assert type(attn.q_proj) is MergedFirst and type(attn.v_proj) is MergedPart
+        assert attn.q_proj.merged_weight.shape == (attn.q_proj.out_features + 2 * attn.k_proj.out_features,
+                                                   attn.q_proj.in_features)
+        got = step_logits(pol, ids)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert STASH.x is None and STASH.y is None
+    for layer in pol.decoder_layers():
+        for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.mlp.up_proj):
+            assert type(m) is nn.Linear and "merged_weight" not in m._buffers and "merged_start" not in vars(m)
+    after = pol.model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+
+
+@pytest.mark.timeout(60)
+def test_stacked_weights_follow_in_place_changes():
+    pol = build_policy("qwen3", "tiny", seed=2, init_std=0.2)
+    ids = torch.randint(0, 127, (2, 5), generator=torch.Generator().manual_seed(1))
+    mp = MergedProjections(pol.model)
+    with mp.active():
+        step_logits(pol, ids)
+    stacked = mp.groups[0].weight
+    ptr = stacked.data_ptr()
+    with torch.no_grad():                       # a weight push: copy_ into the existing parameters
+        for p in pol.model.parameters():
+            p.copy_(p * 1.5)
+    want = step_logits(pol, ids)
+    with mp.active():
+        got = step_logits(pol, ids)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert mp.groups[0].weight.data_ptr() == ptr          # refreshed in place: graphs over it stay valid
+    q, k, v = mp.groups[0].members
+    torch.testing.assert_close(stacked, torch.cat([q.weight, k.weight, v.weight]))
+
+
+@pytest.mark.timeout(60)
+def test_another_input_falls_back_and_nested_blocks_keep_the_merge():
+    pol = build_policy("qwen3", "tiny", seed=3)
+    attn = pol.decoder_layers()[1].self_attn
+    x, other = torch.randn(2, 3, attn.q_proj.in_features), torch.randn(2, 3, attn.q_proj.in_features)
+    with merged_projections(pol.model), torch.no_grad():
+        with merged_projections(pol.model):
+            pass
+        assert type(attn.q_proj) is MergedFirst              # the inner exit left the outer block merged
+        q = attn.q_proj(x)
+        torch.testing.assert_close(q, nn.functional.linear(x, attn.q_proj.weight))
+        torch.testing.assert_close(attn.k_proj(other), nn.functional.linear(other, attn.k_proj.weight))
+        torch.testing.assert_close(attn.k_proj(x), nn.functional.linear(x, attn.k_proj.weight))
+
+
+@pytest.mark.timeout(60)
+def test_moe_layers_merge_their_attention_only():
+    pol = build_policy("qwen3_moe", "tiny", seed=4, init_std=0.2)
+    mp = MergedProjections(pol.model)
+    assert len(mp.groups) == pol.num_layers                   # the experts' block has no gate_proj/up_proj pair
+    ids = torch.randint(0, 127, (2, 6), generator=torch.Generator().manual_seed(2))
+    want = step_logits(pol, ids)
+    with mp.active():
+        got = step_logits(pol, ids)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
