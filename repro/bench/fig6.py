@@ -14,7 +14,9 @@ Ratios, all between rows of this run: "ttt <T> cp=<C>" branch_overhead_pct = 100
 t_block / t_route; "<kind> <T>" speedup_cp<Cmax>_over_cp1 and parallel_efficiency_pct (= t1 / (C t_C) x 100);
 "block cp=<C>" max_time_s over the lengths. A route that cannot run is logged with its reason. At C = 1 on a GPU
 every row runs in this process (peak memory per row from a reset of the allocator's peak); otherwise each row runs
-in a fresh process group. CPU runs are cpu-emulated (speedups from the critical path, as in fig5).
+in a fresh process group. CPU runs are cpu-emulated (speedups from the critical path, as in fig5). A run cut off
+(killed, out of time) continues where it stopped when it is started again with the same settings at the same commit
+(repro.core.timing.BenchRun's journal; bench.json's summary lists the rows measured by the earlier attempt).
 
     python -m repro.bench.fig6 --profile h200               # -> results/<hw>/h200/fig6/
     python -m repro.bench.fig6 --profile cpu-tiny           # -> results/<hw>/cpu-tiny/fig6/
@@ -180,6 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--timeout-s", type=float, default=900.0)
+    ap.add_argument("--no-resume", action="store_true",
+                    help="measure every row again even if an interrupted attempt of this run left rows behind")
     args = ap.parse_args(argv)
     d = bench_settings(args.profile, "fig6")
     cps = [int(c) for c in args.cp.split(",")] if args.cp else d["cp"]
@@ -202,7 +206,8 @@ def main(argv=None) -> int:
                                    "warmup", "passes", "backend", "block_routes")},
               "cp": cps, "tokens": sizes, "kinds": kinds, "device": device, "documents": 1}
     emulated = device == "cpu"                  # CPU-time critical path on CPUs (see fig5)
-    with BenchRun(out, artifact="fig6", profile=load_profile_model(args.profile).name, config=config) as bench:
+    with BenchRun(out, artifact="fig6", profile=load_profile_model(args.profile).name, config=config,
+                  resume=not args.no_resume) as bench:
         for T in sizes:
             times: dict = {}
             rows = [(k, None) for k in kinds if k != "block"]
@@ -215,6 +220,10 @@ def main(argv=None) -> int:
                     params = {"kind": kind, "route": route, "tokens": T, "cp": C}
                     if why is not None:
                         bench.record(name, {**params, "skipped": why})
+                        continue
+                    earlier = bench.restored(name)           # measured by an interrupted attempt of this run
+                    if earlier is not None:
+                        times[(label, C)] = earlier["metrics"]["cpu_critical_s" if emulated else "time_s"]
                         continue
                     cfg = {**config, "kind": kind, "route": route, "tokens": T}
                     try:

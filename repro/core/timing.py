@@ -7,13 +7,20 @@ summarised as median with a p20/p80 spread, and the raw samples are always kept.
 Output: ``BenchRun`` owns a run folder. Each measured point goes to ``bench.json`` (raw samples,
 config, provenance; written atomically when the run ends) and, as summary metrics, through the
 suite's ``MetricsLogger`` (W&B + metrics.jsonl) so ``collect`` sees it like any other experiment.
+Until the run ends every record is also appended to ``bench.partial.jsonl``; with ``resume=True`` a run
+of the same artifact, profile, config, commit and machine that was cut off (killed, out of time) is
+continued: ``restored(row)`` hands back a measured row of the earlier attempt (marked ``resumed``) so the
+program skips it, and the finished ``bench.json`` holds every row once.
 
     with BenchRun(out_dir, artifact="fig5", profile="cpu-tiny", config=cfg) as bench:
         samples = time_samples(step, warmup=2, repeats=5)
         bench.record("zigzag cp=2", {"cp": 2}, samples, extra={"peak_mem_gb": 1.2})
+        if bench.restored("usp cp=2") is None:      # with resume=True: measured by an earlier attempt?
+            bench.record("usp cp=2", {"cp": 2}, time_samples(other, warmup=2, repeats=5))
 """
 from __future__ import annotations
 
+import json
 import os
 import resource
 import statistics
@@ -24,7 +31,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from repro.core.io import write_json_atomic
+from repro.core.io import write_atomic, write_json_atomic
 from repro.core.metrics import MetricsLogger
 from repro.core.provenance import provenance
 
@@ -122,11 +129,14 @@ class PeakMemory:
             self.peak_gb = max(0.0, peak - self._base)
 
 
+JOURNAL = "bench.partial.jsonl"
+
+
 class BenchRun:
-    """A benchmark run folder: bench.json with raw samples + the suite's metrics logger."""
+    """A benchmark run folder: bench.json with raw samples + the suite's metrics logger (+ the journal)."""
 
     def __init__(self, out_dir: str | os.PathLike, *, artifact: str, profile: str,
-                 config: Mapping[str, Any], log_metrics: bool = True):
+                 config: Mapping[str, Any], log_metrics: bool = True, resume: bool = False):
         self.out_dir = Path(out_dir)
         self.artifact, self.profile, self.config = artifact, profile, dict(config)
         self.records: list[dict[str, Any]] = []
@@ -134,10 +144,53 @@ class BenchRun:
         self._start = time.monotonic()
         self._logger = (MetricsLogger(self.out_dir, artifact=artifact, profile=profile, config=config)
                         if log_metrics else None)
+        prov = self._logger.provenance if self._logger is not None else provenance(self.config)
+        # what must match for an earlier attempt's rows to count as this run's
+        self._identity = json.loads(json.dumps({
+            "artifact": artifact, "profile": profile, "config": self.config, "git": prov["git"].get("sha"),
+            "dirty": prov["git"].get("dirty"), "hardware": prov["hardware"].get("tag")}, default=str))
+        self._earlier = self._read_journal() if resume else {}
+        self._journal = None
+
+    def _read_journal(self) -> dict[str, dict[str, Any]]:
+        """The measured rows (raw samples kept) of an earlier attempt of this very run, by row label."""
+        path = self.out_dir / JOURNAL
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            return {}
+        rows: dict[str, dict[str, Any]] = {}
+        for i, line in enumerate(lines):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:         # a line cut off by a kill
+                break
+            if i == 0 and obj != {"identity": self._identity}:
+                return {}
+            if i > 0 and obj.get("samples_s"):
+                rows[obj["row"]] = obj
+        return rows
+
+    def restored(self, row: str) -> dict[str, Any] | None:
+        """An earlier attempt's measured ``row`` (with ``resume=True``), now one of this run's records; else None."""
+        rec = self._earlier.pop(row, None)
+        if rec is None:
+            return None
+        rec = {**rec, "resumed": True}
+        self._add(rec)
+        return rec
 
     def __enter__(self) -> "BenchRun":
         if self._logger is not None:
             self._logger.__enter__()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / JOURNAL
+        if self._earlier:
+            kept = [json.dumps({"identity": self._identity}), *(json.dumps(r) for r in self._earlier.values())]
+            write_atomic(path, "".join(line + "\n" for line in kept))
+        else:
+            write_atomic(path, json.dumps({"identity": self._identity}) + "\n")
+        self._journal = open(path, "a")
         return self
 
     def record(self, row: str, params: Mapping[str, Any], samples_s: list[float] | None = None,
@@ -154,21 +207,34 @@ class BenchRun:
         for k, v in (extra or {}).items():
             metrics[k] = float(v)
         rec["metrics"] = metrics
-        self.records.append(rec)
-        if self._logger is not None and metrics:
-            self._logger.log(metrics, row=row)
-        elapsed = time.strftime("%H:%M:%S", time.gmtime(time.monotonic() - self._start))
-        print(f"[{self.artifact} {elapsed}, record {len(self.records)}] {row}: "
-              + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()),
-              flush=True)
+        self._add(rec)
+        if self._journal is not None:
+            self._journal.write(json.dumps(rec) + "\n")
+            self._journal.flush()
+            os.fsync(self._journal.fileno())
         return rec
+
+    def _add(self, rec: dict[str, Any]) -> None:
+        self.records.append(rec)
+        metrics = rec["metrics"]
+        if self._logger is not None and metrics:
+            self._logger.log(metrics, row=rec["row"])
+        elapsed = time.strftime("%H:%M:%S", time.gmtime(time.monotonic() - self._start))
+        print(f"[{self.artifact} {elapsed}, record {len(self.records)}{', resumed' if rec.get('resumed') else ''}] "
+              f"{rec['row']}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()), flush=True)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
+            if self._journal is not None:
+                self._journal.close()
             if exc_type is None:
+                resumed = [r["row"] for r in self.records if r.get("resumed")]
+                if resumed:
+                    self.summary["resumed_rows"] = resumed
                 write_json_atomic(self.out_dir / "bench.json", {
                     "artifact": self.artifact, "profile": self.profile, "config": self.config,
                     "provenance": provenance(self.config), "summary": self.summary, "records": self.records})
+                (self.out_dir / JOURNAL).unlink(missing_ok=True)
         finally:
             if self._logger is not None:
                 self._logger.__exit__(exc_type, exc, tb)
