@@ -76,6 +76,8 @@ class StaticPolicyCache:
         self.values = torch.zeros(batch, kv_heads, num_layers * max_slots, vd, dtype=dtype, device=self.device)
         self.hf = SlotCache(self, [SlotLayer(self, *self.layer(i, max_slots)) for i in range(num_layers)])
         self.cols: torch.Tensor | None = None     # the columns the running forward writes
+        self.layer_offsets = torch.arange(num_layers, device=self.device) * max_slots
+        self.layer_cols: torch.Tensor | None = None   # [layers, q]: where each layer's keys of the forward go
         self.view = max_slots                     # the columns the running forward's attention reads
         self.next_col = 0                         # host copy of the cursor: the next free column
         self.in_graph = False                     # whole forwards are traced (the write and attention inline)
@@ -90,7 +92,7 @@ class StaticPolicyCache:
         if cols is None or cols.numel() != key_states.shape[2]:
             raise RuntimeError(f"the static policy cache was not begun for this forward: {key_states.shape[2]} new "
                                f"tokens, columns {None if cols is None else cols.numel()} (call begin() first)")
-        at = cols + layer * self.max_slots
+        at = self.layer_cols[layer]
         self.keys.index_copy_(2, at, key_states.to(self.keys.dtype))
         self.values.index_copy_(2, at, value_states.to(self.values.dtype))
         return self.layer(layer, self.view)
@@ -127,6 +129,8 @@ class StaticPolicyCache:
             view = self.used_view()
         self.view = self.max_slots if view is None else int(view)
         self.cols = self.slots.write(cursor, positions, live)
+        # every layer's columns at once (one kernel a forward, not one a layer): layer l writes cols + l * max_slots
+        self.layer_cols = self.cols + self.layer_offsets[:, None]
         return self.cols
 
     def used_view(self) -> int:
