@@ -19,7 +19,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from repro.report.style import legend_below, measured_label, save_figure
+from repro.report.style import legend_below, measured_label, measured_title, save_figure
 from repro.report.tables import latest, write_table
 
 ROW = re.compile(r"^(?P<kind>suite-[a-z]+|peer/[a-z0-9-]+|floor|bound)(?:/(?P<family>[a-z0-9]+))?/b(?P<batch>\d+)$")
@@ -54,8 +54,10 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
         raise ValueError("no decode rows ('suite-<mode>/<family>/b<B>', 'peer/<peer>/b<B>', 'floor/b<B>') "
                          "in the tidy table")
     fig, (ax_t, ax_r) = plt.subplots(1, 2, figsize=(7.2, 2.8))
+    machines = list(rows.groupby(["hardware", "hardware_label"]).groups)
     for (hw, label), h in rows.groupby(["hardware", "hardware_label"]):
-        where = measured_label(hw, label)
+        # one machine: named once, in the title; several: in every entry
+        where = "" if len(machines) == 1 else f" — {measured_label(hw, label)}"
         plain = h[(h["family"] == "plain") & (h["kind"] != "bound")]
         for kind, g in plain.groupby("kind"):
             if "ms_per_step" not in g or g["ms_per_step"].isna().all():
@@ -63,18 +65,18 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
             style = {"linestyle": ":", "color": "0.4"} if kind == "floor" else {
                 "linestyle": "--" if kind.startswith("peer/") else "-", "marker": "o", "markersize": 3}
             name = {"floor": "floor (weights at copy bandwidth)"}.get(kind, kind.replace("suite-", "ours "))
-            ax_t.plot(g["batch"], g["ms_per_step"], label=f"{name} — {where}", **style)
+            ax_t.plot(g["batch"], g["ms_per_step"], label=f"{name}{where}", **style)
         spec = h[h["kind"].str.startswith("suite-") & (h["family"] != "plain")]
         col = "speedup_cpu_over_al" if label == "cpu-emulated" and "speedup_cpu_over_al" in spec else "speedup_over_al"
         for (kind, fam), g in spec.groupby(["kind", "family"]):
             if col in g and not g[col].isna().all():
                 ax_r.plot(g["batch"], g[col], marker="o", markersize=3,
-                          label=f"{fam} {kind.replace('suite-', 'ours ')} — {where}")
+                          label=f"{fam} {kind.replace('suite-', 'ours ')}{where}")
         bound = h[h["kind"] == "bound"]
         for fam, g in bound.groupby("family"):
             if "verify_over_decode" in g:
                 ax_r.plot(g["batch"], 1 / g["verify_over_decode"], linestyle=":", label=f"{fam} bound (1 / verify"
-                          f" over decode step) — {where}")
+                          f" over decode step){where}")
     ax_t.set(xscale="log", yscale="log", xlabel="batch", ylabel="ms per step (plain decoding)")
     ax_r.set(xscale="log", xlabel="batch", ylabel="speedup / acceptance length")
     for ax in (ax_t, ax_r):
@@ -82,7 +84,8 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.set_xticks(ticks, [str(b) for b in ticks])
         ax.xaxis.set_minor_locator(plt.NullLocator())
         legend_below(ax, fontsize=4.5)
-    fig.suptitle("Decode: our engine, the peers and the floor, same run", fontsize=8)
+    title = "Decode: our engine, the peers and the floor, same run"
+    fig.suptitle(measured_title(title, machines) if len(machines) == 1 else title, fontsize=8)
     paths = save_figure(fig, out_dir / "decode")
     notes = ["Every row of one hardware comes from one run: same weights, prompts, temperature 1, no stop token.",
              ("speedup: plain decoding in the same engine mode over the family's; speedup / AL near 1 means the "
