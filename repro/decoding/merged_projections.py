@@ -2,13 +2,14 @@
 
 At decode sizes (a few rows) each projection is a latency-bound matrix-vector product, so one product over the
 stacked weights costs about what one of its parts does (docs/engine.md). Inside ``merged_projections(model)`` the
-first projection of a group computes the whole group's product over a stacked copy of the weights and the others
-return their slices of it (HF's attention calls q, k and v on one input, its MLP gate and up); a call on another
-input falls back to the member's own weight. The members become subclasses of ``nn.Linear`` for the block (the
-same classes in every layer, the stacked copy a buffer of the first member), so one compiled decoder layer still
-serves every layer. The stacked copies are refreshed on entry when a source weight changed (its version counter or
-storage: a weight push or an optimizer step between requests), in place, so CUDA graphs captured over them stay
-valid. Outside the block the model is its own.
+first projection of a group computes the whole group's product over the stacked weights and the others return their
+slices of it (HF's attention calls q, k and v on one input, its MLP gate and up); a call on another input falls
+back to the member's own weight. The members become subclasses of ``nn.Linear`` for the block (the same classes in
+every layer, the stack a buffer of the first member), so one compiled decoder layer still serves every layer. The
+first entry stacks the weights and makes each member's parameter a view of its rows of the stack, so there is no
+second copy and a weight push or an optimizer step (in place) updates the stack that captured CUDA graphs read;
+a parameter given other storage (``.to()``) is stacked again on the next entry. Outside the block the model's
+modules are their own; only their parameters' storage is shared.
 
     with merged_projections(policy.model):
         out = policy.decode_step_static(...)
@@ -60,24 +61,36 @@ class _Group:
         self.members = members
         self.bias = all(m.bias is not None for m in members)
         self.weight = self.stacked_bias = None
-        self.seen: tuple = ()
+
+    def _views(self, stacked: torch.Tensor | None, name: str) -> bool:
+        """Whether every member's ``name`` tensor is its slice of ``stacked``."""
+        if stacked is None:
+            return False
+        off = 0
+        for m in self.members:
+            t = getattr(m, name)
+            if (t.dtype != stacked.dtype or t.device != stacked.device
+                    or t.data_ptr() != stacked[off:off + t.shape[0]].data_ptr()):
+                return False
+            off += t.shape[0]
+        return True
 
     def sync(self) -> None:
-        """The stacked copy of the members' current weights (rebuilt on a dtype or device change, else in place)."""
-        ws = [m.weight for m in self.members]
-        state = tuple((w._version, w.data_ptr(), w.dtype, w.device) for w in ws)
-        if state == self.seen:
+        """Stack the members' weights once and make each member's parameter its slice of the stack: no second copy,
+        and whatever writes a parameter in place (a weight push, an optimizer step) writes the stack. Done again
+        when a parameter no longer is its slice (``.to()`` or an assignment gave it other storage)."""
+        if self._views(self.weight, "weight") and (not self.bias or self._views(self.stacked_bias, "bias")):
             return
         with torch.no_grad():
-            biases = [m.bias for m in self.members] if self.bias else None
-            if self.weight is None or self.weight.dtype != ws[0].dtype or self.weight.device != ws[0].device:
-                self.weight = torch.cat(ws).detach()
-                self.stacked_bias = torch.cat(biases).detach() if biases else None
-            else:
-                torch.cat(ws, out=self.weight)
-                if biases:
-                    torch.cat(biases, out=self.stacked_bias)
-        self.seen = state
+            self.weight = torch.cat([m.weight.detach() for m in self.members])
+            self.stacked_bias = torch.cat([m.bias.detach() for m in self.members]) if self.bias else None
+            off = 0
+            for m in self.members:
+                n = m.weight.shape[0]
+                m.weight.data = self.weight[off:off + n]
+                if self.bias:
+                    m.bias.data = self.stacked_bias[off:off + n]
+                off += n
 
     def enter(self) -> None:
         self.sync()

@@ -1,8 +1,9 @@
 """Merged q/k/v and gate/up projections for decoding (repro.decoding.merged_projections), CPU only.
 
-Inside the block a decode step gives the logits and taps of the unmerged model (fp32, to rounding), the stacked
-copies follow weight changes in place, calls on another input fall back, MoE layers merge only their attention, and
-outside the block the model is its own again (classes, buffers, state dict).
+Inside the block a decode step gives the logits of the unmerged model (fp32, to rounding); the parameters become
+rows of the stacks (no second copy), so in-place weight changes reach them, and parameters given new storage are
+stacked again; calls on another input fall back; MoE layers merge only their attention; outside the block the
+model's modules are their own again (classes, buffers, state dict values).
 
     .venv/bin/python -m pytest -q tests/rollout/test_merged_projections.py
 """
@@ -59,9 +60,17 @@ def test_stacked_weights_follow_in_place_changes():
     with mp.active():
         got = step_logits(pol, ids)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
-    assert mp.groups[0].weight.data_ptr() == ptr          # refreshed in place: graphs over it stay valid
+    assert mp.groups[0].weight.data_ptr() == ptr          # the same stack: graphs over it stay valid
     q, k, v = mp.groups[0].members
     torch.testing.assert_close(stacked, torch.cat([q.weight, k.weight, v.weight]))
+    # no second copy: the parameters are the stack's rows
+    assert q.weight.data_ptr() == ptr and v.weight.data_ptr() == stacked[-v.out_features:].data_ptr()
+    pol.model.to(torch.float64)                           # new storage for every parameter: stacked again
+    want = step_logits(pol, ids)
+    with mp.active():
+        got = step_logits(pol, ids)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    assert mp.groups[0].weight.dtype == torch.float64 and q.weight.data_ptr() == mp.groups[0].weight.data_ptr()
 
 
 @pytest.mark.timeout(60)
