@@ -7,8 +7,8 @@ summarised as median with a p20/p80 spread, and the raw samples are always kept.
 Output: ``BenchRun`` owns a run folder. Each measured point goes to ``bench.json`` (raw samples,
 config, provenance; written atomically when the run ends) and, as summary metrics, through the
 suite's ``MetricsLogger`` (W&B + metrics.jsonl) so ``collect`` sees it like any other experiment.
-Until the run ends every record is also appended to ``bench.partial.jsonl``; with ``resume=True`` a run
-of the same artifact, profile, config, commit and machine that was cut off (killed, out of time) is
+With ``resume=True`` every record is also appended to ``bench.partial.jsonl`` until the run ends, and a
+run of the same artifact, profile, config, commit and machine that was cut off (killed, out of time) is
 continued: ``restored(row)`` hands back a measured row of the earlier attempt (marked ``resumed``) so the
 program skips it, and the finished ``bench.json`` holds every row once.
 
@@ -133,7 +133,7 @@ JOURNAL = "bench.partial.jsonl"
 
 
 class BenchRun:
-    """A benchmark run folder: bench.json with raw samples + the suite's metrics logger (+ the journal)."""
+    """A benchmark run folder: bench.json with raw samples + the suite's metrics logger (+ the journal, resuming)."""
 
     def __init__(self, out_dir: str | os.PathLike, *, artifact: str, profile: str,
                  config: Mapping[str, Any], log_metrics: bool = True, resume: bool = False):
@@ -144,13 +144,16 @@ class BenchRun:
         self._start = time.monotonic()
         self._logger = (MetricsLogger(self.out_dir, artifact=artifact, profile=profile, config=config)
                         if log_metrics else None)
-        prov = self._logger.provenance if self._logger is not None else provenance(self.config)
-        # what must match for an earlier attempt's rows to count as this run's
-        self._identity = json.loads(json.dumps({
-            "artifact": artifact, "profile": profile, "config": self.config, "git": prov["git"].get("sha"),
-            "dirty": prov["git"].get("dirty"), "hardware": prov["hardware"].get("tag")}, default=str))
-        self._earlier = self._read_journal() if resume else {}
+        self.resume = resume
         self._journal = None
+        self._earlier: dict[str, dict[str, Any]] = {}
+        if resume:
+            prov = self._logger.provenance if self._logger is not None else provenance(self.config)
+            # what must match for an earlier attempt's rows to count as this run's
+            self._identity = json.loads(json.dumps({
+                "artifact": artifact, "profile": profile, "config": self.config, "git": prov["git"].get("sha"),
+                "dirty": prov["git"].get("dirty"), "hardware": prov["hardware"].get("tag")}, default=str))
+            self._earlier = self._read_journal()
 
     def _read_journal(self) -> dict[str, dict[str, Any]]:
         """The measured rows (raw samples kept) of an earlier attempt of this very run, by row label."""
@@ -183,14 +186,12 @@ class BenchRun:
     def __enter__(self) -> "BenchRun":
         if self._logger is not None:
             self._logger.__enter__()
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        path = self.out_dir / JOURNAL
-        if self._earlier:
-            kept = [json.dumps({"identity": self._identity}), *(json.dumps(r) for r in self._earlier.values())]
-            write_atomic(path, "".join(line + "\n" for line in kept))
-        else:
-            write_atomic(path, json.dumps({"identity": self._identity}) + "\n")
-        self._journal = open(path, "a")
+        if self.resume:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            kept = [{"identity": self._identity}, *self._earlier.values()]
+            path = self.out_dir / JOURNAL
+            write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+            self._journal = open(path, "a")
         return self
 
     def record(self, row: str, params: Mapping[str, Any], samples_s: list[float] | None = None,
@@ -234,7 +235,8 @@ class BenchRun:
                 write_json_atomic(self.out_dir / "bench.json", {
                     "artifact": self.artifact, "profile": self.profile, "config": self.config,
                     "provenance": provenance(self.config), "summary": self.summary, "records": self.records})
-                (self.out_dir / JOURNAL).unlink(missing_ok=True)
+                if self.resume:
+                    (self.out_dir / JOURNAL).unlink(missing_ok=True)
         finally:
             if self._logger is not None:
                 self._logger.__exit__(exc_type, exc, tb)

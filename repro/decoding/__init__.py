@@ -6,6 +6,6 @@ kv.py          SlotTable: slot positions of a ragged KV cache, the inference mas
 static_kv.py   static-shape caches (slots, keys/values, cursor, batch map) and the graphed proposers' shared state
 policy_cache.py  the policy's static KV cache (fixed slots per row, per-row lengths) behind transformers' Cache API
 sampling.py    exact verification (rejection sampling, residual, bonus; greedy) and the drafts' samplers
-merged_projections.py  q/k/v and gate/up as one product each inside decode steps (stacked weights kept in sync)
+merged_projections.py  q/k/v and gate/up as one product each inside decode steps (parameters become rows of the stacks)
 cuda_graph.py  GraphedCallable: capture a callable into a CUDA graph and replay it (eager on CPU or on failure)
 """
