@@ -8,8 +8,10 @@ back to the member's own weight. The members become subclasses of ``nn.Linear`` 
 every layer, the stack a buffer of the first member), so one compiled decoder layer still serves every layer. The
 first entry stacks the weights and makes each member's parameter a view of its rows of the stack, so there is no
 second copy and a weight push or an optimizer step (in place) updates the stack that captured CUDA graphs read;
-a parameter given other storage (``.to()``) is stacked again on the next entry. Outside the block the model's
-modules are their own; only their parameters' storage is shared.
+a parameter given other storage (``.to()``) is stacked again on the next entry. Every product inside the block,
+the layers' other projections (o, down) and the head included, is ``decode_linear``: one row on a GPU runs the
+Triton matrix-vector kernel (``repro.decoding.decode_linear``). Outside the block the model's modules are their own;
+only their parameters' storage is shared.
 
     with merged_projections(policy.model):
         out = policy.decode_step_static(...)
@@ -20,10 +22,12 @@ import contextlib
 import weakref
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from repro.decoding.decode_linear import DecodeLinear, decode_linear
+
 GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
+SINGLES = (("self_attn", "o_proj"), ("mlp", "down_proj"))
 
 
 class _Stash:
@@ -40,7 +44,7 @@ class MergedFirst(nn.Linear):
     merged_size: int
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.merged_weight, self.merged_bias)
+        y = decode_linear(x, self.merged_weight, self.merged_bias)
         STASH.x, STASH.y = x, y
         return y[..., : self.merged_size]
 
@@ -52,7 +56,7 @@ class MergedPart(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if STASH.x is not x:
-            return F.linear(x, self.weight, self.bias)
+            return decode_linear(x, self.weight, self.bias)
         return STASH.y[..., self.merged_start: self.merged_start + self.merged_size]
 
 
@@ -113,16 +117,24 @@ class _Group:
 
 
 class MergedProjections:
-    """The groups of one model's decoder layers: those whose members are all plain ``nn.Linear`` of one input."""
+    """The groups of one model's decoder layers (those whose members are all plain ``nn.Linear`` of one input), and
+    the plain ``nn.Linear`` projections outside them (o, down, the head), which become ``DecodeLinear``."""
 
     def __init__(self, model: nn.Module):
         self.groups: list[_Group] = []
+        self.singles: list[nn.Linear] = []
         for layer in model.model.layers:
             for parent_name, names in GROUPS:
                 parent = getattr(layer, parent_name, None)
                 members = [getattr(parent, n, None) for n in names]
                 if all(type(m) is nn.Linear for m in members) and len({m.in_features for m in members}) == 1:
                     self.groups.append(_Group(members))
+            for parent_name, name in SINGLES:
+                m = getattr(getattr(layer, parent_name, None), name, None)
+                if type(m) is nn.Linear:
+                    self.singles.append(m)
+        if type(getattr(model, "lm_head", None)) is nn.Linear:
+            self.singles.append(model.lm_head)
         self.depth = 0
 
     @contextlib.contextmanager
@@ -130,6 +142,8 @@ class MergedProjections:
         if self.depth == 0:
             for g in self.groups:
                 g.enter()
+            for m in self.singles:
+                m.__class__ = DecodeLinear
         self.depth += 1
         try:
             yield
@@ -139,6 +153,8 @@ class MergedProjections:
                 STASH.x = STASH.y = None
                 for g in self.groups:
                     g.exit()
+                for m in self.singles:
+                    m.__class__ = nn.Linear
 
 
 _BY_MODEL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -1,0 +1,62 @@
+"""A Triton matrix-vector product for decode steps: ``y = x @ w.T + b`` for one row ``x`` (imports only where Triton
+does; ``repro.decoding.decode_linear`` decides when to use it).
+
+At batch 1 a decoder layer's projections stream their weights once per token; cuBLAS's kernels for one row reach
+a quarter to a half of an H200's copy bandwidth on the h200 policy's 1024-wide layers, and its split-K
+kernels add a second launch. Here each program owns ``BLOCK_N`` output columns over the whole inner dimension, so
+the weight is read once in ``BLOCK_K``-wide tiles, the partial sums stay in registers, and there is one kernel.
+Registered as the custom op ``torch.ops.repro.gemv`` (``torch.library.triton_op``), so inductor compiles it into a
+decoder layer and CUDA graphs capture it like any op.
+
+    y = torch.ops.repro.gemv(x, w, bias)      # x [1, K], w [N, K] row-major, bias [N] or None, all on one GPU
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                    other=0.0, eviction_policy="evict_first")
+        x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0)
+        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+def tiles(k: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps) from one H200 sweep of 24 configs (studies/gemv/gemv_configs.py): four output
+    columns a program in 1024-wide tiles was the best config for one row on the o, down, gate_up and head shapes
+    of the h200 policy (8 warps, 4 on gate_up); q/k/v's best had eight columns."""
+    return 4, min(1024, triton.next_power_of_2(k)), 8
+
+
+def launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, *, block_n: int,
+           block_k: int, num_warps: int, num_stages: int = 3, kernel=_gemv_kernel) -> torch.Tensor:
+    """Run the kernel into ``y`` ``[1, N]`` with the given tiles (the op below, and the sweep's configs)."""
+    n, k = w.shape
+    kernel[(triton.cdiv(n, block_n),)](x, w, bias if bias is not None else w, y, n, k, w.stride(0),
+                                       HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+                                       num_warps=num_warps, num_stages=num_stages)
+    return y
+
+
+@triton_op("repro::gemv", mutates_args=())
+def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, bias)`` for one contiguous row ``x`` ``[1, K]`` and a row-major ``w`` ``[N, K]``."""
+    y = torch.empty(1, w.shape[0], dtype=x.dtype, device=x.device)
+    block_n, block_k, warps = tiles(w.shape[1])
+    return launch(x, w, bias, y, block_n=block_n, block_k=block_k, num_warps=warps,
+                  kernel=wrap_triton(_gemv_kernel))

@@ -1,0 +1,46 @@
+"""Tile sizes of repro.decoding.gemv_triton on one GPU: every config against cuBLAS (F.linear) on the h200 policy's
+projection shapes for one row, timed as CUDA-graph replays (what the decode engine runs) and checked against an fp32
+product; then the op with its chosen tiles. Prints the best config per shape and its copy rate; writes nothing.
+
+    PYTHONPATH=. python studies/gemv/gemv_configs.py        # on a CUDA machine with Triton
+"""
+import itertools
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+from repro.decoding.gemv_triton import gemv, launch
+
+SHAPES = {"qkv": (4096, 1024), "gate_up": (6144, 1024), "o": (1024, 2048), "down": (1024, 3072), "head": (512, 1024)}
+CONFIGS = list(itertools.product((4, 8, 16, 32), (256, 512, 1024), (4, 8)))
+
+
+def graph_time_us(fn) -> float:
+    return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=30)
+
+
+def main():
+    torch.manual_seed(0)
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        ref = x.float() @ w.float().T
+        y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        best = None
+        for bn, bk, warps in CONFIGS:
+            launch(x, w, None, y, block_n=bn, block_k=bk, num_warps=warps)
+            err = (y.float() - ref).abs().max().item()
+            assert err < 5e-2, f"{name} {(bn, bk, warps)}: error {err:.3g}"
+            t = graph_time_us(lambda: launch(x, w, None, y, block_n=bn, block_k=bk, num_warps=warps))
+            if best is None or t < best[0]:
+                best = (t, (bn, bk, warps))
+        err = (gemv(x, w).float() - ref).abs().max().item()
+        t_op, t_cublas = graph_time_us(lambda: gemv(x, w)), graph_time_us(lambda: F.linear(x, w))
+        gbs = lambda t: n * k * 2 / t / 1e3
+        print(f"{name:8s} n={n} k={k}: cuBLAS {t_cublas:6.2f} us ({gbs(t_cublas):5.0f} GB/s)  op {t_op:6.2f} us "
+              f"({gbs(t_op):5.0f} GB/s, error {err:.2g})  best {best[1]} {best[0]:6.2f} us", flush=True)
+
+
+if __name__ == "__main__":
+    main()
