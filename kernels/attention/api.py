@@ -11,7 +11,7 @@ padded per document, so a wrong total that pads to the same shard size could not
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -107,6 +107,32 @@ def eagle3_ttt_attention(q: torch.Tensor, k_passes: Sequence[torch.Tensor], v_pa
     return (out, lse) if return_lse else out
 
 
+# One rank on flash-attn-4: block-draft attention by the packed context's length, from Figure 6 on one H200 (fwd+bwd,
+# 64 blocks of 16 per sequence, every route in one run): one masked call over [context; blocks] each way up to 64K
+# tokens (5.5 / 5.6 / 9.3 ms at 16K / 32K / 64K against the masked trunk+branch route's 9.3 / 6.9 / 9.6), the
+# masked trunk+branch route ("auto"'s own pick) to 128K, replicated segments from 256K (22.5 ms against 25.9).
+ONE_CALL_MAX_TOKENS = 65536
+REPLICATED_MIN_TOKENS = 262144
+
+
+def _flash4_here(q: torch.Tensor) -> bool:
+    """Whether flash-attn-4 runs on ``q``'s device and dtype (imported, sm90+, fp16/bf16)."""
+    from kernels.attention import backends
+    return backends.get("flash4").unavailable_reason(None, q.device, q.dtype) is None
+
+
+def block_route(backend, plan: "BlockPlan", q: torch.Tensor, return_lse: bool = False):
+    """What ``block_draft_attention`` runs: "one_call" (``kernels.attention.fused_block``) or the backend of the
+    trunk+branch route. Only ``backend="auto"`` at one rank, on flash-attn-4 and without ``return_lse``, changes
+    with the length; any other request runs as named."""
+    if backend != "auto" or plan.bounds is None or plan.num_blocks == 0 or return_lse or not _flash4_here(q):
+        return backend
+    tokens = plan.layout.num_local
+    if tokens <= ONE_CALL_MAX_TOKENS:
+        return "one_call"
+    return "prefix_full[flash4]" if tokens >= REPLICATED_MIN_TOKENS else backend
+
+
 @dataclass(frozen=True)
 class BlockPlan:
     """What block attention derives from the anchors and the layout, once per batch: every draft layer of a
@@ -119,6 +145,18 @@ class BlockPlan:
     inverse: torch.Tensor        # back to the caller's order (device)
     ring: RingPlan
     branch: BlockBranch
+    bounds: tuple | None = None  # one rank: each block's context [lo, hi), slot_valid, block_valid (host)
+    one_call: dict = field(default_factory=dict, compare=False)   # the one-call route's mask problem, once built
+
+    def one_call_problem(self, device):
+        """The "block" mask problem of the one-call route (built on first use, shared by the layers)."""
+        if "problem" not in self.one_call:
+            from kernels.attention.fused_block import block_problem
+            lo, hi, sv, bv = self.bounds
+            self.one_call["problem"] = block_problem(lo.view(1, -1), hi.view(1, -1), sv.reshape(1, -1),
+                                                     bv.view(1, -1), self.block, self.layout.num_local,
+                                                     device=device)
+        return self.one_call["problem"]
 
 
 def block_draft_plan(anchors: torch.Tensor, block: int, cu_seqlens, group=None, *,
@@ -154,7 +192,10 @@ def block_draft_plan(anchors: torch.Tensor, block: int, cu_seqlens, group=None, 
     ring = prefix_plan(lay, rows(doc[order]), rows(local[order]), rows(back[order]),
                        rows(block_valid[order]), device)
     branch = BlockBranch(B, to_device((slot_valid & block_valid.unsqueeze(1)).index_select(0, order), device))
-    return BlockPlan(Nb, B, lay, to_device(order, device), to_device(inv, device), ring, branch)
+    bounds = None
+    if lay.cp_size == 1:      # one rank: a block sees its document's local rows up to its anchor's
+        bounds = (lay.cu_local.cpu()[doc], local, slot_valid, block_valid)
+    return BlockPlan(Nb, B, lay, to_device(order, device), to_device(inv, device), ring, branch, bounds)
 
 
 def block_draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_k: torch.Tensor,
@@ -195,6 +236,14 @@ def block_draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx
         plan = block_draft_plan(anchors, B, lay, group, slot_valid=slot_valid, block_valid=block_valid,
                                 device=q.device)
     scale = D ** -0.5 if scale is None else float(scale)
+    route = block_route(backend, plan, q, return_lse)
+    if route == "one_call":
+        from kernels.attention.fused_block import one_call_attention
+        flat = lambda x: x.reshape(1, Nb * B, *x.shape[2:])
+        out = one_call_attention(plan.one_call_problem(q.device), flat(q), flat(k), flat(v), ctx_k.unsqueeze(0),
+                                 ctx_v.unsqueeze(0), scale)
+        return out.view(q.shape)
+    backend = route
     od = plan.order
     qs = q.index_select(0, od).reshape(Nb * B, H, D)
     out, lse = trunk_branch_attention(qs, ctx_k, ctx_v, plan.ring, group, plan.branch,

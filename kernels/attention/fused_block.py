@@ -16,7 +16,10 @@ a copy of the context keys/values into the joint key tensor (and of their gradie
         block_valid [R, N] bool            False: the block sees nothing (out 0)
     out = fused_block_draft_attention(q, k, v, ctx_k, ctx_v, anchors, cu_seqlens, slot_valid=, block_valid=)
         block_draft_attention's packed single-rank signature (q [Nb, B, H, D], ctx [T, G, D], global anchors)
+    out = one_call_attention(prob, q, k, v, ctx_k, ctx_v, scale)   # a problem built once (block_problem)
 
+``block_draft_attention(..., backend="auto")`` takes this route by itself at one rank on flash-attn-4 up to
+``kernels.attention.api.ONE_CALL_MAX_TOKENS`` context rows (its BlockPlan builds the problem once for every layer).
 ``backend``: "flash4" (the registered flash-attn-4 backend) or a Flash4Backend instance.
 """
 from __future__ import annotations
@@ -76,6 +79,12 @@ class _FusedBlock(torch.autograd.Function):
         return None, None, None, dq, dkeys[:, S:], dvals[:, S:], dkeys[:, :S], dvals[:, :S]
 
 
+def one_call_attention(prob: MaskedProblem, q, k, v, ctx_k, ctx_v, scale: float, backend="flash4") -> torch.Tensor:
+    """The masked call each way over [context; blocks] for a problem already built (``block_problem``; a
+    ``BlockPlan`` keeps one for every layer of a forward: ``block_draft_attention``'s one-rank route)."""
+    return _FusedBlock.apply(_backend(backend), prob, float(scale), q, k, v, ctx_k, ctx_v)
+
+
 def fused_block_attention(q, k, v, ctx_k, ctx_v, ctx_lo, ctx_hi, slot_valid=None, block_valid=None, *,
                           scale: float | None = None, backend="flash4") -> torch.Tensor:
     """Block attention of R rows in one masked call each way; see the module docstring. Shapes only are
@@ -105,7 +114,7 @@ def fused_block_attention(q, k, v, ctx_k, ctx_v, ctx_lo, ctx_hi, slot_valid=None
                          f"{tuple(slot_valid.shape)} and {tuple(block_valid.shape)}")
     prob = block_problem(ctx_lo, ctx_hi.to(where), slot_valid.to(where), block_valid.to(where), Q // N,
                          ctx_k.shape[1], device=q.device)
-    return _FusedBlock.apply(b, prob, D ** -0.5 if scale is None else float(scale), q, k, v, ctx_k, ctx_v)
+    return one_call_attention(prob, q, k, v, ctx_k, ctx_v, D ** -0.5 if scale is None else scale, b)
 
 
 def fused_block_draft_attention(q, k, v, ctx_k, ctx_v, anchors, cu_seqlens, *, slot_valid=None, block_valid=None,

@@ -286,3 +286,45 @@ def test_one_call_block_route_matches_the_padded_and_packed_routes(fake):
     assert outs[0][3].abs().max() == 0                                   # the invalid block
     with pytest.raises(TypeError, match="runs on flash-attn-4"):
         fused_block_draft_attention(q, k, v, ck, cv, anchors, cu, backend="torch")
+
+
+def test_auto_takes_the_one_call_route_at_one_rank_up_to_its_length(fake, monkeypatch):
+    """``block_draft_attention(backend="auto")`` with a BlockPlan at one rank on flash-attn-4 (the stand-in; the
+    device check patched, as CPU tensors never pass it): one masked call each way for every layer's call, the
+    problem built once per plan, values and every gradient equal to the torch route's in fp64; past the length
+    rule, ``return_lse``, a named backend or no flash-attn-4 keep the trunk+branch route."""
+    from types import SimpleNamespace
+
+    from kernels.attention import api, block_draft_attention
+    g = torch.Generator().manual_seed(12)
+    B, H, G, D = 4, 4, 2, 8
+    cu = torch.tensor([0, 40, 41, 200])
+    anchors = torch.tensor([0, 39, 40, 41, 100, 199])
+    sv = torch.rand(6, B, generator=g) > 0.3
+    bv = torch.tensor([True, True, True, False, True, True])
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True)
+    q, k, v, ck, cv = r(6, B, H, D), r(6, B, G, D), r(6, B, G, D), r(200, G, D), r(200, G, D)
+    do = torch.randn(6, B, H, D, generator=g, dtype=torch.float64)
+    plan = api.block_draft_plan(anchors, B, cu, slot_valid=sv, block_valid=bv)
+    assert api.block_route("auto", plan, q) == "auto"              # CPU tensors: never the one-call route
+    monkeypatch.setattr(api, "_flash4_here", lambda q: True)
+    assert api.block_route("auto", plan, q) == "one_call"
+    fake.CALLS.clear()
+    outs = [block_draft_attention(q, k, v, ck, cv, plan, backend=be) for be in ("auto", "auto", "torch")]
+    assert [c[0] for c in fake.CALLS] == ["func", "func"] and fake.CALLS[0][1]["mask"] == "block"
+    assert len(plan.one_call) == 1                                  # one problem for both calls
+    grads = [torch.autograd.grad(o, [q, k, v, ck, cv], do) for o in outs[1:]]
+    assert [c[0] for c in fake.CALLS][2:] == ["bwd_func"]
+    for a, b in zip((outs[1], *grads[0]), (outs[2], *grads[1])):
+        assert (a - b).abs().max() < 1e-6
+    assert outs[1][3].abs().max() == 0                                   # the invalid block
+    # the length rule, and the requests that keep the trunk+branch route
+    sized = lambda n: SimpleNamespace(bounds=plan.bounds, num_blocks=6, layout=SimpleNamespace(num_local=n))
+    assert [api.block_route("auto", sized(n), q) for n in (65536, 65537, 262143, 262144)] == [
+        "one_call", "auto", "auto", "prefix_full[flash4]"]
+    assert api.block_route("auto", plan, q, return_lse=True) == "auto"
+    assert api.block_route("flash4", plan, q) == "flash4"
+    assert api.block_route("auto", SimpleNamespace(bounds=None, num_blocks=6, layout=plan.layout), q) == "auto"  # CP>1
+    assert api.block_route("auto", SimpleNamespace(bounds=plan.bounds, num_blocks=0, layout=plan.layout), q) == "auto"
+    monkeypatch.setattr(api, "_flash4_here", lambda q: False)
+    assert api.block_route("auto", plan, q) == "auto"
