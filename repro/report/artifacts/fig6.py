@@ -35,7 +35,7 @@ ROW = re.compile(r"^(?P<kind>[a-z_][a-z0-9_]*) (?P<tok>\d+)(?P<k>K?) cp=(?P<cp>\
 TABLE_METRICS = ("time_s", "cpu_critical_s", "peak_mem_gb", "inputs_gb", "tflops", "branch_overhead_pct",
                  "parallel_efficiency_pct", "max_time_s", "cuda_kernels", "busy_fraction")
 KIND_STYLE = {"ttt": "-", "trunk": "--", "sdpa_cudnn": ":", "block": "-", "block_sdpa": (0, (1, 1)),
-              "block_flash4": "--", "block_flash4_rep": "-.", "block_fused": ":"}
+              "block_flash4": "--", "block_flash4_rep": "-.", "block_fused": ":", "block_auto": (0, (3, 1, 1, 1))}
 
 
 def config_rows(tidy: pd.DataFrame) -> pd.DataFrame:
@@ -122,7 +122,8 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
              "slots; block is the suite's route before flash-attn-4 (replicated segments on torch's flash kernel, "
              "replicas folded by torch scatters), block_sdpa the same with the Triton fold, block_flash4 / "
              "block_flash4_rep / block_fused the flash-attn-4 routes (masked call, replicated segments, one call "
-             "for context and block), timed in the same run (speedup_vs_block). Qwen3-8B draft attention shape "
+             "for context and block), block_auto what auto picks by length, timed in the same run (speedup_vs_block). "
+             "Qwen3-8B draft attention shape "
              "(32/8 heads, dim 128, bf16) on "
              "GPUs; CPU runs are cpu-emulated with scaled lengths and small heads (compare ratios only)."),
              "Peak memory includes the inputs; gradients are consumed as they arrive (freed after accumulation).",
