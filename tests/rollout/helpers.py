@@ -3,13 +3,22 @@ verifier, the negative control of the sampler-law checks.
 
 Both recompute the policy on the whole committed sequence without a cache, so they are independent
 of the engine's KV bookkeeping. ``NoisyProposer`` samples from ``softmax((logits + noise) / T)``, an
-imperfect draft whose proposals get rejected often enough to exercise the residual path.
+imperfect draft whose proposals get rejected often enough to exercise the residual path. ``step_logits`` is a
+prefill decode step's logits on a fresh cache (the decode block's tests compare them inside and outside it).
 """
 from __future__ import annotations
 
 import torch
 
 from repro.decoding import sampling
+from repro.decoding.kv import SlotTable
+
+
+def step_logits(pol, ids):
+    """A prefill decode step's logits on a fresh cache."""
+    pos = torch.arange(ids.shape[1]).expand_as(ids)
+    with torch.no_grad():
+        return pol.decode_step(ids, pos, pol.new_cache(), SlotTable(ids.shape[0], ids.device)).logits
 
 
 class OracleProposer:

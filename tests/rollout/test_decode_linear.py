@@ -10,15 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from repro.decoding import decode_linear as dl
-from repro.decoding.kv import SlotTable
 from repro.decoding.merged_projections import merged_projections
 from repro.models.policy import build_policy
 
-
-def step_logits(pol, ids):
-    pos = torch.arange(ids.shape[1]).expand_as(ids)
-    with torch.no_grad():
-        return pol.decode_step(ids, pos, pol.new_cache(), SlotTable(ids.shape[0], ids.device)).logits
+from .helpers import step_logits
 
 
 @pytest.mark.timeout(30)

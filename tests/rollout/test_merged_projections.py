@@ -11,16 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from repro.decoding.kv import SlotTable
 from repro.decoding.merged_projections import STASH, MergedFirst, MergedPart, MergedProjections, merged_projections
 from repro.models.policy import build_policy
 
-
-def step_logits(pol, ids):
-    """A prefill decode step's logits on a fresh cache."""
-    pos = torch.arange(ids.shape[1]).expand_as(ids)
-    with torch.no_grad():
-        return pol.decode_step(ids, pos, pol.new_cache(), SlotTable(ids.shape[0], ids.device)).logits
+from .helpers import step_logits
 
 
 @pytest.mark.timeout(60)
