@@ -148,14 +148,15 @@ class BlockPlan:
     bounds: tuple | None = None  # one rank: each block's context [lo, hi), slot_valid, block_valid (host)
     one_call: dict = field(default_factory=dict, compare=False)   # the one-call route's mask problem, once built
 
-    def one_call_problem(self, device):
-        """The "block" mask problem of the one-call route (built on first use, shared by the layers)."""
+    def one_call_problem(self):
+        """The "block" mask problem of the one-call route, for the plan's device (built on first use, shared by the
+        layers)."""
         if "problem" not in self.one_call:
             from kernels.attention.fused_block import block_problem
             lo, hi, sv, bv = self.bounds
             self.one_call["problem"] = block_problem(lo.view(1, -1), hi.view(1, -1), sv.reshape(1, -1),
                                                      bv.view(1, -1), self.block, self.layout.num_local,
-                                                     device=device)
+                                                     device=self.order.device)
         return self.one_call["problem"]
 
 
@@ -240,7 +241,7 @@ def block_draft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx
     if route == "one_call":
         from kernels.attention.fused_block import one_call_attention
         flat = lambda x: x.reshape(1, Nb * B, *x.shape[2:])
-        out = one_call_attention(plan.one_call_problem(q.device), flat(q), flat(k), flat(v), ctx_k.unsqueeze(0),
+        out = one_call_attention(plan.one_call_problem(), flat(q), flat(k), flat(v), ctx_k.unsqueeze(0),
                                  ctx_v.unsqueeze(0), scale)
         return out.view(q.shape)
     backend = route
