@@ -6,7 +6,9 @@ over a few hundred slots costs more than the layer's matmuls), or ``enable_gqa``
 takes (SDPA falls back to its math kernel). Here the ``r = H / G`` query heads of each group are folded into the
 query length instead, ``[B, H, q, D] -> [B, G, r*q, D]``, and the mask is repeated along that length (``r*q*S``
 entries per row, not ``r*S*D``), so one masked fused kernel reads every key and value once. Exact: the same
-softmax over the same keys per query.
+softmax over the same keys per query. On a GPU with Triton, a bf16/fp16 step of at most 64 folded query rows over
+an additive mask runs ``kernels.attention.decode_triton`` instead (one program per row and key/value head, the
+output written in the layout the model reads next); ``impl="sdpa"`` keeps SDPA.
 
     out = grouped_sdpa(q, k, v, mask)      # q [B, H, q, D], k/v [B, G, S, D], mask [B, 1, q, S]: out [B, H, q, D]
 """
@@ -15,11 +17,31 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.attention import triton_ops
+
+KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+# loaded up front where a GPU is (a compiled step traces the call; an import inside the trace would break it)
+_KERNEL = triton_ops.load("decode_triton") if torch.cuda.is_available() else None
+
+
+def decode_kernel_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> bool:
+    """Whether a step's shapes suit ``decode_triton`` (few folded query rows, an additive mask, unit-strided rows,
+    a power-of-two head dim); whether Triton loads is asked separately."""
+    B, H, Q, D = q.shape
+    G = k.shape[1]
+    return (q.is_cuda and q.dtype in KERNEL_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
+            and mask.is_floating_point() and (H // G) * Q <= 64 and 16 <= D <= 256 and D & (D - 1) == 0
+            and v.shape[-1] == D and k.shape[0] == B and v.shape[0] == B
+            and all(t.stride(-1) == 1 for t in (q, k, v, mask)))
+
 
 def grouped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                 scale: float | None = None) -> torch.Tensor:
+                 scale: float | None = None, impl: str = "auto") -> torch.Tensor:
     """Masked SDPA of ``q [B, H, Q, D]`` over ``k/v [B, G, S, D]`` (query head ``h`` reads key/value head
-    ``h // (H / G)``, transformers' layout) with a bool or additive ``mask [B, 1, Q, S]``; out ``[B, H, Q, Dv]``."""
+    ``h // (H / G)``, transformers' layout) with a bool or additive ``mask [B, 1, Q, S]``; out ``[B, H, Q, Dv]``
+    (from the Triton kernel a transposed view of ``[B, Q, H, Dv]``). ``impl``: "auto" or "sdpa"."""
+    if impl not in ("auto", "sdpa"):
+        raise ValueError(f"grouped_sdpa impl must be 'auto' or 'sdpa', got {impl!r}")
     B, H, Q, D = q.shape
     G, S = k.shape[1], k.shape[2]
     if H % G:
@@ -27,6 +49,10 @@ def grouped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
     if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != Q or mask.shape[3] != S:
         raise ValueError(f"mask must be [B, 1, {Q}, {S}] (one mask for every head), got {tuple(mask.shape)}")
     r = H // G
+    if impl == "auto" and _KERNEL is not None and decode_kernel_fits(q, k, v, mask):
+        sc = scale if scale is not None else D ** -0.5
+        out = torch.ops.repro.grouped_decode_attention(q, k, v, mask.expand(B, 1, Q, S), sc)
+        return out.transpose(1, 2)
     if r == 1:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     qf = q.reshape(B, G, r * Q, D)

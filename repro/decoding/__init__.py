@@ -7,6 +7,6 @@ static_kv.py   static-shape caches (slots, keys/values, cursor, batch map) and t
 policy_cache.py  the policy's static KV cache (fixed slots per row, per-row lengths) behind transformers' Cache API
 sampling.py    exact verification (rejection sampling, residual, bonus; greedy) and the drafts' samplers
 merged_projections.py  q/k/v and gate/up as one product each inside decode steps (parameters become rows of the stacks)
-decode_linear.py  a decode step's products: one row on a GPU to the Triton kernel (gemv_triton.py), else F.linear
+decode_linear.py  a decode step's products: up to 16 rows on a GPU to the Triton kernels (gemv_triton.py), else F.linear
 cuda_graph.py  GraphedCallable: capture a callable into a CUDA graph and replay it (eager on CPU or on failure)
 """

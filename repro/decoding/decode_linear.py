@@ -1,9 +1,10 @@
-"""The projections of a decode step: one row on a GPU goes to the Triton matrix-vector kernel, anything else to
+"""The projections of a decode step: a few rows on a GPU go to the Triton matrix-vector kernels, anything else to
 ``F.linear``.
 
-``decode_linear(x, w, b)`` is ``F.linear(x, w, b)``; where ``x`` holds one row (a batch-1 decode step), lives on a
-CUDA device in a floating dtype other than fp64 and the weight is row-major, it runs ``torch.ops.repro.gemv``
-(``repro.decoding.gemv_triton``), which reads the weight near the copy rate where cuBLAS's one-row kernels do not.
+``decode_linear(x, w, b)`` is ``F.linear(x, w, b)``; where ``x`` holds at most ``MAX_ROWS`` rows (a batch-1 decode
+step, or a batch-1 verify step over k + 1 tokens), lives on a CUDA device in a floating dtype other than fp64, the
+weight is row-major and no gradient is asked for, it runs ``torch.ops.repro.gemv`` (``repro.decoding.gemv_triton``),
+which reads the weight once near the copy rate where cuBLAS's few-row kernels do not.
 Where Triton does not import, or on a CPU, every call is ``F.linear``. ``DecodeLinear`` is the ``nn.Linear``
 subclass the decode block (``repro.decoding.merged_projections``) gives a layer's other projections.
 
@@ -20,24 +21,28 @@ try:
 except ImportError:          # no Triton here: F.linear everywhere
     gemv_triton = None
 
+MAX_ROWS = 16                # gemv_triton.MAX_ROWS, known without Triton
 GEMV_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def uses_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether ``decode_linear(x, w)`` runs the Triton kernel (a rule on shapes and devices, fixed for a graph)."""
     return (gemv_triton is not None and x.is_cuda and x.dtype in GEMV_DTYPES and w.dtype == x.dtype
-            and x.numel() == x.shape[-1] and w.dim() == 2 and w.stride(1) == 1)
+            and 0 < x.numel() <= MAX_ROWS * x.shape[-1] and w.dim() == 2 and w.stride(1) == 1
+            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)))   # the op has no backward
 
 
-def one_row_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x`` ``[1, K]`` times ``w.T`` on the Triton kernel (a test replaces this with a stand-in)."""
+def few_row_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x`` ``[M, K]`` (``M <= MAX_ROWS``) times ``w.T`` on the Triton kernels (a test replaces this with a
+    stand-in)."""
     return torch.ops.repro.gemv(x, w, bias)
 
 
 def decode_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if not uses_gemv(x, w):
         return F.linear(x, w, bias)
-    return one_row_product(x.reshape(1, -1).contiguous(), w, bias).view(*x.shape[:-1], w.shape[0])
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    return few_row_product(rows, w, bias).view(*x.shape[:-1], w.shape[0])
 
 
 class DecodeLinear(nn.Linear):

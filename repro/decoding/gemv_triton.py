@@ -1,14 +1,17 @@
-"""A Triton matrix-vector product for decode steps: ``y = x @ w.T + b`` for one row ``x`` (imports only where Triton
-does; ``repro.decoding.decode_linear`` decides when to use it).
+"""Triton products for decode steps: ``y = x @ w.T + b`` for one row ``x`` (a batch-1 decode step) or a few rows (a
+batch-1 verify step over k + 1 tokens). Imports only where Triton does; ``repro.decoding.decode_linear`` decides when
+to use them.
 
 At batch 1 a decoder layer's projections stream their weights once per token; cuBLAS's kernels for one row reach
 a quarter to a half of an H200's copy bandwidth on the h200 policy's 1024-wide layers, and its split-K
 kernels add a second launch. Here each program owns ``BLOCK_N`` output columns over the whole inner dimension, so
-the weight is read once in ``BLOCK_K``-wide tiles, the partial sums stay in registers, and there is one kernel.
+the weight is read once in ``BLOCK_K``-wide tiles, the partial sums stay in registers, and there is one kernel. Up
+to ``MAX_ROWS`` rows share each weight tile (``_rows_kernel``): the product of a few rows is as weight-bound as one
+row's, and the arithmetic (rows x tile, on CUDA cores) stays far below the time the tile takes to arrive.
 Registered as the custom op ``torch.ops.repro.gemv`` (``torch.library.triton_op``), so inductor compiles it into a
 decoder layer and CUDA graphs capture it like any op.
 
-    y = torch.ops.repro.gemv(x, w, bias)      # x [1, K], w [N, K] row-major, bias [N] or None, all on one GPU
+    y = torch.ops.repro.gemv(x, w, bias)      # x [M, K] (M <= MAX_ROWS), w [N, K] row-major, bias [N] or None
 """
 from __future__ import annotations
 
@@ -36,6 +39,30 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
     tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
+@triton.jit
+def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    n_ok, m_ok = offs_n < N, offs_m < M
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                    other=0.0, eviction_policy="evict_first")
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                    other=0.0)
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+MAX_ROWS = 16
+
+
 def tiles(k: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) from one H200 sweep of 24 configs (studies/gemv/gemv_configs.py): four output
     columns a program in 1024-wide tiles was the best config for one row on the o, down, gate_up and head shapes
@@ -43,9 +70,16 @@ def tiles(k: int) -> tuple[int, int, int]:
     return 4, min(1024, triton.next_power_of_2(k)), 8
 
 
+def row_tiles(m: int, k: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for ``m`` rows: the one-row tiles with the inner tile shrunk so that
+    the rows x columns x inner products of a tile (fp32, in registers) stay at 8K, 32 a thread over 8 warps."""
+    block_m = triton.next_power_of_2(m)
+    return block_m, 4, max(64, min(1024, triton.next_power_of_2(k), 2048 // block_m)), 8
+
+
 def launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, *, block_n: int,
            block_k: int, num_warps: int, num_stages: int = 3, kernel=_gemv_kernel) -> torch.Tensor:
-    """Run the kernel into ``y`` ``[1, N]`` with the given tiles (the op below, and the sweep's configs)."""
+    """Run the one-row kernel into ``y`` ``[1, N]`` with the given tiles (the op below, and the sweep's configs)."""
     n, k = w.shape
     kernel[(triton.cdiv(n, block_n),)](x, w, bias if bias is not None else w, y, n, k, w.stride(0),
                                        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
@@ -53,10 +87,28 @@ def launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch
     return y
 
 
+def launch_rows(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, *, block_m: int,
+                block_n: int, block_k: int, num_warps: int, num_stages: int = 3, kernel=_rows_kernel) -> torch.Tensor:
+    """Run the few-rows kernel into ``y`` ``[M, N]`` (``M <= block_m``; rows of ``x`` and ``y`` unit-strided)."""
+    n, k = w.shape
+    kernel[(triton.cdiv(n, block_n),)](x, w, bias if bias is not None else w, y, x.shape[0], n, k, x.stride(0),
+                                       w.stride(0), y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=block_m,
+                                       BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+    return y
+
+
 @triton_op("repro::gemv", mutates_args=())
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, w, bias)`` for one contiguous row ``x`` ``[1, K]`` and a row-major ``w`` ``[N, K]``."""
-    y = torch.empty(1, w.shape[0], dtype=x.dtype, device=x.device)
-    block_n, block_k, warps = tiles(w.shape[1])
-    return launch(x, w, bias, y, block_n=block_n, block_k=block_k, num_warps=warps,
-                  kernel=wrap_triton(_gemv_kernel))
+    """``F.linear(x, w, bias)`` for a contiguous ``x`` ``[M, K]`` of at most ``MAX_ROWS`` rows and a row-major
+    ``w`` ``[N, K]``."""
+    m, k = x.shape
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"repro::gemv takes 1 to {MAX_ROWS} rows, got x of shape {tuple(x.shape)}")
+    y = torch.empty(m, w.shape[0], dtype=x.dtype, device=x.device)
+    if m == 1:
+        block_n, block_k, warps = tiles(k)
+        return launch(x, w, bias, y, block_n=block_n, block_k=block_k, num_warps=warps,
+                      kernel=wrap_triton(_gemv_kernel))
+    block_m, block_n, block_k, warps = row_tiles(m, k)
+    return launch_rows(x, w, bias, y, block_m=block_m, block_n=block_n, block_k=block_k, num_warps=warps,
+                       kernel=wrap_triton(_rows_kernel))

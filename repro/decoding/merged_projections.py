@@ -9,8 +9,8 @@ every layer, the stack a buffer of the first member), so one compiled decoder la
 first entry stacks the weights and makes each member's parameter a view of its rows of the stack, so there is no
 second copy and a weight push or an optimizer step (in place) updates the stack that captured CUDA graphs read;
 a parameter given other storage (``.to()``) is stacked again on the next entry. Every product inside the block,
-the layers' other projections (o, down) and the head included, is ``decode_linear``: one row on a GPU runs the
-Triton matrix-vector kernel (``repro.decoding.decode_linear``). Outside the block the model's modules are their own;
+the layers' other projections (o, down) and the head included, is ``decode_linear``: up to 16 rows on a GPU run the
+Triton matrix-vector kernels (``repro.decoding.decode_linear``). Outside the block the model's modules are their own;
 only their parameters' storage is shared.
 
     with merged_projections(policy.model):

@@ -1,9 +1,12 @@
-"""The decode block's products (repro.decoding.decode_linear), CPU only: the routing rule, and a batch-1 decode
-step whose every projection and head product goes through the one-row kernel's entry (a stand-in here; the H200's
-engine self-check runs the Triton kernel) with the logits of the model outside the block.
+"""The decode block's products (repro.decoding.decode_linear), CPU only: the routing rule; a batch-1 decode step and
+a verify step over a few tokens whose every projection and head product goes through the kernels' entry (a stand-in
+here; the H200's engine self-check runs the Triton kernels) with the logits of the model outside the block; and the
+Triton kernels themselves against an fp64 product under Triton's interpreter.
 
     .venv/bin/python -m pytest -q tests/rollout/test_decode_linear.py
 """
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,19 +29,36 @@ def test_cpu_tensors_take_f_linear():
 
 
 @pytest.mark.timeout(60)
-def test_one_row_steps_route_every_product_through_the_kernel(monkeypatch):
+@pytest.mark.timeout(30)
+def test_rule_takes_few_rows_without_gradients(monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))     # the rule, not the device
+    if dl.gemv_triton is None:
+        monkeypatch.setattr(dl, "gemv_triton", object())
+    w = torch.randn(5, 8)
+    assert dl.uses_gemv(torch.randn(1, 8), w) and dl.uses_gemv(torch.randn(2, 8, 8), w)     # 16 rows
+    assert not dl.uses_gemv(torch.randn(17, 8), w)                                          # too many rows
+    assert not dl.uses_gemv(torch.randn(1, 8), w.T.contiguous().T)                           # column-major weight
+    assert not dl.uses_gemv(torch.randn(1, 8, dtype=torch.float64), w.double())              # fp64
+    assert not dl.uses_gemv(torch.randn(1, 8), w.clone().requires_grad_())                   # training: no backward
+    with torch.no_grad():
+        assert dl.uses_gemv(torch.randn(1, 8), w.clone().requires_grad_())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ids_shape", [(1, 1), (1, 5)], ids=["decode", "verify"])
+def test_few_row_steps_route_every_product_through_the_kernel(monkeypatch, ids_shape):
     pol = build_policy("qwen3", "tiny", seed=4, init_std=0.2)
     calls = []
 
     def stand_in(x, w, bias):
-        assert x.shape == (1, w.shape[1]) and x.is_contiguous()
+        assert x.shape == (ids_shape[1], w.shape[1]) and x.is_contiguous()
         calls.append(tuple(w.shape))
         y = x.double() @ w.double().T + (bias.double() if bias is not None else 0)
         return y.to(x.dtype)
 
-    monkeypatch.setattr(dl, "uses_gemv", lambda x, w: x.numel() == x.shape[-1])
-    monkeypatch.setattr(dl, "one_row_product", stand_in)
-    ids = torch.randint(0, 127, (1, 1), generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(dl, "uses_gemv", lambda x, w: x.numel() <= dl.MAX_ROWS * x.shape[-1])
+    monkeypatch.setattr(dl, "few_row_product", stand_in)
+    ids = torch.randint(0, 127, ids_shape, generator=torch.Generator().manual_seed(0))
     want = step_logits(pol, ids)
     assert not calls                                      # outside the block: the model's own modules
     with merged_projections(pol.model):
@@ -48,7 +68,32 @@ def test_one_row_steps_route_every_product_through_the_kernel(monkeypatch):
         n_layers = len(pol.decoder_layers())
         assert len(calls) == 4 * n_layers + 1             # q/k/v, gate/up, o, down per layer, and the head
         calls.clear()
-        step_logits(pol, torch.randint(0, 127, (2, 3)))   # more than one row: F.linear
+        step_logits(pol, torch.randint(0, 127, (3, 6)))   # more than MAX_ROWS rows: F.linear
         assert not calls
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert type(pol.decoder_layers()[0].self_attn.o_proj) is nn.Linear and type(pol.model.lm_head) is nn.Linear
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("rows", [1, 3, 8, 16])
+def test_kernels_match_fp64_under_the_interpreter(rows):
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1" or dl.gemv_triton is None:
+        pytest.skip("runs the Triton kernels on CPU tensors under Triton's interpreter")
+    gt = dl.gemv_triton
+    g = torch.Generator().manual_seed(rows)
+    n, k = 37, 200                                        # neither a multiple of the tiles
+    x, w, b = (torch.randn(*s, generator=g) for s in ((rows, k), (n, k), (n,)))
+    want = x.double() @ w.double().T + b.double()
+    y = torch.full((rows, n), float("nan"))
+    if rows == 1:
+        gt.launch(x, w, b, y, block_n=4, block_k=64, num_warps=1)
+    else:
+        block_m, _, block_k, _ = gt.row_tiles(rows, k)
+        assert block_m >= rows and block_m * 4 * block_k <= 8192
+        gt.launch_rows(x, w, b, y, block_m=block_m, block_n=4, block_k=64, num_warps=1)
+    torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-4)
+    y2 = torch.full((rows, n), float("nan"))
+    if rows > 1:                                          # no bias; the tile the op picks
+        block_m, block_n, block_k, _ = gt.row_tiles(rows, k)
+        gt.launch_rows(x, w, None, y2, block_m=block_m, block_n=block_n, block_k=block_k, num_warps=1)
+        torch.testing.assert_close(y2.double(), want - b.double(), rtol=1e-5, atol=1e-4)
