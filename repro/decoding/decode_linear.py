@@ -1,10 +1,11 @@
 """The projections of a decode step: a few rows on a GPU go to the Triton matrix-vector kernels, anything else to
 ``F.linear``.
 
-``decode_linear(x, w, b)`` is ``F.linear(x, w, b)``; where ``x`` holds at most ``MAX_ROWS`` rows (a batch-1 decode
-step, or a batch-1 verify step over k + 1 tokens), lives on a CUDA device in a floating dtype other than fp64, the
-weight is row-major and no gradient is asked for, it runs ``torch.ops.repro.gemv`` (``repro.decoding.gemv_triton``),
-which reads the weight once near the copy rate where cuBLAS's few-row kernels do not.
+``decode_linear(x, w, b)`` is ``F.linear(x, w, b)``; where ``x`` holds one row (a batch-1 decode step; fp32, bf16
+or fp16) or at most ``MAX_ROWS`` rows in bf16/fp16 (a batch-1 verify step over k + 1 tokens), lives on a CUDA
+device, the weight is row-major and no gradient is asked for, it runs ``torch.ops.repro.gemv``
+(``repro.decoding.gemv_triton``), which reads the weight once near the copy rate where cuBLAS's few-row kernels do
+not.
 Where Triton does not import, or on a CPU, every call is ``F.linear``. ``DecodeLinear`` is the ``nn.Linear``
 subclass the decode block (``repro.decoding.merged_projections``) gives a layer's other projections.
 
@@ -23,12 +24,15 @@ except ImportError:          # no Triton here: F.linear everywhere
 
 MAX_ROWS = 16                # gemv_triton.MAX_ROWS, known without Triton
 GEMV_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ROWS_DTYPES = (torch.bfloat16, torch.float16)       # several rows: tensor cores (fp32 would round to tf32)
 
 
 def uses_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether ``decode_linear(x, w)`` runs the Triton kernel (a rule on shapes and devices, fixed for a graph)."""
+    rows = x.numel() // max(1, x.shape[-1])
     return (gemv_triton is not None and x.is_cuda and x.dtype in GEMV_DTYPES and w.dtype == x.dtype
-            and 0 < x.numel() <= MAX_ROWS * x.shape[-1] and w.dim() == 2 and w.stride(1) == 1
+            and (rows == 1 or (1 < rows <= MAX_ROWS and x.dtype in ROWS_DTYPES)) and w.dim() == 2
+            and w.stride(1) == 1
             and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)))   # the op has no backward
 
 

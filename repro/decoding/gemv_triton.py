@@ -5,9 +5,9 @@ to use them.
 At batch 1 a decoder layer's projections stream their weights once per token; cuBLAS's kernels for one row reach
 a quarter to a half of an H200's copy bandwidth on the h200 policy's 1024-wide layers, and its split-K
 kernels add a second launch. Here each program owns ``BLOCK_N`` output columns over the whole inner dimension, so
-the weight is read once in ``BLOCK_K``-wide tiles, the partial sums stay in registers, and there is one kernel. Up
-to ``MAX_ROWS`` rows share each weight tile (``_rows_kernel``): the product of a few rows is as weight-bound as one
-row's, and the arithmetic (rows x tile, on CUDA cores) stays far below the time the tile takes to arrive.
+the weight is read once in ``BLOCK_K``-wide tiles, the partial sums stay in registers, and there is one kernel. Two
+to ``MAX_ROWS`` rows (bf16 or fp16) share each weight tile on the tensor cores (``_rows_kernel``, the rows padded to
+16): the product of a few rows is as weight-bound as one row's.
 Registered as the custom op ``torch.ops.repro.gemv`` (``torch.library.triton_op``), so inductor compiles it into a
 decoder layer and CUDA graphs capture it like any op.
 
@@ -53,7 +53,7 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stri
                     other=0.0, eviction_policy="evict_first")
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :],
                     other=0.0)
-        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        acc = tl.dot(x, tl.trans(w), acc)              # the rows padded to the tensor cores' 16
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
@@ -71,10 +71,9 @@ def tiles(k: int) -> tuple[int, int, int]:
 
 
 def row_tiles(m: int, k: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for ``m`` rows: the one-row tiles with the inner tile shrunk so that
-    the rows x columns x inner products of a tile (fp32, in registers) stay at 8K, 32 a thread over 8 warps."""
-    block_m = triton.next_power_of_2(m)
-    return block_m, 4, max(64, min(1024, triton.next_power_of_2(k), 2048 // block_m)), 8
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for ``m`` rows: the rows padded to 16 (a tensor-core tile), sixteen
+    output columns a program, 256-wide inner tiles."""
+    return max(16, triton.next_power_of_2(m)), 16, min(256, max(16, triton.next_power_of_2(k))), 4
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, *, block_n: int,

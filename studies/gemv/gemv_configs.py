@@ -1,6 +1,7 @@
 """Tile sizes of repro.decoding.gemv_triton on one GPU: every config against cuBLAS (F.linear) on the h200 policy's
-projection shapes for one row, timed as CUDA-graph replays (what the decode engine runs) and checked against an fp32
-product; then the op with its chosen tiles. Prints the best config per shape and its copy rate; writes nothing.
+projection shapes for one row, then the few-rows kernel's configs for 5 and 16 rows (a batch-1 verify step, a
+prefill), timed as CUDA-graph replays (what the decode engine runs) and checked against an fp32 product; then the op
+with its chosen tiles. Prints the best config per shape and its copy rate; writes nothing.
 
     PYTHONPATH=. python studies/gemv/gemv_configs.py        # on a CUDA machine with Triton
 """
@@ -10,10 +11,11 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 
-from repro.decoding.gemv_triton import gemv, launch
+from repro.decoding.gemv_triton import gemv, launch, launch_rows
 
 SHAPES = {"qkv": (4096, 1024), "gate_up": (6144, 1024), "o": (1024, 2048), "down": (1024, 3072), "head": (512, 1024)}
 CONFIGS = list(itertools.product((4, 8, 16, 32), (256, 512, 1024), (4, 8)))
+ROW_CONFIGS = list(itertools.product((16, 32), (128, 256, 512), (4, 8), (3, 5)))   # block_n, block_k, warps, stages
 
 
 def graph_time_us(fn) -> float:
@@ -42,5 +44,29 @@ def main():
               f"({gbs(t_op):5.0f} GB/s, error {err:.2g})  best {best[1]} {best[0]:6.2f} us", flush=True)
 
 
+def rows_sweep():
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        for rows in (5, 16):
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            ref = x.float() @ w.float().T
+            y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+            best = None
+            for bn, bk, warps, stages in ROW_CONFIGS:
+                run = lambda: launch_rows(x, w, None, y, block_m=16, block_n=bn, block_k=bk, num_warps=warps,
+                                          num_stages=stages)
+                run()
+                err = (y.float() - ref).abs().max().item()
+                assert err < 5e-2, f"{name} rows {rows} {(bn, bk, warps, stages)}: error {err:.3g}"
+                t = graph_time_us(run)
+                if best is None or t < best[0]:
+                    best = (t, (bn, bk, warps, stages))
+            t_op, t_cublas = graph_time_us(lambda: gemv(x, w)), graph_time_us(lambda: F.linear(x, w))
+            print(f"{name:8s} rows {rows:2d}: cuBLAS {t_cublas:6.2f} us  op {t_op:6.2f} us  best (block_n, block_k, "
+                  f"warps, stages) {best[1]} {best[0]:6.2f} us ({n * k * 2 / best[0] / 1e3:5.0f} GB/s)", flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+    main() if "--rows-only" not in sys.argv else None
+    rows_sweep()

@@ -34,9 +34,10 @@ def test_rule_takes_few_rows_without_gradients(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))     # the rule, not the device
     if dl.gemv_triton is None:
         monkeypatch.setattr(dl, "gemv_triton", object())
-    w = torch.randn(5, 8)
-    assert dl.uses_gemv(torch.randn(1, 8), w) and dl.uses_gemv(torch.randn(2, 8, 8), w)     # 16 rows
-    assert not dl.uses_gemv(torch.randn(17, 8), w)                                          # too many rows
+    w, bf = torch.randn(5, 8), dict(dtype=torch.bfloat16)
+    assert dl.uses_gemv(torch.randn(1, 8), w) and dl.uses_gemv(torch.randn(2, 8, 8, **bf), w.bfloat16())  # 16 rows
+    assert not dl.uses_gemv(torch.randn(2, 8), w)                       # several fp32 rows: tf32 on tensor cores
+    assert not dl.uses_gemv(torch.randn(17, 8, **bf), w.bfloat16())                          # too many rows
     assert not dl.uses_gemv(torch.randn(1, 8), w.T.contiguous().T)                           # column-major weight
     assert not dl.uses_gemv(torch.randn(1, 8, dtype=torch.float64), w.double())              # fp64
     assert not dl.uses_gemv(torch.randn(1, 8), w.clone().requires_grad_())                   # training: no backward
@@ -89,8 +90,8 @@ def test_kernels_match_fp64_under_the_interpreter(rows):
         gt.launch(x, w, b, y, block_n=4, block_k=64, num_warps=1)
     else:
         block_m, _, block_k, _ = gt.row_tiles(rows, k)
-        assert block_m >= rows and block_m * 4 * block_k <= 8192
-        gt.launch_rows(x, w, b, y, block_m=block_m, block_n=4, block_k=64, num_warps=1)
+        assert block_m >= max(16, rows)
+        gt.launch_rows(x, w, b, y, block_m=block_m, block_n=16, block_k=64, num_warps=1)
     torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-4)
     y2 = torch.full((rows, n), float("nan"))
     if rows > 1:                                          # no bias; the tile the op picks
