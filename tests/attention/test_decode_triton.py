@@ -1,7 +1,8 @@
 """The decode-step attention kernel (kernels.attention.decode_triton) against the fp64 dense oracle under Triton's
 interpreter: grouped heads, one and several queries, key counts off the tile, the strided layouts the model passes
-(queries transposed from ``[B, q, H, D]``, a mask sliced from a wider one), a row whose every key is masked; and
-grouped_sdpa's rule for when a step goes to it.
+(queries transposed from ``[B, q, H, D]``, a mask sliced from a wider one), additive and bool masks, a row whose
+every key is masked (the mean of the values under an additive mask, as SDPA; 0 under a bool one); and grouped_sdpa's
+rule for when a step goes to it.
 
 Without a GPU, tests/conftest.py sets TRITON_INTERPRET=1 before triton is imported, so the kernel runs on CPU
 tensors (fp32 here; on a GPU the rule sends it bf16 and fp16 only).
@@ -24,32 +25,40 @@ def kernel():
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("boolean", [False, True], ids=["additive", "bool"])
 @pytest.mark.parametrize("heads,kv_heads,Q,S", [(4, 2, 1, 150), (8, 2, 5, 70), (4, 4, 3, 64), (6, 3, 8, 9)])
-def test_kernel_is_the_dense_oracle(kernel, heads, kv_heads, Q, S):
+def test_kernel_is_the_dense_oracle(kernel, heads, kv_heads, Q, S, boolean):
     g = torch.Generator().manual_seed(Q * S)
     B, D = 3, 16
     q = torch.randn(B, Q, heads, D, generator=g).transpose(1, 2)          # the model's layout: a transposed view
     k, v = (torch.randn(B, kv_heads, S + 7, D, generator=g)[:, :, :S] for _ in range(2))   # a cache view
-    wide = torch.zeros(B, 1, Q, S + 5)
-    wide.masked_fill_(torch.rand(wide.shape, generator=g) < 0.4, torch.finfo(torch.float32).min)
-    wide[..., 0] = 0.0
-    wide[1, 0, Q - 1, :] = torch.finfo(torch.float32).min                 # a query that sees no key
+    vis = torch.rand(B, 1, Q, S + 5, generator=g) < 0.6
+    vis[..., 0] = True
+    vis[1, 0, Q - 1, :] = False                                            # a query that sees no key
+    wide = vis if boolean else torch.zeros(vis.shape).masked_fill(~vis, torch.finfo(torch.float32).min)
     mask = wide[..., :S]
     out = torch.full((B, Q, heads, D), float("nan"))
     kernel.launch(q, k, v, mask, D ** -0.5, out, num_warps=1)
-    want = dense_reference(q.double(), k.double(), v.double(), mask.double())
-    torch.testing.assert_close(out.transpose(1, 2).double(), want, rtol=1e-5, atol=1e-5)
+    got = out.transpose(1, 2).double()
+    if boolean:
+        seen = mask[1, 0, Q - 1].clone()
+        mask = mask.clone()
+        mask[1, 0, Q - 1, 0] = True                                        # the oracle needs a key to see; the row
+        assert torch.equal(got[1, :, Q - 1], torch.zeros_like(got[1, :, Q - 1])) and not seen.any()   # is 0 here
+        got[1, :, Q - 1] = v.double().repeat_interleave(heads // kv_heads, 1)[1, :, 0]
+    want = dense_reference(q.double(), k.double(), v.double(), mask if boolean else mask.double())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.timeout(30)
-def test_rule_sends_small_half_precision_steps_with_additive_masks(monkeypatch):
+def test_rule_sends_small_half_precision_steps(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))     # the rule, not the device
     bf = dict(dtype=torch.bfloat16)
     q, k, v = torch.zeros(2, 16, 5, 128, **bf), torch.zeros(2, 8, 40, 128, **bf), torch.zeros(2, 8, 40, 128, **bf)
     additive = torch.zeros(2, 1, 5, 40, **bf)
     fits = grouped.decode_kernel_fits
     assert fits(q, k, v, additive)
-    assert not fits(q, k, v, additive.bool())                                     # bool masks: SDPA
+    assert fits(q, k, v, additive.bool())                                         # bool masks too
     assert not fits(q.float(), k.float(), v.float(), additive.float())            # fp32: SDPA
     assert not fits(torch.zeros(2, 16, 33, 128, **bf), k, v, torch.zeros(2, 1, 33, 40, **bf))   # 66 folded rows
     assert not fits(torch.zeros(2, 16, 5, 96, **bf), k[..., :96], v[..., :96], additive)         # head dim 96
