@@ -211,6 +211,9 @@ class GRPOSpec:
     max_grad_norm: StrictFloat = 1.0
     microbatch: StrictInt = 8                # sequences per forward/backward in the update
     normalize_std: StrictBool = True         # divide group-centred rewards by the group's std
+    # the update's policy forward (and so its backward) with the decoder layers compiled by inductor, one
+    # compilation for every layer (repro.rollout.compiled_layers); the single-process update only
+    compile_layers: StrictBool = False
 
     def validate(self, key: str = "grpo") -> None:
         for name in ("prompts_per_step", "generations_per_prompt", "max_new_tokens", "microbatch"):

@@ -21,6 +21,7 @@ profile) computes in the parameters' dtype.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ from repro.rl.drafts import trainable_parameters
 from repro.rl.episodes import RolloutBatch
 from repro.rl.grpo import clipped_policy_loss, token_logprobs, train_inference_kl
 from repro.rl.warmstart import autocast_or_off, check_autocast_dtype
+from repro.rollout.compiled_layers import compiled_layers
 
 
 @dataclass
@@ -83,7 +85,11 @@ def set_draft_lr(optimizer: torch.optim.Optimizer, draft: DraftSpec | None) -> N
 
 
 class JointUpdate:
-    """One optimizer (policy group + draft group), per-group clipping, GRPO + lambda * draft loss."""
+    """One optimizer (policy group + draft group), per-group clipping, GRPO + lambda * draft loss. Under
+    ``grpo.compile_layers`` the policy's decoder layers run compiled (``COMPILE_BACKEND``) in the update's forward,
+    so AOTAutograd's compiled backward runs in its backward."""
+
+    COMPILE_BACKEND = "inductor"
 
     def __init__(self, policy, draft: nn.Module | None, grpo: GRPOSpec, draft_spec: DraftSpec | None,
                  reference=None, autocast_dtype: torch.dtype | None = None):
@@ -194,7 +200,9 @@ class JointUpdate:
         """One microbatch's forward: (policy loss, total loss, log-probs, stats, (draft seconds, weighted
         draft loss) or None). With ``kept`` (a list) the draft does not run here: the microbatch's detached
         taps and logits are appended to it for ``_deferred_draft``."""
-        out = self.policy.forward_train(ids[sl], want_taps=self.draft is not None, attention_mask=att[sl])
+        with (compiled_layers(self.policy, self.COMPILE_BACKEND, purpose="train") if self.grpo.compile_layers
+              else contextlib.nullcontext()):
+            out = self.policy.forward_train(ids[sl], want_taps=self.draft is not None, attention_mask=att[sl])
         logp = token_logprobs(out.logits, ids[sl], temperature)
         ref_lp = None
         if self.grpo.kl_coef:

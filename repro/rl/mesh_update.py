@@ -86,6 +86,9 @@ class MeshShape:
         if cfg.grpo.kl_coef:
             raise ConfigError(f"config grpo.kl_coef={cfg.grpo.kl_coef} is invalid under the PP x CP update: "
                               "expected 0 (the frozen reference policy is not sharded yet)")
+        if cfg.grpo.compile_layers:
+            raise ConfigError("config grpo.compile_layers=True is invalid under the PP x CP update: expected false "
+                              "(the compiled update forward is the single-process update's, repro.rl.joint)")
         if cfg.draft is not None and cfg.draft.microbatch:
             raise ConfigError(f"config draft.microbatch={cfg.draft.microbatch} is invalid under the PP x CP "
                               "update: expected 0 (the draft runs in the last stage's microbatches; the "

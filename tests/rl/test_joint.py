@@ -172,3 +172,43 @@ def test_draft_lr_warmup_is_checked(tmp_path, bad):
     with pytest.raises(ValueError, match="lr_warmup_steps"):    # a wrong type when built, a bad value when validated
         cfg.draft = dataclasses.replace(cfg.draft, lr_warmup_steps=bad)
         cfg.validate()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("draft", [None, "eagle3"])
+def test_compiled_update_forward_equals_the_eager_update(tmp_path, tok, draft, monkeypatch):
+    """grpo.compile_layers: the update's decoder layers run compiled (here on AOTAutograd without codegen; inductor
+    on a GPU run), taps and backward included: the policy and the draft after two updates equal the eager ones."""
+    from repro.rl.joint import JointUpdate
+    from repro.rollout import compiled_layers as cl
+
+    monkeypatch.setattr(JointUpdate, "COMPILE_BACKEND", "aot_eager")
+    eager = _trainer(tmp_path / "eager", tok, draft, 1.0)
+    cfg = tiny_config(tmp_path / "compiled", draft=draft)
+    cfg.grpo = dataclasses.replace(cfg.grpo, compile_layers=True)
+    compiled = CoTrainer(cfg, tok)
+    assert compiled.update.grpo.compile_layers and not eager.update.grpo.compile_layers
+    for step in range(2):
+        batch = eager.rollout(step)
+        batch.rewards = REWARDS.clone()
+        _update(eager, batch, step)
+        _update(compiled, batch, step)
+    layer_cls = type(compiled.policy.decoder_layers()[0])
+    assert (layer_cls, "aot_eager", "train") in cl._COMPILED          # the compiled path ran
+    assert "forward" not in vars(compiled.policy.decoder_layers()[0])   # and the layers are their own again
+    a, b = _policy_state(eager), _policy_state(compiled)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=lambda m: f"policy {k}: {m}")
+    if draft:
+        for k, v in eager.draft.state_dict().items():
+            torch.testing.assert_close(compiled.draft.state_dict()[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_compile_layers_is_refused_by_the_mesh_update(tmp_path):
+    from repro.core.specs import ConfigError
+    from repro.rl.mesh_update import MeshShape
+
+    cfg = tiny_config(tmp_path, draft=None)
+    cfg.grpo = dataclasses.replace(cfg.grpo, compile_layers=True)
+    with pytest.raises(ConfigError, match="grpo.compile_layers=True is invalid under the PP x CP update"):
+        MeshShape(1, 2).check(2, cfg, 8)
