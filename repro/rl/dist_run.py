@@ -144,6 +144,10 @@ def build_config(args: argparse.Namespace, world: int) -> tuple[RunConfig, MeshS
               "draft pass; under PP x CP the draft trains in the last stage's microbatches: using "
               "draft.microbatch=0, draft.cuda_graph=false", file=sys.stderr)
         cfg.draft.microbatch, cfg.draft.cuda_graph = 0, False
+    if cfg.grpo.compile_layers:
+        print("dist_run: grpo.compile_layers=true compiles the single-process update's forward; the PP x CP "
+              "update runs its stages eagerly: using grpo.compile_layers=false", file=sys.stderr)
+        cfg.grpo.compile_layers = False
     cfg.validate()
     shape = MeshShape(args.pp, args.cp)
     if cfg.policy.checkpoint:

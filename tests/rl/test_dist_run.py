@@ -97,4 +97,7 @@ def test_single_process_draft_settings_are_reset_under_pp_cp(tmp_path, capsys):
     assert prof["rl"]["drafts"]["dflash"]["microbatch"] == 64 and prof["rl"]["drafts"]["dflash"]["cuda_graph"]
     cfg, _, n_mb = build_config(args, world=2)
     assert (cfg.draft.microbatch, cfg.draft.cuda_graph, n_mb) == (0, False, 8)
-    assert "using draft.microbatch=0, draft.cuda_graph=false" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "using draft.microbatch=0, draft.cuda_graph=false" in err
+    assert prof["rl"]["grpo"]["compile_layers"] and not cfg.grpo.compile_layers
+    assert "using grpo.compile_layers=false" in err
