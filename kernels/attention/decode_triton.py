@@ -22,7 +22,6 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-MAX_TILE_ROWS = 64       # r * q rows of one program's query tile
 BLOCK_S = 64
 
 

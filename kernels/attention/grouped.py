@@ -6,8 +6,8 @@ over a few hundred slots costs more than the layer's matmuls), or ``enable_gqa``
 takes (SDPA falls back to its math kernel). Here the ``r = H / G`` query heads of each group are folded into the
 query length instead, ``[B, H, q, D] -> [B, G, r*q, D]``, and the mask is repeated along that length (``r*q*S``
 entries per row, not ``r*S*D``), so one masked fused kernel reads every key and value once. Exact: the same
-softmax over the same keys per query. On a GPU with Triton, a bf16/fp16 step of at most 64 folded query rows runs
-``kernels.attention.decode_triton`` instead (one program per row and key/value head, the
+softmax over the same keys per query. On a GPU with Triton, a bf16/fp16 step of at most ``MAX_FOLDED_ROWS`` (64)
+folded query rows runs ``kernels.attention.decode_triton`` instead (one program per row and key/value head, the
 output written in the layout the model reads next); ``impl="sdpa"`` keeps SDPA.
 
     out = grouped_sdpa(q, k, v, mask)      # q [B, H, q, D], k/v [B, G, S, D], mask [B, 1, q, S]: out [B, H, q, D]
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from kernels.attention import triton_ops
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+MAX_FOLDED_ROWS = 64     # r * q query rows: one program's tile in decode_triton
 # loaded up front where a GPU with bf16 tensor cores (sm80+) is: a compiled step traces the call, and an import
 # inside the trace would break it
 _KERNEL = (triton_ops.load("decode_triton")
@@ -32,7 +33,7 @@ def decode_kernel_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     B, H, Q, D = q.shape
     G = k.shape[1]
     return (q.is_cuda and q.dtype in KERNEL_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
-            and (mask.is_floating_point() or mask.dtype == torch.bool) and (H // G) * Q <= 64
+            and (mask.is_floating_point() or mask.dtype == torch.bool) and (H // G) * Q <= MAX_FOLDED_ROWS
             and 16 <= D <= 256 and D & (D - 1) == 0
             and v.shape[-1] == D and k.shape[0] == B and v.shape[0] == B
             and all(t.stride(-1) == 1 for t in (q, k, v, mask)))

@@ -8,16 +8,12 @@ writes nothing (the decode benchmark, ``snakemake decode``, is where results com
 """
 import torch
 import torch.nn.functional as F
-import triton.testing
 
 from kernels.attention.grouped import grouped_sdpa
 from repro.decoding import gemv_triton  # noqa: F401  (registers torch.ops.repro.gemv)
+from studies.gemv.gemv_configs import graph_time_us as graph_us
 
 SHAPES = {"qkv": (4096, 1024), "gate_up": (6144, 1024), "o": (1024, 2048), "down": (1024, 3072)}
-
-
-def graph_us(fn) -> float:
-    return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=30)
 
 
 def products():

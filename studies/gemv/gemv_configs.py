@@ -6,6 +6,7 @@ with its chosen tiles. Prints the best config per shape and its copy rate; write
     PYTHONPATH=. python studies/gemv/gemv_configs.py        # on a CUDA machine with Triton
 """
 import itertools
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +68,6 @@ def rows_sweep():
 
 
 if __name__ == "__main__":
-    import sys
-    main() if "--rows-only" not in sys.argv else None
+    if "--rows-only" not in sys.argv[1:]:
+        main()
     rows_sweep()
