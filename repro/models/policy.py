@@ -152,6 +152,11 @@ class Policy(nn.Module):
         self.recorder = TapRecorder(self.decoder_layers(), spec)
 
     @property
+    def has_experts(self) -> bool:
+        """Whether the decoder layers route tokens to experts (the MoE families)."""
+        return bool(getattr(self.config, "num_experts", 0) or getattr(self.config, "num_local_experts", 0))
+
+    @property
     def tap_spec(self) -> TapSpec | None:
         return self.recorder.spec if self.recorder is not None else None
 

@@ -22,6 +22,7 @@ profile) computes in the parameters' dtype.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from dataclasses import dataclass
 
@@ -87,7 +88,9 @@ def set_draft_lr(optimizer: torch.optim.Optimizer, draft: DraftSpec | None) -> N
 class JointUpdate:
     """One optimizer (policy group + draft group), per-group clipping, GRPO + lambda * draft loss. Under
     ``grpo.compile_layers`` the policy's decoder layers run compiled (``COMPILE_BACKEND``) in the update's forward,
-    so AOTAutograd's compiled backward runs in its backward."""
+    so AOTAutograd's compiled backward runs in its backward; an MoE policy's update runs eagerly (transformers'
+    expert kernels under fp32 master weights read their group offsets on the host, which breaks inductor's graph
+    at every layer: the compilation costs time and saves none)."""
 
     COMPILE_BACKEND = "inductor"
 
@@ -101,6 +104,10 @@ class JointUpdate:
         self.policy, self.draft, self.grpo, self.draft_spec = policy, draft, grpo, draft_spec
         self.reference = reference
         self.autocast_dtype = autocast_dtype
+        self.compile_layers = grpo.compile_layers and not policy.has_experts
+        if grpo.compile_layers and not self.compile_layers:
+            print("grpo.compile_layers: the MoE policy's update runs eagerly (its expert kernels break inductor's "
+                  "graph)", file=sys.stderr)
         self.policy_params = [p for p in policy.parameters() if p.requires_grad]
         self.draft_params: list[nn.Parameter] = trainable_parameters(draft) if draft is not None else []
         self.optimizer = joint_optimizer(self.policy_params, self.draft_params, grpo, draft_spec)
@@ -200,7 +207,7 @@ class JointUpdate:
         """One microbatch's forward: (policy loss, total loss, log-probs, stats, (draft seconds, weighted
         draft loss) or None). With ``kept`` (a list) the draft does not run here: the microbatch's detached
         taps and logits are appended to it for ``_deferred_draft``."""
-        with (compiled_layers(self.policy, self.COMPILE_BACKEND, purpose="train") if self.grpo.compile_layers
+        with (compiled_layers(self.policy, self.COMPILE_BACKEND, purpose="train") if self.compile_layers
               else contextlib.nullcontext()):
             out = self.policy.forward_train(ids[sl], want_taps=self.draft is not None, attention_mask=att[sl])
         logp = token_logprobs(out.logits, ids[sl], temperature)

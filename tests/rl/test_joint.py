@@ -212,3 +212,18 @@ def test_compile_layers_is_refused_by_the_mesh_update(tmp_path):
     cfg.grpo = dataclasses.replace(cfg.grpo, compile_layers=True)
     with pytest.raises(ConfigError, match="grpo.compile_layers=True is invalid under the PP x CP update"):
         MeshShape(1, 2).check(2, cfg, 8)
+
+
+@pytest.mark.timeout(120)
+def test_compile_layers_leaves_an_moe_update_eager(tmp_path, tok, capsys):
+    """An MoE policy's update runs eagerly under grpo.compile_layers (its expert kernels break inductor's graph),
+    saying so; a dense policy's compiles."""
+    cfg = tiny_config(tmp_path / "moe", draft=None, family="qwen3_moe")
+    cfg.grpo = dataclasses.replace(cfg.grpo, compile_layers=True)
+    moe = CoTrainer(cfg, tok)
+    assert moe.policy.has_experts and not moe.update.compile_layers
+    assert "the MoE policy's update runs eagerly" in capsys.readouterr().err
+    dense_cfg = tiny_config(tmp_path / "dense", draft=None)
+    dense_cfg.grpo = dataclasses.replace(dense_cfg.grpo, compile_layers=True)
+    dense = CoTrainer(dense_cfg, tok)
+    assert not dense.policy.has_experts and dense.update.compile_layers
