@@ -42,11 +42,14 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, S, Q, R, G, scal
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
     k_base, v_base = k_ptr + b * s_kb + g * s_kg, v_ptr + b * s_vb + g * s_vg
+    # inductor passes a Python float argument as fp64 (torch._inductor.config._use_fp64_for_unbacked_floats), which
+    # would carry fp64 through the online softmax's loop state: one fp32 scale, whatever type arrives
+    qk_scale = (tl.full((), 1.0, tl.float32) * scale).to(tl.float32)
     for s0 in range(0, S, BLOCK_S):
         cols = s0 + tl.arange(0, BLOCK_S)
         col_ok = cols < S
         k = tl.load(k_base + cols[:, None] * s_ks + d[None, :], mask=col_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+        s = tl.dot(q, tl.trans(k)).to(tl.float32) * qk_scale
         m_at = m_ptr + b * s_mb + qq[:, None] * s_mq + cols[None, :]
         if BOOL_MASK:
             keep = tl.load(m_at, mask=row_ok[:, None] & col_ok[None, :], other=0) != 0

@@ -1,8 +1,8 @@
 """The decode-step attention kernel (kernels.attention.decode_triton) against the fp64 dense oracle under Triton's
 interpreter: grouped heads, one and several queries, key counts off the tile, the strided layouts the model passes
 (queries transposed from ``[B, q, H, D]``, a mask sliced from a wider one), additive and bool masks, a row whose
-every key is masked (the mean of the values under an additive mask, as SDPA; 0 under a bool one); and grouped_sdpa's
-rule for when a step goes to it.
+every key is masked (the mean of the values under an additive mask, as SDPA; 0 under a bool one); grouped_sdpa's
+rule for when a step goes to it; and the kernel's Triton IR for sm90 with the scale typed as inductor may type it.
 
 Without a GPU, tests/conftest.py sets TRITON_INTERPRET=1 before triton is imported, so the kernel runs on CPU
 tensors (fp32 here; on a GPU the rule sends it bf16 and fp16 only).
@@ -70,3 +70,45 @@ def test_impl_is_checked():
     x = torch.zeros(1, 2, 1, 16)
     with pytest.raises(ValueError, match="impl must be 'auto' or 'sdpa', got 'flash'"):
         grouped.grouped_sdpa(x, x, x, torch.zeros(1, 1, 1, 1), impl="flash")
+
+
+
+BUILD_IR = """
+import inspect, sys
+from triton._C.libtriton import ir
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.compiler.compiler import ASTSource
+from kernels.attention.decode_triton import _decode_attention_kernel as kern
+
+names = list(inspect.signature(kern.fn).parameters)
+constexprs = {"BLOCK_M": 16, "BLOCK_S": 64, "D": 128, "BOOL_MASK": False}
+signature = {n: ("constexpr" if n in constexprs else sys.argv[1] if n == "scale" else
+                 "*fp32" if n == "m_ptr" else "*bf16" if n.endswith("_ptr") else "i32") for n in names}
+target = GPUTarget("cuda", 90, 32)
+backend = CUDABackend(target)
+options = backend.parse_options({})
+context = ir.context()
+ir.load_dialects(context)
+backend.load_dialects(context)
+src = ASTSource(fn=kern, signature=signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
+print(src.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("scale_type", ["fp32", "fp64"])
+def test_kernel_builds_when_inductor_passes_the_scale_as_fp64(scale_type):
+    """Under torch.compile, inductor types a Python float argument of a user Triton kernel as fp64
+    (torch._inductor.config._use_fp64_for_unbacked_floats): the kernel's Triton IR for an sm90 target must build with
+    either type (an fp64 scale once turned the softmax's loop state fp64 and failed the build). Triton's front end
+    only, in a process without the interpreter, so no GPU is needed."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.run([sys.executable, "-c", BUILD_IR, scale_type], env=env, cwd=root, capture_output=True,
+                         text=True, timeout=100)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "tt.dot" in run.stdout
