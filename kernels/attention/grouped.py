@@ -8,9 +8,11 @@ query length instead, ``[B, H, q, D] -> [B, G, r*q, D]``, and the mask is repeat
 entries per row, not ``r*S*D``), so one masked fused kernel reads every key and value once. Exact: the same
 softmax over the same keys per query. On a GPU with Triton, a bf16/fp16 step of at most ``MAX_FOLDED_ROWS`` (64)
 folded query rows runs ``kernels.attention.decode_triton`` instead (one program per row and key/value head, the
-output written in the layout the model reads next); ``impl="sdpa"`` keeps SDPA.
+output written in the layout the model reads next); ``impl="sdpa"`` keeps SDPA. ``grouped_sdpa_write`` first
+writes the step's own keys and values into the cache view, in the same kernel where it runs.
 
     out = grouped_sdpa(q, k, v, mask)      # q [B, H, q, D], k/v [B, G, S, D], mask [B, 1, q, S]: out [B, H, q, D]
+    out = grouped_sdpa_write(q, k_new, v_new, k, v, cols, mask)   # k/v[:, :, cols] = k_new/v_new, then the above
 """
 from __future__ import annotations
 
@@ -39,19 +41,25 @@ def decode_kernel_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
             and all(t.stride(-1) == 1 for t in (q, k, v, mask)))
 
 
-def grouped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                 scale: float | None = None, impl: str = "auto") -> torch.Tensor:
-    """Masked SDPA of ``q [B, H, Q, D]`` over ``k/v [B, G, S, D]`` (query head ``h`` reads key/value head
-    ``h // (H / G)``, transformers' layout) with a bool or additive ``mask [B, 1, Q, S]``; out ``[B, H, Q, Dv]``
-    (from the Triton kernel a transposed view of ``[B, Q, H, Dv]``). ``impl``: "auto" or "sdpa"."""
+def _check(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, impl: str) -> None:
     if impl not in ("auto", "sdpa"):
         raise ValueError(f"grouped_sdpa impl must be 'auto' or 'sdpa', got {impl!r}")
-    B, H, Q, D = q.shape
+    H, Q = q.shape[1], q.shape[2]
     G, S = k.shape[1], k.shape[2]
     if H % G:
         raise ValueError(f"query heads {H} must be a multiple of key/value heads {G}")
     if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != Q or mask.shape[3] != S:
         raise ValueError(f"mask must be [B, 1, {Q}, {S}] (one mask for every head), got {tuple(mask.shape)}")
+
+
+def grouped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                 scale: float | None = None, impl: str = "auto") -> torch.Tensor:
+    """Masked SDPA of ``q [B, H, Q, D]`` over ``k/v [B, G, S, D]`` (query head ``h`` reads key/value head
+    ``h // (H / G)``, transformers' layout) with a bool or additive ``mask [B, 1, Q, S]``; out ``[B, H, Q, Dv]``
+    (from the Triton kernel a transposed view of ``[B, Q, H, Dv]``). ``impl``: "auto" or "sdpa"."""
+    _check(q, k, mask, impl)
+    B, H, Q, D = q.shape
+    G, S = k.shape[1], k.shape[2]
     r = H // G
     if impl == "auto" and _KERNEL is not None and decode_kernel_fits(q, k, v, mask):
         sc = scale if scale is not None else D ** -0.5
@@ -63,3 +71,25 @@ def grouped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
     mf = mask.expand(mask.shape[0], r, Q, S).reshape(mask.shape[0], 1, r * Q, S)
     out = F.scaled_dot_product_attention(qf, k, v, attn_mask=mf, scale=scale)
     return out.reshape(B, H, Q, v.shape[-1])
+
+
+def grouped_sdpa_write(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       cols: torch.Tensor, mask: torch.Tensor, scale: float | None = None,
+                       impl: str = "auto") -> torch.Tensor:
+    """``k[:, :, cols] = k_new`` and ``v[:, :, cols] = v_new`` (the step's keys/values ``[B, G, q, D]`` into the
+    cache view ``k/v [B, G, S, D]``, ``cols`` ``[q]`` distinct columns), then ``grouped_sdpa(q, k, v, mask)``. Where
+    the Triton kernel takes the step, it does both in one launch; elsewhere the write is two index copies."""
+    _check(q, k, mask, impl)
+    if cols.dim() != 1 or k_new.shape[2] != cols.numel() or v_new.shape[2] != cols.numel():
+        raise ValueError(f"cols must list one column per new key: cols {tuple(cols.shape)}, k_new "
+                         f"{tuple(k_new.shape)}, v_new {tuple(v_new.shape)}")
+    if (impl == "auto" and _KERNEL is not None and decode_kernel_fits(q, k, v, mask) and k_new.dtype == k.dtype
+            and v_new.dtype == v.dtype and k_new.stride(-1) == 1 and v_new.stride(-1) == 1):
+        B, H, Q, D = q.shape
+        sc = scale if scale is not None else D ** -0.5
+        out = torch.ops.repro.grouped_decode_attention_write(q, k, v, k_new, v_new, cols,
+                                                             mask.expand(B, 1, Q, k.shape[2]), sc)
+        return out.transpose(1, 2)
+    k.index_copy_(2, cols, k_new.to(k.dtype))
+    v.index_copy_(2, cols, v_new.to(v.dtype))
+    return grouped_sdpa(q, k, v, mask, scale, impl)

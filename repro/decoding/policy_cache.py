@@ -57,6 +57,8 @@ class SlotCache(Cache):
         self.owner = owner
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if self.owner.write_on_attend:      # the attention writes them (repro.models.policy_attention)
+            return key_states, value_states
         return self.owner.write(layer_idx, key_states, value_states)
 
 
@@ -81,6 +83,9 @@ class StaticPolicyCache:
         self.view = max_slots                     # the columns the running forward's attention reads
         self.next_col = 0                         # host copy of the cursor: the next free column
         self.in_graph = False                     # whole forwards are traced (the write and attention inline)
+        # set for a forward whose attention function takes this cache (``slot_cache=``) and writes each layer's
+        # keys/values itself, in the attention kernel's launch where it can: ``update`` then hands them through
+        self.write_on_attend = False
 
     def write(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor):
         """``key/value_states [B, G, q, D]`` of decoder layer ``layer`` into the columns of the running forward;

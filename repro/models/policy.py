@@ -178,17 +178,20 @@ class Policy(nn.Module):
         return next(self.model.parameters()).dtype
 
     # -- forwards ------------------------------------------------------------------------------------
-    def _run(self, input_ids, mask, position_ids, cache, want_taps: bool, inline: bool = False) -> StepOutput:
+    def _run(self, input_ids, mask, position_ids, cache, want_taps: bool, inline: bool = False,
+             static: StaticPolicyCache | None = None) -> StepOutput:
         kwargs = {"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids, "use_cache": cache
                       is not None}
         if cache is not None:
             kwargs[self._cache_kwarg] = cache
         if want_taps and self.recorder is None:
             raise RuntimeError("taps requested but the policy has no TapSpec (call set_taps)")
-        # steps on a cache attend with grouped queries (repro.models.policy_attention); training forwards as built
+        # steps on a cache attend with grouped queries (repro.models.policy_attention), which also writes a static
+        # cache's layers; training forwards as built
         with (self.recorder.capture() if want_taps else contextlib.nullcontext()) as taps, \
-                (grouped_attention(self.model, inline) if cache is not None else contextlib.nullcontext()):
-            out = self.model(**kwargs)
+                (grouped_attention(self.model, inline, static) if cache is not None
+                 else contextlib.nullcontext()) as extra:
+            out = self.model(**kwargs, **(extra or {}))
         return StepOutput(out.logits, taps)
 
     def _windows(self) -> dict[str, int | None]:
@@ -219,7 +222,7 @@ class Policy(nn.Module):
         columns (``cache.used_view()``). Device work only: capturable."""
         cache.begin(positions, live, cursor, view)
         masks = cache.additive_masks(positions, self._windows())
-        return self._run(input_ids, self._mask_arg(masks), positions, cache.hf, want_taps, cache.in_graph)
+        return self._run(input_ids, self._mask_arg(masks), positions, cache.hf, want_taps, cache.in_graph, cache)
 
     def new_static_cache(self, batch: int, max_slots: int) -> StaticPolicyCache:
         """A static KV cache of ``max_slots`` columns for ``batch`` rows, in this policy's dtype and device."""

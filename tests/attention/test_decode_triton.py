@@ -50,6 +50,32 @@ def test_kernel_is_the_dense_oracle(kernel, heads, kv_heads, Q, S, boolean):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("heads,kv_heads,Q,S,cols", [(4, 2, 1, 150, [97]), (8, 2, 5, 70, [60, 61, 62, 63, 64]),
+                                                      (6, 3, 8, 40, [3, 30, 31, 5, 36, 37, 38, 39])])
+def test_write_variant_writes_the_step_then_attends(kernel, heads, kv_heads, Q, S, cols):
+    """``new=``: the step's keys and values go into the cache view's columns ``cols`` (any distinct ones, in any
+    order) and the attention reads them there, as index_copy into the cache and then the oracle; the cache's other
+    columns, and the buffer past the view, are untouched."""
+    g = torch.Generator().manual_seed(Q * S)
+    B, D = 3, 16
+    q = torch.randn(B, Q, heads, D, generator=g).transpose(1, 2)
+    k_new, v_new = (torch.randn(B, Q, kv_heads, D, generator=g).transpose(1, 2) for _ in range(2))   # HF's layout
+    k_buf, v_buf = (torch.randn(B, kv_heads, S + 7, D, generator=g) for _ in range(2))
+    at = torch.tensor(cols)
+    k_want, v_want = k_buf.clone(), v_buf.clone()
+    k_want[:, :, :S].index_copy_(2, at, k_new)
+    v_want[:, :, :S].index_copy_(2, at, v_new)
+    hidden = torch.rand(B, 1, Q, S, generator=g) < 0.3
+    mask = torch.zeros(B, 1, Q, S).masked_fill(hidden, torch.finfo(torch.float32).min)
+    mask[..., at] = 0.0                                                     # the step sees its own keys
+    out = torch.full((B, Q, heads, D), float("nan"))
+    kernel.launch(q, k_buf[:, :, :S], v_buf[:, :, :S], mask, D ** -0.5, out, num_warps=1, new=(k_new, v_new, at))
+    assert torch.equal(k_buf, k_want) and torch.equal(v_buf, v_want)
+    want = dense_reference(q.double(), k_want[:, :, :S].double(), v_want[:, :, :S].double(), mask.double())
+    torch.testing.assert_close(out.transpose(1, 2).double(), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.timeout(30)
 def test_rule_sends_small_half_precision_steps(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))     # the rule, not the device
@@ -82,9 +108,10 @@ from triton.compiler.compiler import ASTSource
 from kernels.attention.decode_triton import _decode_attention_kernel as kern
 
 names = list(inspect.signature(kern.fn).parameters)
-constexprs = {"BLOCK_M": 16, "BLOCK_S": 64, "D": 128, "BOOL_MASK": False}
-signature = {n: ("constexpr" if n in constexprs else sys.argv[1] if n == "scale" else
-                 "*fp32" if n == "m_ptr" else "*bf16" if n.endswith("_ptr") else "i32") for n in names}
+constexprs = {"BLOCK_M": 16, "BLOCK_S": 64, "D": 128, "BOOL_MASK": False, "WRITE": sys.argv[2] == "write",
+              "BLOCK_Q": 8}
+signature = {n: ("constexpr" if n in constexprs else sys.argv[1] if n == "scale" else "*fp32" if n == "m_ptr" else
+                 "*i64" if n == "c_ptr" else "*bf16" if n.endswith("_ptr") else "i32") for n in names}
 target = GPUTarget("cuda", 90, 32)
 backend = CUDABackend(target)
 options = backend.parse_options({})
@@ -97,8 +124,9 @@ print(src.make_ir(target, options, backend.get_codegen_implementation(options), 
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("variant", ["attend", "write"])
 @pytest.mark.parametrize("scale_type", ["fp32", "fp64"])
-def test_kernel_builds_when_inductor_passes_the_scale_as_fp64(scale_type):
+def test_kernel_builds_when_inductor_passes_the_scale_as_fp64(scale_type, variant):
     """Under torch.compile, inductor types a Python float argument of a user Triton kernel as fp64
     (torch._inductor.config._use_fp64_for_unbacked_floats): the kernel's Triton IR for an sm90 target must build with
     either type (an fp64 scale once turned the softmax's loop state fp64 and failed the build). Triton's front end
@@ -108,7 +136,7 @@ def test_kernel_builds_when_inductor_passes_the_scale_as_fp64(scale_type):
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    run = subprocess.run([sys.executable, "-c", BUILD_IR, scale_type], env=env, cwd=root, capture_output=True,
+    run = subprocess.run([sys.executable, "-c", BUILD_IR, scale_type, variant], env=env, cwd=root, capture_output=True,
                          text=True, timeout=100)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "tt.dot" in run.stdout
