@@ -8,8 +8,11 @@ device, the weight is row-major and no gradient is asked for, it runs ``torch.op
 not.
 Where Triton does not import, or on a CPU, every call is ``F.linear``. ``DecodeLinear`` is the ``nn.Linear``
 subclass the decode block (``repro.decoding.merged_projections``) gives a layer's other projections.
+``silu_gated(x, w)`` is a gated MLP's ``silu(x @ gate.T) * (x @ up.T)`` over its stacked ``[gate; up]`` weight: one
+kernel (``torch.ops.repro.gemv_silu_mul``) under the same rule, else one ``F.linear`` and the gate.
 
     y = decode_linear(x, layer.o_proj.weight, layer.o_proj.bias)
+    h = silu_gated(x, torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]))
 """
 from __future__ import annotations
 
@@ -42,11 +45,27 @@ def few_row_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None)
     return torch.ops.repro.gemv(x, w, bias)
 
 
+def gated_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``silu(x @ w[:N].T) * (x @ w[N:].T)`` for ``x`` ``[M, K]`` (``M <= MAX_ROWS``) on the Triton kernel (a test
+    replaces this with a stand-in)."""
+    return torch.ops.repro.gemv_silu_mul(x, w)
+
+
 def decode_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if not uses_gemv(x, w):
         return F.linear(x, w, bias)
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     return few_row_product(rows, w, bias).view(*x.shape[:-1], w.shape[0])
+
+
+def silu_gated(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``silu(x @ w[:N].T) * (x @ w[N:].T)`` for a gated MLP's stacked ``w`` ``[2N, K]`` (gate rows over up rows)."""
+    n = w.shape[0] // 2
+    if not uses_gemv(x, w):
+        gate, up = F.linear(x, w).split(n, dim=-1)
+        return F.silu(gate) * up
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    return gated_product(rows, w).view(*x.shape[:-1], n)
 
 
 class DecodeLinear(nn.Linear):

@@ -7,11 +7,14 @@ a quarter to a half of an H200's copy bandwidth on the h200 policy's 1024-wide l
 kernels add a second launch. Here each program owns ``BLOCK_N`` output columns over the whole inner dimension, so
 the weight is read once in ``BLOCK_K``-wide tiles, the partial sums stay in registers, and there is one kernel. Two
 to ``MAX_ROWS`` rows (bf16 or fp16) share each weight tile on the tensor cores (``_rows_kernel``, the rows padded to
-16): the product of a few rows is as weight-bound as one row's.
-Registered as the custom op ``torch.ops.repro.gemv`` (``torch.library.triton_op``), so inductor compiles it into a
-decoder layer and CUDA graphs capture it like any op.
+16): the product of a few rows is as weight-bound as one row's. A gated MLP's gate and up products and its
+``silu(gate) * up`` run as one kernel (``GATED``: each program streams the gate rows and the up rows of its columns),
+so the gate costs no launch of its own. Registered as the custom ops ``torch.ops.repro.gemv`` and ``gemv_silu_mul``
+(``torch.library.triton_op``), so inductor compiles them into a decoder layer and CUDA graphs capture them like any
+op.
 
     y = torch.ops.repro.gemv(x, w, bias)      # x [M, K] (M <= MAX_ROWS), w [N, K] row-major, bias [N] or None
+    h = torch.ops.repro.gemv_silu_mul(x, w)   # w [2N, K]: silu(x @ gate.T) * (x @ up.T), h [M, N]
 """
 from __future__ import annotations
 
@@ -22,40 +25,62 @@ from torch.library import triton_op, wrap_triton
 
 
 @triton.jit
+def _silu_gate(gate, up, io_dtype: tl.constexpr):
+    """silu(gate) * up on the products as the separate kernels would hand them over (rounded to the IO dtype)."""
+    gate = gate.to(io_dtype).to(tl.float32)
+    return gate * tl.sigmoid(gate) * up.to(io_dtype).to(tl.float32)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
-                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
+        x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
         w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
                     other=0.0, eviction_policy="evict_first")
-        x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0)
-        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+        acc += tl.sum(w.to(tl.float32) * x, axis=1)
+        if GATED:                                      # the up rows sit N rows below the gate rows
+            u = tl.load(w_ptr + (offs_n[:, None] + N) * stride_wn + offs_k[None, :],
+                        mask=n_ok[:, None] & k_ok[None, :], other=0.0, eviction_policy="evict_first")
+            acc_up += tl.sum(u.to(tl.float32) * x, axis=1)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    if GATED:
+        acc = _silu_gate(acc, acc_up, y_ptr.dtype.element_ty)
     tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
 def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GATED: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     n_ok, m_ok = offs_n < N, offs_m < M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
-        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                    other=0.0, eviction_policy="evict_first")
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :],
                     other=0.0)
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                    other=0.0, eviction_policy="evict_first")
         acc = tl.dot(x, tl.trans(w), acc)              # the rows padded to the tensor cores' 16
+        if GATED:
+            u = tl.load(w_ptr + (offs_n[:, None] + N) * stride_wn + offs_k[None, :],
+                        mask=n_ok[:, None] & k_ok[None, :], other=0.0, eviction_policy="evict_first")
+            acc_up = tl.dot(x, tl.trans(u), acc_up)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if GATED:
+        acc = _silu_gate(acc, acc_up, y_ptr.dtype.element_ty)
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
 
@@ -81,37 +106,63 @@ def row_tiles(m: int, n: int, k: int) -> tuple[int, int, int, int]:
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, *, block_n: int,
-           block_k: int, num_warps: int, num_stages: int = 3, kernel=_gemv_kernel) -> torch.Tensor:
-    """Run the one-row kernel into ``y`` ``[1, N]`` with the given tiles (the op below, and the sweep's configs)."""
+           block_k: int, num_warps: int, num_stages: int = 3, kernel=_gemv_kernel, gated: bool = False) -> torch.Tensor:
+    """Run the one-row kernel into ``y`` ``[1, N]`` with the given tiles (the ops below, and the sweep's configs);
+    ``gated``: ``w`` is ``[2N, K]``, gate rows over up rows, and ``y`` gets ``silu(gate) * up``."""
     n, k = w.shape
+    n = n // 2 if gated else n
     kernel[(triton.cdiv(n, block_n),)](x, w, bias if bias is not None else w, y, n, k, w.stride(0),
-                                       HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+                                       HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, GATED=gated,
                                        num_warps=num_warps, num_stages=num_stages)
     return y
 
 
 def launch_rows(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, *, block_m: int,
-                block_n: int, block_k: int, num_warps: int, num_stages: int = 3, kernel=_rows_kernel) -> torch.Tensor:
-    """Run the few-rows kernel into ``y`` ``[M, N]`` (``M <= block_m``; rows of ``x`` and ``y`` unit-strided)."""
+                block_n: int, block_k: int, num_warps: int, num_stages: int = 3, kernel=_rows_kernel,
+                gated: bool = False) -> torch.Tensor:
+    """Run the few-rows kernel into ``y`` ``[M, N]`` (``M <= block_m``; rows of ``x`` and ``y`` unit-strided);
+    ``gated`` as in ``launch``."""
     n, k = w.shape
+    n = n // 2 if gated else n
     kernel[(triton.cdiv(n, block_n),)](x, w, bias if bias is not None else w, y, x.shape[0], n, k, x.stride(0),
                                        w.stride(0), y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=block_m,
-                                       BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+                                       BLOCK_N=block_n, BLOCK_K=block_k, GATED=gated, num_warps=num_warps,
+                                       num_stages=num_stages)
     return y
+
+
+def _check_rows(x: torch.Tensor, op: str) -> None:
+    if not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"repro::{op} takes 1 to {MAX_ROWS} rows, got x of shape {tuple(x.shape)}")
+
+
+def _product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, n: int, gated: bool) -> torch.Tensor:
+    m, k = x.shape
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 1:
+        block_n, block_k, warps = tiles(k)
+        return launch(x, w, bias, y, block_n=block_n, block_k=block_k, num_warps=warps,
+                      kernel=wrap_triton(_gemv_kernel), gated=gated)
+    # gated: tiles by the output width, so a program streams gate and up tiles of that width (as many programs as
+    # the unfused product's over twice the width)
+    block_m, block_n, block_k, warps = row_tiles(m, n, k)
+    return launch_rows(x, w, bias, y, block_m=block_m, block_n=block_n, block_k=block_k, num_warps=warps,
+                       kernel=wrap_triton(_rows_kernel), gated=gated)
 
 
 @triton_op("repro::gemv", mutates_args=())
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, w, bias)`` for a contiguous ``x`` ``[M, K]`` of at most ``MAX_ROWS`` rows and a row-major
     ``w`` ``[N, K]``."""
-    m, k = x.shape
-    if not 1 <= m <= MAX_ROWS:
-        raise ValueError(f"repro::gemv takes 1 to {MAX_ROWS} rows, got x of shape {tuple(x.shape)}")
-    y = torch.empty(m, w.shape[0], dtype=x.dtype, device=x.device)
-    if m == 1:
-        block_n, block_k, warps = tiles(k)
-        return launch(x, w, bias, y, block_n=block_n, block_k=block_k, num_warps=warps,
-                      kernel=wrap_triton(_gemv_kernel))
-    block_m, block_n, block_k, warps = row_tiles(m, w.shape[0], k)
-    return launch_rows(x, w, bias, y, block_m=block_m, block_n=block_n, block_k=block_k, num_warps=warps,
-                       kernel=wrap_triton(_rows_kernel))
+    _check_rows(x, "gemv")
+    return _product(x, w, bias, w.shape[0], gated=False)
+
+
+@triton_op("repro::gemv_silu_mul", mutates_args=())
+def gemv_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``silu(x @ w[:N].T) * (x @ w[N:].T)`` for a contiguous ``x`` ``[M, K]`` of at most ``MAX_ROWS`` rows and a
+    row-major ``w`` ``[2N, K]`` (a gated MLP's stacked gate and up weights): its products and gate in one kernel."""
+    _check_rows(x, "gemv_silu_mul")
+    if w.shape[0] % 2:
+        raise ValueError(f"repro::gemv_silu_mul takes gate rows over as many up rows, got w of shape {tuple(w.shape)}")
+    return _product(x, w, None, w.shape[0] // 2, gated=True)

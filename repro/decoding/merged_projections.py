@@ -10,7 +10,8 @@ first entry stacks the weights and makes each member's parameter a view of its r
 second copy and a weight push or an optimizer step (in place) updates the stack that captured CUDA graphs read;
 a parameter given other storage (``.to()``) is stacked again on the next entry. Every product inside the block,
 the layers' other projections (o, down) and the head included, is ``decode_linear``: up to 16 rows on a GPU run the
-Triton matrix-vector kernels (``repro.decoding.decode_linear``). Outside the block the model's modules are their own;
+Triton matrix-vector kernels (``repro.decoding.decode_linear``), and a SiLU-gated MLP (``GATED_MLPS``) computes
+``silu(gate) * up`` in the same call as its merged product. Outside the block the model's modules are their own;
 only their parameters' storage is shared.
 
     with merged_projections(policy.model):
@@ -24,10 +25,14 @@ import weakref
 import torch
 from torch import nn
 
-from repro.decoding.decode_linear import DecodeLinear, decode_linear
+from repro.decoding.decode_linear import DecodeLinear, decode_linear, silu_gated
 
 GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
 SINGLES = (("self_attn", "o_proj"), ("mlp", "down_proj"))
+# MLP classes whose forward is down(act(gate(x)) * up(x)): with a SiLU act and merged gate/up without bias, their
+# gate and up products and the gate run as one call (silu_gated)
+GATED_MLPS = ("Qwen3MLP", "Qwen2MLP", "LlamaMLP", "MistralMLP")
+SILU_ACTS = ("SiLUActivation", "SiLU")
 
 
 class _Stash:
@@ -58,6 +63,23 @@ class MergedPart(nn.Linear):
         if STASH.x is not x:
             return decode_linear(x, self.weight, self.bias)
         return STASH.y[..., self.merged_start: self.merged_start + self.merged_size]
+
+
+class GatedMLPForward:
+    """The forward a gated MLP takes inside the block: ``down(silu_gated(x, [gate; up]))``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_gated(x, self.gate_proj.merged_weight))
+
+
+_GATED: dict[type, type] = {}
+
+
+def gated_class(cls: type) -> type:
+    """``cls`` with ``GatedMLPForward``'s forward (one subclass per class, so one compiled layer serves all)."""
+    if cls not in _GATED:
+        _GATED[cls] = type(f"Gated{cls.__name__}", (GatedMLPForward, cls), {})
+    return _GATED[cls]
 
 
 class _Group:
@@ -123,12 +145,18 @@ class MergedProjections:
     def __init__(self, model: nn.Module):
         self.groups: list[_Group] = []
         self.singles: list[nn.Linear] = []
+        self.gated: list[tuple[nn.Module, type]] = []     # (a gated MLP, its own class)
         for layer in model.model.layers:
             for parent_name, names in GROUPS:
                 parent = getattr(layer, parent_name, None)
                 members = [getattr(parent, n, None) for n in names]
                 if all(type(m) is nn.Linear for m in members) and len({m.in_features for m in members}) == 1:
                     self.groups.append(_Group(members))
+                    if (parent_name == "mlp" and type(parent).__name__ in GATED_MLPS
+                            and all(m.bias is None for m in members)
+                            and type(getattr(parent, "act_fn", None)).__name__ in SILU_ACTS
+                            and type(getattr(parent, "down_proj", None)) is nn.Linear):
+                        self.gated.append((parent, type(parent)))
             for parent_name, name in SINGLES:
                 m = getattr(getattr(layer, parent_name, None), name, None)
                 if type(m) is nn.Linear:
@@ -144,6 +172,8 @@ class MergedProjections:
                 g.enter()
             for m in self.singles:
                 m.__class__ = DecodeLinear
+            for mlp, cls in self.gated:
+                mlp.__class__ = gated_class(cls)
         self.depth += 1
         try:
             yield
@@ -155,6 +185,8 @@ class MergedProjections:
                     g.exit()
                 for m in self.singles:
                     m.__class__ = nn.Linear
+                for mlp, cls in self.gated:
+                    mlp.__class__ = cls
 
 
 _BY_MODEL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -12,6 +12,7 @@ import os
 import pytest
 import torch
 from test_grouped import dense_reference
+from triton_ir import build_ir
 
 from kernels.attention import grouped
 
@@ -99,29 +100,6 @@ def test_impl_is_checked():
 
 
 
-BUILD_IR = """
-import inspect, sys
-from triton._C.libtriton import ir
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import CUDABackend
-from triton.compiler.compiler import ASTSource
-from kernels.attention.decode_triton import _decode_attention_kernel as kern
-
-names = list(inspect.signature(kern.fn).parameters)
-constexprs = {"BLOCK_M": 16, "BLOCK_S": 64, "D": 128, "BOOL_MASK": False, "WRITE": sys.argv[2] == "write",
-              "BLOCK_Q": 8}
-signature = {n: ("constexpr" if n in constexprs else sys.argv[1] if n == "scale" else "*fp32" if n == "m_ptr" else
-                 "*i64" if n == "c_ptr" else "*bf16" if n.endswith("_ptr") else "i32") for n in names}
-target = GPUTarget("cuda", 90, 32)
-backend = CUDABackend(target)
-options = backend.parse_options({})
-context = ir.context()
-ir.load_dialects(context)
-backend.load_dialects(context)
-src = ASTSource(fn=kern, signature=signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
-print(src.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context))
-"""
-
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("variant", ["attend", "write"])
@@ -129,14 +107,10 @@ print(src.make_ir(target, options, backend.get_codegen_implementation(options), 
 def test_kernel_builds_when_inductor_passes_the_scale_as_fp64(scale_type, variant):
     """Under torch.compile, inductor types a Python float argument of a user Triton kernel as fp64
     (torch._inductor.config._use_fp64_for_unbacked_floats): the kernel's Triton IR for an sm90 target must build with
-    either type (an fp64 scale once turned the softmax's loop state fp64 and failed the build). Triton's front end
-    only, in a process without the interpreter, so no GPU is needed."""
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    run = subprocess.run([sys.executable, "-c", BUILD_IR, scale_type, variant], env=env, cwd=root, capture_output=True,
-                         text=True, timeout=100)
+    either type (an fp64 scale once turned the softmax's loop state fp64 and failed the build)."""
+    run = build_ir("kernels.attention.decode_triton", "_decode_attention_kernel",
+                   {"BLOCK_M": 16, "BLOCK_S": 64, "D": 128, "BOOL_MASK": False, "WRITE": variant == "write",
+                    "BLOCK_Q": 8},
+                   {"scale": scale_type, "m_ptr": "*fp32", "c_ptr": "*i64"})
     assert run.returncode == 0, run.stderr[-3000:]
     assert "tt.dot" in run.stdout

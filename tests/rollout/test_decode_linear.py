@@ -1,7 +1,8 @@
 """The decode block's products (repro.decoding.decode_linear), CPU only: the routing rule; a batch-1 decode step and
-a verify step over a few tokens whose every projection and head product goes through the kernels' entry (a stand-in
-here; the H200's engine self-check runs the Triton kernels) with the logits of the model outside the block; and the
-Triton kernels themselves against an fp64 product under Triton's interpreter.
+a verify step over a few tokens whose every projection and head product, and each gated MLP's gate and up with its
+gate in one call, goes through the kernels' entries (stand-ins here; the H200's engine self-check runs the Triton
+kernels) with the logits of the model outside the block; and the Triton kernels themselves, plain and gated, against
+an fp64 product under Triton's interpreter.
 
     .venv/bin/python -m pytest -q tests/rollout/test_decode_linear.py
 """
@@ -57,20 +58,31 @@ def test_few_row_steps_route_every_product_through_the_kernel(monkeypatch, ids_s
         y = x.double() @ w.double().T + (bias.double() if bias is not None else 0)
         return y.to(x.dtype)
 
+    def gated_stand_in(x, w):
+        assert x.shape == (ids_shape[1], w.shape[1]) and x.is_contiguous()
+        gated.append(tuple(w.shape))
+        gate, up = (x.double() @ w.double().T).to(x.dtype).double().chunk(2, dim=-1)
+        return (F.silu(gate) * up).to(x.dtype)
+
+    gated = []
     monkeypatch.setattr(dl, "uses_gemv", lambda x, w: x.numel() <= dl.MAX_ROWS * x.shape[-1])
     monkeypatch.setattr(dl, "few_row_product", stand_in)
+    monkeypatch.setattr(dl, "gated_product", gated_stand_in)
     ids = torch.randint(0, 127, ids_shape, generator=torch.Generator().manual_seed(0))
     want = step_logits(pol, ids)
-    assert not calls                                      # outside the block: the model's own modules
+    assert not calls and not gated                        # outside the block: the model's own modules
     with merged_projections(pol.model):
         layer = pol.decoder_layers()[0]
         assert type(layer.self_attn.o_proj) is dl.DecodeLinear and type(layer.mlp.down_proj) is dl.DecodeLinear
         got = step_logits(pol, ids)
         n_layers = len(pol.decoder_layers())
-        assert len(calls) == 4 * n_layers + 1             # q/k/v, gate/up, o, down per layer, and the head
+        assert len(calls) == 3 * n_layers + 1             # q/k/v, o, down per layer, and the head
+        inter = pol.config.intermediate_size
+        assert gated == [(2 * inter, pol.hidden_size)] * n_layers    # gate/up and the gate: one call per layer
         calls.clear()
+        gated.clear()
         step_logits(pol, torch.randint(0, 127, (3, 6)))   # more than MAX_ROWS rows: F.linear
-        assert not calls
+        assert not calls and not gated
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert type(pol.decoder_layers()[0].self_attn.o_proj) is nn.Linear and type(pol.model.lm_head) is nn.Linear
 
@@ -98,3 +110,27 @@ def test_kernels_match_fp64_under_the_interpreter(rows):
         block_m, block_n, block_k, _ = gt.row_tiles(rows, n, k)
         gt.launch_rows(x, w, None, y2, block_m=block_m, block_n=block_n, block_k=block_k, num_warps=1)
         torch.testing.assert_close(y2.double(), want - b.double(), rtol=1e-5, atol=1e-4)
+    # gated: w2 = [gate; up] (2n rows), y = silu(x @ gate.T) * (x @ up.T)
+    w2 = torch.randn(2 * n, k, generator=g)
+    gate, up = (x.double() @ w2.double().T).chunk(2, dim=-1)
+    want_gated = F.silu(gate) * up
+    y3 = torch.full((rows, n), float("nan"))
+    if rows == 1:
+        gt.launch(x, w2, None, y3, block_n=4, block_k=64, num_warps=1, gated=True)
+    else:
+        block_m, block_n, block_k, _ = gt.row_tiles(rows, n, k)
+        gt.launch_rows(x, w2, None, y3, block_m=block_m, block_n=block_n, block_k=block_k, num_warps=1, gated=True)
+    torch.testing.assert_close(y3.double(), want_gated, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+@pytest.mark.parametrize("kernel", ["_gemv_kernel", "_rows_kernel"])
+def test_kernels_build_for_sm90(kernel, gated):
+    """The products' Triton IR for an sm90 target, plain and gated (what the interpreter does not check)."""
+    from triton_ir import build_ir
+
+    tiles = {"BLOCK_N": 4, "BLOCK_K": 1024} if kernel == "_gemv_kernel" else {"BLOCK_M": 16, "BLOCK_N": 16,
+                                                                             "BLOCK_K": 512}
+    run = build_ir("repro.decoding.gemv_triton", kernel, {"HAS_BIAS": False, "GATED": gated, **tiles})
+    assert run.returncode == 0, run.stderr[-3000:]

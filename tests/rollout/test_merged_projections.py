@@ -2,16 +2,25 @@
 
 Inside the block a decode step gives the logits of the unmerged model (fp32, to rounding); the parameters become
 rows of the stacks (no second copy), so in-place weight changes reach them, and parameters given new storage are
-stacked again; calls on another input fall back; MoE layers merge only their attention; outside the block the
-model's modules are their own again (classes, buffers, state dict values).
+stacked again; the gated MLPs take one class for every layer (gate, up and the gate in one call); calls on another
+input fall back; MoE layers merge only their attention; outside the block the model's modules are their own again
+(classes, buffers, state dict values).
 
     .venv/bin/python -m pytest -q tests/rollout/test_merged_projections.py
 """
 import pytest
 import torch
 from torch import nn
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP
 
-from repro.decoding.merged_projections import STASH, MergedFirst, MergedPart, MergedProjections, merged_projections
+from repro.decoding.merged_projections import (
+    STASH,
+    MergedFirst,
+    MergedPart,
+    MergedProjections,
+    gated_class,
+    merged_projections,
+)
 from repro.models.policy import build_policy
 
 from .helpers import step_logits
@@ -28,10 +37,13 @@ def test_decode_step_equals_the_unmerged_model_and_the_model_is_restored():
         assert type(attn.q_proj) is MergedFirst and type(attn.v_proj) is MergedPart
         assert attn.q_proj.merged_weight.shape == (attn.q_proj.out_features + 2 * attn.k_proj.out_features,
                                                    attn.q_proj.in_features)
+        mlp_cls = type(pol.decoder_layers()[0].mlp)
+        assert mlp_cls is gated_class(Qwen3MLP) and all(type(la.mlp) is mlp_cls for la in pol.decoder_layers())
         got = step_logits(pol, ids)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert STASH.x is None and STASH.y is None
     for layer in pol.decoder_layers():
+        assert type(layer.mlp) is Qwen3MLP
         for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.mlp.up_proj):
             assert type(m) is nn.Linear and "merged_weight" not in m._buffers and "merged_start" not in vars(m)
     after = pol.model.state_dict()
@@ -87,6 +99,7 @@ def test_moe_layers_merge_their_attention_only():
     pol = build_policy("qwen3_moe", "tiny", seed=4, init_std=0.2)
     mp = MergedProjections(pol.model)
     assert len(mp.groups) == pol.num_layers                   # the experts' block has no gate_proj/up_proj pair
+    assert not mp.gated                                       # so no gated MLP either
     ids = torch.randint(0, 127, (2, 6), generator=torch.Generator().manual_seed(2))
     want = step_logits(pol, ids)
     with mp.active():
