@@ -5,7 +5,8 @@ every key is masked (the mean of the values under an additive mask, as SDPA; 0 u
 rule for when a step goes to it; and the kernel's Triton IR for sm90 with the scale typed as inductor may type it.
 
 Without a GPU, tests/conftest.py sets TRITON_INTERPRET=1 before triton is imported, so the kernel runs on CPU
-tensors (fp32 here; on a GPU the rule sends it bf16 and fp16 only).
+tensors (fp32); on a GPU (sm80+) the same checks run the compiled kernel on bf16 tensors (the rule sends it bf16
+and fp16 only), to bf16's tolerance.
 """
 import os
 
@@ -17,12 +18,27 @@ from triton_ir import build_ir
 from kernels.attention import grouped
 
 
+class Where:
+    """The kernel module and where its checks run: CPU fp32 tensors under Triton's interpreter, or a GPU's bf16."""
+
+    def __init__(self, module, device: str, dtype: torch.dtype, tol: float):
+        self.launch, self.device, self.dtype, self.tol = module.launch, device, dtype, tol
+
+    def put(self, *tensors):
+        return tuple(t.to(self.device, self.dtype) for t in tensors)
+
+
 @pytest.fixture(scope="module")
 def kernel():
-    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("these checks run the kernel on CPU tensors under Triton's interpreter")
+    if torch.cuda.is_available():
+        if torch.cuda.get_device_capability()[0] < 8:
+            pytest.skip("the kernel's GPU route is sm80+")
+        from kernels.attention import decode_triton
+        return Where(decode_triton, "cuda", torch.bfloat16, 2e-2)
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("without a GPU these checks run the kernel under Triton's interpreter")
     from kernels.attention import decode_triton
-    return decode_triton
+    return Where(decode_triton, "cpu", torch.float32, 1e-5)
 
 
 @pytest.mark.timeout(240)
@@ -31,16 +47,19 @@ def kernel():
 def test_kernel_is_the_dense_oracle(kernel, heads, kv_heads, Q, S, boolean):
     g = torch.Generator().manual_seed(Q * S)
     B, D = 3, 16
-    q = torch.randn(B, Q, heads, D, generator=g).transpose(1, 2)          # the model's layout: a transposed view
-    k, v = (torch.randn(B, kv_heads, S + 7, D, generator=g)[:, :, :S] for _ in range(2))   # a cache view
-    vis = torch.rand(B, 1, Q, S + 5, generator=g) < 0.6
+    q, = kernel.put(torch.randn(B, Q, heads, D, generator=g))
+    q = q.transpose(1, 2)                                                  # the model's layout: a transposed view
+    k, v = (t[:, :, :S] for t in kernel.put(*(torch.randn(B, kv_heads, S + 7, D, generator=g) for _ in range(2))))
+    vis = torch.rand(B, 1, Q, S + 5, generator=g) < 0.6                    # k, v: cache views
     vis[..., 0] = True
     vis[1, 0, Q - 1, :] = False                                            # a query that sees no key
-    wide = vis if boolean else torch.zeros(vis.shape).masked_fill(~vis, torch.finfo(torch.float32).min)
-    mask = wide[..., :S]
-    out = torch.full((B, Q, heads, D), float("nan"))
+    wide = vis if boolean else torch.zeros(vis.shape).masked_fill(~vis, torch.finfo(kernel.dtype).min)
+    mask = wide.to(kernel.device) if boolean else kernel.put(wide)[0]
+    mask = mask[..., :S]
+    out = torch.full((B, Q, heads, D), float("nan"), dtype=kernel.dtype, device=kernel.device)
     kernel.launch(q, k, v, mask, D ** -0.5, out, num_warps=1)
-    got = out.transpose(1, 2).double()
+    got = out.transpose(1, 2).double().cpu()
+    q, k, v, mask = (t.cpu() for t in (q, k, v, mask))
     if boolean:
         seen = mask[1, 0, Q - 1].clone()
         mask = mask.clone()
@@ -48,7 +67,7 @@ def test_kernel_is_the_dense_oracle(kernel, heads, kv_heads, Q, S, boolean):
         assert torch.equal(got[1, :, Q - 1], torch.zeros_like(got[1, :, Q - 1])) and not seen.any()   # is 0 here
         got[1, :, Q - 1] = v.double().repeat_interleave(heads // kv_heads, 1)[1, :, 0]
     want = dense_reference(q.double(), k.double(), v.double(), mask if boolean else mask.double())
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, want, rtol=kernel.tol, atol=kernel.tol)
 
 
 @pytest.mark.timeout(240)
@@ -60,21 +79,23 @@ def test_write_variant_writes_the_step_then_attends(kernel, heads, kv_heads, Q, 
     columns, and the buffer past the view, are untouched."""
     g = torch.Generator().manual_seed(Q * S)
     B, D = 3, 16
-    q = torch.randn(B, Q, heads, D, generator=g).transpose(1, 2)
-    k_new, v_new = (torch.randn(B, Q, kv_heads, D, generator=g).transpose(1, 2) for _ in range(2))   # HF's layout
-    k_buf, v_buf = (torch.randn(B, kv_heads, S + 7, D, generator=g) for _ in range(2))
-    at = torch.tensor(cols)
+    q, k_new, v_new = kernel.put(torch.randn(B, Q, heads, D, generator=g),
+                                 *(torch.randn(B, Q, kv_heads, D, generator=g) for _ in range(2)))
+    q, k_new, v_new = (t.transpose(1, 2) for t in (q, k_new, v_new))      # HF's layouts: transposed views
+    k_buf, v_buf = kernel.put(*(torch.randn(B, kv_heads, S + 7, D, generator=g) for _ in range(2)))
+    at = torch.tensor(cols, device=kernel.device)
     k_want, v_want = k_buf.clone(), v_buf.clone()
     k_want[:, :, :S].index_copy_(2, at, k_new)
     v_want[:, :, :S].index_copy_(2, at, v_new)
     hidden = torch.rand(B, 1, Q, S, generator=g) < 0.3
-    mask = torch.zeros(B, 1, Q, S).masked_fill(hidden, torch.finfo(torch.float32).min)
+    mask, = kernel.put(torch.zeros(B, 1, Q, S).masked_fill(hidden, torch.finfo(kernel.dtype).min))
     mask[..., at] = 0.0                                                     # the step sees its own keys
-    out = torch.full((B, Q, heads, D), float("nan"))
+    out = torch.full((B, Q, heads, D), float("nan"), dtype=kernel.dtype, device=kernel.device)
     kernel.launch(q, k_buf[:, :, :S], v_buf[:, :, :S], mask, D ** -0.5, out, num_warps=1, new=(k_new, v_new, at))
     assert torch.equal(k_buf, k_want) and torch.equal(v_buf, v_want)
-    want = dense_reference(q.double(), k_want[:, :, :S].double(), v_want[:, :, :S].double(), mask.double())
-    torch.testing.assert_close(out.transpose(1, 2).double(), want, rtol=1e-5, atol=1e-5)
+    q, k_want, v_want, mask = (t.double().cpu() for t in (q, k_want, v_want, mask))
+    want = dense_reference(q, k_want[:, :, :S], v_want[:, :, :S], mask)
+    torch.testing.assert_close(out.transpose(1, 2).double().cpu(), want, rtol=kernel.tol, atol=kernel.tol)
 
 
 @pytest.mark.timeout(30)
