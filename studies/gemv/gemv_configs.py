@@ -1,9 +1,11 @@
 """Tile sizes of repro.decoding.gemv_triton on one GPU: every config against cuBLAS (F.linear) on the h200 policy's
 projection shapes for one row, then the few-rows kernel's configs for 5 and 16 rows (a batch-1 verify step, a
 prefill), timed as CUDA-graph replays (what the decode engine runs) and checked against an fp32 product; then the op
-with its chosen tiles. Prints the best config per shape and its copy rate; writes nothing.
+with its chosen tiles. Prints the best config per shape and its copy rate; writes nothing. ``--gated``: only the
+gated gate/up kernel (silu(gate) * up in the product's launch) against the unfused op and its gate, 1 and 8 rows.
 
     PYTHONPATH=. python studies/gemv/gemv_configs.py        # on a CUDA machine with Triton
+    PYTHONPATH=. python studies/gemv/gemv_configs.py --gated
 """
 import itertools
 import sys
@@ -12,7 +14,7 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 
-from repro.decoding.gemv_triton import gemv, launch, launch_rows
+from repro.decoding.gemv_triton import gemv, gemv_silu_mul, launch, launch_rows
 
 SHAPES = {"qkv": (4096, 1024), "gate_up": (6144, 1024), "o": (1024, 2048), "down": (1024, 3072), "head": (512, 1024)}
 CONFIGS = list(itertools.product((4, 8, 16, 32), (256, 512, 1024), (4, 8)))
@@ -67,7 +69,42 @@ def rows_sweep():
                   f"warps, stages) {best[1]} {best[0]:6.2f} us ({n * k * 2 / best[0] / 1e3:5.0f} GB/s)", flush=True)
 
 
+def gated_sweep():
+    n, k = SHAPES["gate_up"]
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+    for rows in (1, 8):
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty(rows, n // 2, device="cuda", dtype=torch.bfloat16)
+
+        def unfused():
+            gate, up = gemv(x, w).split(n // 2, dim=-1)
+            return F.silu(gate) * up
+
+        ref = unfused().float()
+        configs = (itertools.product((2, 4, 8), (512, 1024), (4, 8), (3,)) if rows == 1
+                   else itertools.product((16, 32), (128, 256, 512), (4, 8), (3,)))
+        best = None
+        for bn, bk, warps, stages in configs:
+            if rows == 1:
+                run = lambda: launch(x, w, None, y, block_n=bn, block_k=bk, num_warps=warps, gated=True)
+            else:
+                run = lambda: launch_rows(x, w, None, y, block_m=16, block_n=bn, block_k=bk, num_warps=warps,
+                                          num_stages=stages, gated=True)
+            run()
+            err = (y.float() - ref).abs().max().item()
+            assert err < 5e-2, f"gated rows {rows} {(bn, bk, warps, stages)}: error {err:.3g}"
+            t = graph_time_us(run)
+            if best is None or t < best[0]:
+                best = (t, (bn, bk, warps, stages))
+        t_op, t_unfused = graph_time_us(lambda: gemv_silu_mul(x, w)), graph_time_us(unfused)
+        print(f"gated rows {rows:2d}: unfused (op + gate) {t_unfused:6.2f} us  gated op {t_op:6.2f} us  best "
+              f"(block_n, block_k, warps, stages) {best[1]} {best[0]:6.2f} us", flush=True)
+
+
 if __name__ == "__main__":
+    if "--gated" in sys.argv[1:]:
+        gated_sweep()
+        sys.exit(0)
     if "--rows-only" not in sys.argv[1:]:
         main()
     rows_sweep()
