@@ -64,7 +64,8 @@ class RunConfig:
     rollout_backend: str = "suite"     # "vllm": rollouts decoded by vLLM (own venv; README "vLLM backend")
     cuda_graphs: str = "off"           # suite engine: "draft" replays the draft's propose/observe as CUDA graphs,
                                        # "all" also the policy's static-cache decode/verify step (repro.rollout),
-                                       # "compiled"/"fused" its layers / the whole step compiled (docs/engine.md)
+                                       # "compiled"/"fused" its layers / the whole step compiled,
+                                       # "compiled_drafts" its layers and the draft's calls whole (docs/engine.md)
     bucket_batch: bool = False         # ... and rounds the static batch up to a power of two (multi-turn)
     # 0: Python's automatic garbage collector; N > 0: automatic collection off while training and one full
     # collection every N steps inside the step's time (Megatron-LM's --manual-gc; repro.rl.trainer)

@@ -7,9 +7,10 @@ once, accepts a prefix by ``repro.decoding.sampling.verify`` and commits ``accep
 Without a proposer (k = 0) the same loop is the plain decoding baseline.
 
 ``cuda_graphs="draft"`` runs the proposer on static caches sized for the request, replayed as CUDA graphs on a GPU;
-``"all"``, ``"compiled"`` and ``"fused"`` the policy too (docs/engine.md); ``"off"`` (default) keeps growing, compacted
-caches. ``max_draft_slots`` caps the static cache (slots per row; a request that needs more fails before decoding);
-``bucket_batch=True`` rounds the static batch up to a power of two (shrinking turns then share captured graphs).
+``"all"``, ``"compiled"``, ``"compiled_drafts"`` and ``"fused"`` the policy too (docs/engine.md); ``"off"`` (default)
+keeps growing, compacted caches. ``max_draft_slots`` caps the static cache (slots per row; a request that needs more
+fails before decoding); ``bucket_batch=True`` rounds the static batch up to a power of two (shrinking turns then
+share captured graphs).
 
 Returned per row: generated tokens, the policy's log-probabilities of those tokens
 (``log_softmax(logits / temperature)``; temperature 1 in greedy mode), why it stopped; and counters
@@ -38,9 +39,10 @@ from repro.rollout.result import AcceptanceCounters, RolloutResult, check_reques
 from repro.rollout.static_loop import StaticDecoder, generate_static
 
 log = logging.getLogger(__name__)
-CUDA_GRAPH_MODES = ("off", "draft", "all", "compiled", "fused")
-STATIC_MODES = ("all", "compiled", "fused")     # the policy on a static cache too (repro.rollout.static_loop)
-COMPILED_MODES = ("compiled", "fused")           # inductor compiles first (minutes on a GPU)
+CUDA_GRAPH_MODES = ("off", "draft", "all", "compiled", "compiled_drafts", "fused")
+STATIC_MODES = ("all", "compiled", "compiled_drafts", "fused")  # the policy on a static cache too (static_loop)
+COMPILED_MODES = ("compiled", "compiled_drafts", "fused")        # inductor compiles first (minutes on a GPU)
+WHOLE_DRAFT_MODES = ("compiled_drafts", "fused")  # the proposer's static propose and observe each compiled whole
 BUCKETED_STATES = 16      # static states a proposer keeps when batches are bucketed (every turn shape of a request)
 
 
@@ -93,7 +95,7 @@ class RolloutEngine:
                                                 fused=cuda_graphs == "fused")
             if proposer is not None:
                 proposer.check_steps = False      # its per-step check would be a second host sync
-                proposer.compile_static = compile_backend if cuda_graphs == "fused" else None
+                proposer.compile_static = compile_backend if cuda_graphs in WHOLE_DRAFT_MODES else None
         self.max_model_len = max_model_len
         self.compact_every = 16           # verify steps between checks for dead slots to squeeze out
         self.compact_min_waste = 64       # ... and the fewest columns worth a compaction

@@ -267,7 +267,7 @@ def test_bad_values_fail_clearly(trained):
     pol.set_taps(d.tap_spec)
     with pytest.raises(ValueError,
                        match=r"cuda_graphs='full' is invalid: expected one of \('off', 'draft', 'all', 'compiled', "
-                             r"'fused'\)"):
+                             r"'compiled_drafts', 'fused'\)"):
         RolloutEngine(pol, proposer(d), cuda_graphs="full")
     with pytest.raises(ValueError, match="OracleProposer has none"):
         RolloutEngine(pol, OracleProposer(pol, 2, prompts[:1]), cuda_graphs="draft")
@@ -285,7 +285,7 @@ def test_bad_values_fail_clearly(trained):
         cur.set(5, 4)
     with pytest.raises(ValueError, match="max_slots must be >= 1"):
         StaticSlots(2, 0, "cpu")
-    assert CUDA_GRAPH_MODES == ("off", "draft", "all", "compiled", "fused")
+    assert CUDA_GRAPH_MODES == ("off", "draft", "all", "compiled", "compiled_drafts", "fused")
 
 
 def test_rl_config_switch():
@@ -483,6 +483,33 @@ def test_fused_step_is_the_static_step(trained, family, monkeypatch):
                                    rtol=0, atol=1e-5)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0      # it was traced, not run as it is
     assert set(eng.graph_status()) >= {f"policy.fused_step[{len(ps)}x256]"}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("family", ("eagle3", "dflash"))
+def test_compiled_drafts_step_is_the_static_step(trained, family, monkeypatch):
+    """cuda_graphs="compiled_drafts": the policy's decoder layers compiled one at a time (as "compiled") and the
+    draft's propose and observe each traced whole (as "fused"), dynamo's eager backend here, under replay emulation:
+    the tokens, log-probabilities and counters of the untraced static path, greedy and sampled."""
+    from repro.rollout.compiled_layers import _COMPILED
+    pol, prompts, drafts = trained
+    pol.set_taps(drafts[family].tap_spec)
+    ps = ragged(prompts)
+    requests = [(ps, True, 0), (ps[:3], False, 1)]
+    monkeypatch.setattr(GraphedCallable, "emulate_replay", True)
+    static = RolloutEngine(pol, proposer(drafts[family]), cuda_graphs="all")
+    want = [static.generate(p, max_new_tokens=10, greedy=g, temperature=0.9, seed=s) for p, g, s in requests]
+    torch._dynamo.reset()
+    eng = RolloutEngine(pol, proposer(drafts[family]), cuda_graphs="compiled_drafts", compile_backend="eager")
+    assert eng.proposer.compile_static == "eager" and eng.static_decoder.fused is None
+    for (p, g, s), w in zip(requests, want):
+        got = eng.generate(p, max_new_tokens=10, greedy=g, temperature=0.9, seed=s)
+        assert got.tokens == w.tokens and got.finish_reason == w.finish_reason
+        assert got.counters.as_dict() == w.counters.as_dict()
+        torch.testing.assert_close(torch.tensor(sum(got.logprobs, [])), torch.tensor(sum(w.logprobs, [])),
+                                   rtol=0, atol=1e-5)
+    assert (type(pol.decoder_layers()[0]), "eager", "decode") in _COMPILED           # the layers, one at a time
+    assert set(eng.graph_status()) >= {"propose", "observe", f"policy.step[{len(ps)}x256]"}
 
 
 @pytest.mark.timeout(60)
