@@ -6,7 +6,8 @@ DSpark draft on its samples, then measures in one run on the same weights and fr
 ``suite-<mode>/<family>/b<B>`` our engine per ``engine_modes`` (raw samples, ms per step, tokens/s, acceptance
 length, speedup and speedup / AL, also from process CPU time: ``*_cpu``, and occupancy: the share of (row, step)
 slots whose row was still generating, about what speedup / AL reaches with a free draft at B > 1, since the batch
-steps until its slowest row is done); ``bound/<family>/b<B>`` the static verify step over its decode step
+steps until its slowest row is done, and ``first_call_s``: the warm-up call, a new engine's compilations and graph
+captures included); ``bound/<family>/b<B>`` the static verify step over its decode step
 (speedup / AL cannot pass its inverse); ``peer/<peer>/b<B>`` transformers'
 StaticCache + compile, its eager DynamicCache and vLLM where importable (``repro.rollout.peers``; a peer that cannot
 run is listed with its reason in ``peer_status``); ``floor/b<B>`` the weights read once at envcheck's copy
@@ -143,20 +144,24 @@ def identity_check(policy, drafts: dict, s: Decode, prompts, mode: str) -> dict[
 
 
 class Timer:
-    """Wall and process-CPU seconds per call of a decode function (one warm-up call first)."""
+    """Wall and process-CPU seconds per call of a decode function (one warm-up call first, whose wall seconds, the
+    compilations and graph captures of a new engine included, are kept in ``first_call_s``)."""
 
     def __init__(self, device: torch.device, repeats: int):
         self.device, self.repeats = device, repeats
+        self.first_call_s = 0.0
 
     def __call__(self, fn):
-        result, cpu = {}, []
+        result, cpu, wall = {}, [], []
 
         def go():
-            c0 = time.process_time()
-            result["r"] = fn()
+            t0, c0 = time.perf_counter(), time.process_time()
+            result["r"] = fn()            # token lists on the host: the call has finished on the device
             cpu.append(time.process_time() - c0)
+            wall.append(time.perf_counter() - t0)
 
         samples = time_samples(go, warmup=1, repeats=self.repeats, device=self.device)
+        self.first_call_s = wall[0]
         return samples, summarize(cpu[1:])["median"], result["r"]
 
 
@@ -315,7 +320,8 @@ def sweep_batch(bench, timer: Timer, policy, drafts, s: Decode, prompts, B: int,
             med = summarize(samples)["median"]
             al = r.counters.acceptance_length
             extra = {"tokens_per_s": ntok / med, "ms_per_step": med / r.policy_forwards * 1e3, "cpu_s": cpu,
-                     "acceptance_length": al, "policy_forwards": r.policy_forwards, "new_tokens": ntok}
+                     "acceptance_length": al, "policy_forwards": r.policy_forwards, "new_tokens": ntok,
+                     "first_call_s": timer.first_call_s}
             if fam == "plain":
                 base = (med, cpu)
             else:
@@ -366,7 +372,8 @@ def peers_batch(bench, timer: Timer, policy, s: Decode, prompts, B: int, status:
         med = summarize(samples)["median"]
         bench.record(f"peer/{name}/b{B}", {"engine": name, "family": "plain", "batch": B, "new_tokens": s.new_tokens},
                      samples, extra={"tokens_per_s": ntok / med, "ms_per_step": med / s.new_tokens * 1e3,
-                                     "cpu_s": cpu, "setup_s": setup_s, "new_tokens": ntok})
+                                     "cpu_s": cpu, "setup_s": setup_s, "new_tokens": ntok,
+                                     "first_call_s": timer.first_call_s})
 
 
 def main(argv: list[str] | None = None) -> int:
