@@ -136,13 +136,13 @@ def _check_rows(x: torch.Tensor, op: str) -> None:
         raise ValueError(f"repro::{op} takes 1 to {MAX_ROWS} rows, got x of shape {tuple(x.shape)}")
 
 
-def _product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, n: int, gated: bool) -> torch.Tensor:
+def _product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, gated: bool) -> torch.Tensor:
     """The op's launch. Gated, a program takes half the columns the plain product over the stacked ``w`` would
     give it, gate and up rows of each: the same programs, each streaming as many weight rows per tile (in a profile
     of a decode step on one H200, the gated kernel with the plain product's column count per program, so half the
     programs, took well over the plain product's time at one row)."""
     m, k = x.shape
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    y = torch.empty(m, w.shape[0] // 2 if gated else w.shape[0], dtype=x.dtype, device=x.device)
     if m == 1:
         block_n, block_k, warps = tiles(k)
         block_n = max(1, block_n // 2) if gated else block_n
@@ -159,7 +159,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> 
     """``F.linear(x, w, bias)`` for a contiguous ``x`` ``[M, K]`` of at most ``MAX_ROWS`` rows and a row-major
     ``w`` ``[N, K]``."""
     _check_rows(x, "gemv")
-    return _product(x, w, bias, w.shape[0], gated=False)
+    return _product(x, w, bias, gated=False)
 
 
 @triton_op("repro::gemv_silu_mul", mutates_args=())
@@ -169,4 +169,4 @@ def gemv_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     _check_rows(x, "gemv_silu_mul")
     if w.shape[0] % 2:
         raise ValueError(f"repro::gemv_silu_mul takes gate rows over as many up rows, got w of shape {tuple(w.shape)}")
-    return _product(x, w, None, w.shape[0] // 2, gated=True)
+    return _product(x, w, None, gated=True)

@@ -55,6 +55,14 @@ def proposer(d):
     return Eagle3Proposer(d, 3) if isinstance(d, Eagle3Draft) else BlockProposer(d)
 
 
+def assert_same_rollout(got, want):
+    """Same tokens, stop reasons and acceptance counters; log-probabilities to 1e-5."""
+    assert got.tokens == want.tokens and got.finish_reason == want.finish_reason
+    assert got.counters.as_dict() == want.counters.as_dict()
+    torch.testing.assert_close(torch.tensor(sum(got.logprobs, [])), torch.tensor(sum(want.logprobs, [])),
+                               rtol=0, atol=1e-5)
+
+
 def ragged(prompts):
     ps = [list(p) for p in prompts[:6]]
     ps[2] += [7, 9, 11]          # left padding in the prefill
@@ -442,10 +450,7 @@ def test_compiled_static_step_is_the_static_step(trained, family, monkeypatch):
     layer_cls = type(pol.decoder_layers()[0])
     for (p, g, s), w in zip(requests, want):
         got = eng.generate(p, max_new_tokens=10, greedy=g, temperature=0.9, seed=s)
-        assert got.tokens == w.tokens and got.finish_reason == w.finish_reason
-        assert got.counters.as_dict() == w.counters.as_dict()
-        torch.testing.assert_close(torch.tensor(sum(got.logprobs, [])), torch.tensor(sum(w.logprobs, [])),
-                                   rtol=0, atol=1e-5)
+        assert_same_rollout(got, w)
         assert all("forward" not in vars(layer) for layer in pol.decoder_layers())
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames
     # two graphs per compilation: the attention, which writes the static cache, runs eagerly between them
@@ -477,10 +482,7 @@ def test_fused_step_is_the_static_step(trained, family, monkeypatch):
     eng = RolloutEngine(pol, make(), cuda_graphs="fused", compile_backend="eager")
     for (p, g, s), w in zip(requests, want):
         got = eng.generate(p, max_new_tokens=10, greedy=g, temperature=0.9, seed=s)
-        assert got.tokens == w.tokens and got.finish_reason == w.finish_reason
-        assert got.counters.as_dict() == w.counters.as_dict()
-        torch.testing.assert_close(torch.tensor(sum(got.logprobs, [])), torch.tensor(sum(w.logprobs, [])),
-                                   rtol=0, atol=1e-5)
+        assert_same_rollout(got, w)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0      # it was traced, not run as it is
     assert set(eng.graph_status()) >= {f"policy.fused_step[{len(ps)}x256]"}
 
@@ -504,10 +506,7 @@ def test_compiled_drafts_step_is_the_static_step(trained, family, monkeypatch):
     assert eng.proposer.compile_static == "eager" and eng.static_decoder.fused is None
     for (p, g, s), w in zip(requests, want):
         got = eng.generate(p, max_new_tokens=10, greedy=g, temperature=0.9, seed=s)
-        assert got.tokens == w.tokens and got.finish_reason == w.finish_reason
-        assert got.counters.as_dict() == w.counters.as_dict()
-        torch.testing.assert_close(torch.tensor(sum(got.logprobs, [])), torch.tensor(sum(w.logprobs, [])),
-                                   rtol=0, atol=1e-5)
+        assert_same_rollout(got, w)
     assert (type(pol.decoder_layers()[0]), "eager", "decode") in _COMPILED           # the layers, one at a time
     assert set(eng.graph_status()) >= {"propose", "observe", f"policy.step[{len(ps)}x256]"}
 
