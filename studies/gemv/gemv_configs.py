@@ -25,6 +25,12 @@ def graph_time_us(fn) -> float:
     return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=30)
 
 
+def excess_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """Largest |y - ref| over its tolerance: 5e-2 absolute plus two bf16 ulps of ``ref`` (2^-7 relative), so that
+    outputs of magnitude 8-16, where one ulp is 0.0625, pass when they are one rounding away."""
+    return ((y.float() - ref.float()).abs() / (5e-2 + 2.0 ** -7 * ref.float().abs())).max().item()
+
+
 def main():
     torch.manual_seed(0)
     for name, (n, k) in SHAPES.items():
@@ -35,8 +41,8 @@ def main():
         best = None
         for bn, bk, warps in CONFIGS:
             launch(x, w, None, y, block_n=bn, block_k=bk, num_warps=warps)
-            err = (y.float() - ref).abs().max().item()
-            assert err < 5e-2, f"{name} {(bn, bk, warps)}: error {err:.3g}"
+            err = excess_error(y, ref)
+            assert err <= 1, f"{name} {(bn, bk, warps)}: error {err:.3g} of the tolerance"
             t = graph_time_us(lambda: launch(x, w, None, y, block_n=bn, block_k=bk, num_warps=warps))
             if best is None or t < best[0]:
                 best = (t, (bn, bk, warps))
@@ -59,8 +65,8 @@ def rows_sweep():
                 run = lambda: launch_rows(x, w, None, y, block_m=16, block_n=bn, block_k=bk, num_warps=warps,
                                           num_stages=stages)
                 run()
-                err = (y.float() - ref).abs().max().item()
-                assert err < 5e-2, f"{name} rows {rows} {(bn, bk, warps, stages)}: error {err:.3g}"
+                err = excess_error(y, ref)
+                assert err <= 1, f"{name} rows {rows} {(bn, bk, warps, stages)}: error {err:.3g} of the tolerance"
                 t = graph_time_us(run)
                 if best is None or t < best[0]:
                     best = (t, (bn, bk, warps, stages))
@@ -91,8 +97,8 @@ def gated_sweep():
                 run = lambda: launch_rows(x, w, None, y, block_m=16, block_n=bn, block_k=bk, num_warps=warps,
                                           num_stages=stages, gated=True)
             run()
-            err = (y.float() - ref).abs().max().item()
-            assert err < 5e-2, f"gated rows {rows} {(bn, bk, warps, stages)}: error {err:.3g}"
+            err = excess_error(y, ref)
+            assert err <= 1, f"gated rows {rows} {(bn, bk, warps, stages)}: error {err:.3g} of the tolerance"
             t = graph_time_us(run)
             if best is None or t < best[0]:
                 best = (t, (bn, bk, warps, stages))
