@@ -1,7 +1,8 @@
 """Test-session settings: under pytest-xdist each worker takes its share of the cores for torch's threads (and
 the processes it starts inherit it), so N workers do not run N x cores threads. Without a GPU, Triton kernels
 run under Triton's CPU interpreter (TRITON_INTERPRET=1 is read when a kernel is defined, so it is set before
-anything imports triton: torch.compile does)."""
+anything imports triton: torch.compile does). The decode benchmark's vllm peer never reaches a vLLM environment
+beside the suite's (.venv-vllm) unless a test names one (REPRO_VLLM_PYTHON)."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,7 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("REPRO_VLLM_PYTHON", "")
 
 workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if workers > 1:

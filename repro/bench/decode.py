@@ -145,19 +145,20 @@ def identity_check(policy, drafts: dict, s: Decode, prompts, mode: str) -> dict[
 
 class Timer:
     """Wall and process-CPU seconds per call of a decode function (one warm-up call first, whose wall seconds, the
-    compilations and graph captures of a new engine included, are kept in ``first_call_s``)."""
+    compilations and graph captures of a new engine included, are kept in ``first_call_s``). ``outside_cpu``: a
+    clock of the CPU seconds the function spends in other processes (a peer in its own interpreter), counted too."""
 
     def __init__(self, device: torch.device, repeats: int):
         self.device, self.repeats = device, repeats
         self.first_call_s = 0.0
 
-    def __call__(self, fn):
+    def __call__(self, fn, outside_cpu=lambda: 0.0):
         result, cpu, wall = {}, [], []
 
         def go():
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0 = time.perf_counter(), time.process_time() + outside_cpu()
             result["r"] = fn()            # token lists on the host: the call has finished on the device
-            cpu.append(time.process_time() - c0)
+            cpu.append(time.process_time() + outside_cpu() - c0)
             wall.append(time.perf_counter() - t0)
 
         samples = time_samples(go, warmup=1, repeats=self.repeats, device=self.device)
@@ -356,7 +357,7 @@ def peers_batch(bench, timer: Timer, policy, s: Decode, prompts, B: int, status:
                                  max_model_len=s.prompt_len + s.new_tokens + 8)
                 try:
                     setup_s = time.perf_counter() - t0
-                    samples, cpu, toks = timer(lambda peer=peer: peer.generate(prompts))
+                    samples, cpu, toks = timer(lambda peer=peer: peer.generate(prompts), outside_cpu=peer.cpu_s)
                 finally:
                     peer.close()
         except PeerUnavailable as exc:

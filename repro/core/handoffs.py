@@ -10,6 +10,7 @@ it, so a run that uses no integration never loads one.
     engine_cls = rollout_engine("vllm")       # integrations.vllm.engine.VllmRolloutEngine
     build = draft_loader("eagle3")            # integrations.vllm.load.build_eagle3_from_checkpoint
     mapper = metric_mapper("nemo-rl")         # integrations.nemo_rl.metrics.nemo_rl_mapper
+    export = policy_exporter("vllm")          # integrations.vllm.export.export_policy
     python -m integrations.nemo_rl.run --list # NEMO_RL_RUN: the module the workflow launches for a NeMo-RL row
 """
 from __future__ import annotations
@@ -25,6 +26,10 @@ DRAFT_LOADERS = {"eagle3": "integrations.vllm.load:build_eagle3_from_checkpoint"
 # engine named in a run folder's env.json (other than "suite") -> its metric mapper (repro.report.collect.Mapper)
 METRIC_MAPPERS = {"nemo-rl": "integrations.nemo_rl.metrics:nemo_rl_mapper"}
 NEMO_RL_RUN = "integrations.nemo_rl.run"   # the module repro.plan launches for a NeMo-RL row
+# the decode benchmark's vllm peer when vLLM lives in another interpreter (repro.rollout.peers): the policy's export
+# into the layout vLLM loads, and the module that serves vLLM's decoding there
+POLICY_EXPORTERS = {"vllm": "integrations.vllm.export:export_policy"}
+VLLM_PEER_SERVER = "integrations.vllm.peer_server"
 
 
 def _load(table: dict[str, str], key: str, what: str):
@@ -42,6 +47,12 @@ def rollout_engine(backend: str):
 def draft_loader(family: str):
     """The builder of a ``family`` draft from a released checkpoint (a key of ``DRAFT_LOADERS``)."""
     return _load(DRAFT_LOADERS, family, "released-checkpoint loader for draft family")
+
+
+def policy_exporter(engine: str):
+    """The function that writes a policy in the checkpoint layout ``engine`` loads (a key of ``POLICY_EXPORTERS``),
+    called (policy, folder) -> folder."""
+    return _load(POLICY_EXPORTERS, engine, "policy exporter for engine")
 
 
 def metric_mapper(engine: str):

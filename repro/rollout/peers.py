@@ -6,12 +6,15 @@
   ``torch.compile`` by hand instead breaks on a GPU: generate keeps reading a graph's output after the next replay
   has overwritten it;
 * ``hf-dynamic``: transformers ``generate`` eagerly with its ``DynamicCache`` (the stock baseline);
-* ``vllm``: vLLM's plain decoding through ``integrations.vllm.engine`` where vLLM is importable.
+* ``vllm``: vLLM's plain decoding through ``integrations.vllm.engine``: in this process where vLLM is importable,
+  else in vLLM's own environment (``.venv-vllm`` from ``bash scripts/setup.sh --vllm``, or the interpreter named by
+  ``REPRO_VLLM_PYTHON``) as a child process serving ``integrations.vllm.peer_server`` (``repro.rollout.child_peer``).
 
 ``make_peer(name, policy, ...)`` returns a ``Peer`` whose ``generate(prompts)`` decodes ``new_tokens`` tokens
 per row (sampling at the given temperature, no stop token: every row runs to the length limit, as the
 engine's rows do in the benchmark). A peer that cannot run here raises ``PeerUnavailable`` with the reason;
-the benchmark records it and goes on. Prompts of one call must have one length (no padding needed).
+the benchmark records it and goes on. Prompts of one call must have one length (no padding needed). ``cpu_s()``
+is the CPU time the peer has spent outside this process so far (a child's; 0 for peers that run here).
 
     peer = make_peer("hf-dynamic", policy, new_tokens=32, temperature=1.0)
     tokens = peer.generate([[1, 2, 3], [4, 5, 6]])       # list of token lists
@@ -20,12 +23,16 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from repro.core.handoffs import rollout_engine
+from repro.core.handoffs import VLLM_PEER_SERVER, policy_exporter, rollout_engine
+from repro.core.provenance import REPO_ROOT
+from repro.rollout.child_peer import ChildDecoder, ChildPeerError
 
 PEERS = ("hf-static-compile", "hf-dynamic", "vllm")
 PEER_RECOMPILE_LIMIT = 64
@@ -36,8 +43,8 @@ class PeerUnavailable(RuntimeError):
 
 
 class Peer:
-    def __init__(self, name: str, generate, close=lambda: None):
-        self.name, self._generate, self.close = name, generate, close
+    def __init__(self, name: str, generate, close=lambda: None, cpu_s=lambda: 0.0):
+        self.name, self._generate, self.close, self.cpu_s = name, generate, close, cpu_s
 
     def generate(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
         if len({len(p) for p in prompts}) != 1:
@@ -88,12 +95,22 @@ def make_peer(name: str, policy, *, new_tokens: int, temperature: float, workdir
     return Peer(name, generate)
 
 
+def vllm_interpreter() -> str | None:
+    """The interpreter of vLLM's own environment: ``REPRO_VLLM_PYTHON`` (set and empty: none), else the repository's
+    ``.venv-vllm``, else None."""
+    named = os.environ.get("REPRO_VLLM_PYTHON")
+    if named is not None:
+        return named or None
+    venv = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    return str(venv) if venv.is_file() and os.access(venv, os.X_OK) else None
+
+
 def _vllm_peer(policy, *, new_tokens: int, temperature: float, workdir, max_model_len: int) -> Peer:
-    if importlib.util.find_spec("vllm") is None:
-        raise PeerUnavailable("vllm is not importable in this interpreter (it lives in .venv-vllm: "
-                              "bash scripts/setup.sh --vllm, then run the benchmark with .venv-vllm/bin/python)")
     if workdir is None:
         raise PeerUnavailable("the vllm peer needs a workdir to export the policy into")
+    if importlib.util.find_spec("vllm") is None:
+        return _vllm_child_peer(policy, new_tokens=new_tokens, temperature=temperature, workdir=Path(workdir),
+                                max_model_len=max_model_len)
     try:
         eng = rollout_engine("vllm").from_models(policy, None, workdir=Path(workdir) / "vllm_peer",
                                                  max_model_len=max_model_len, seed=0)
@@ -104,3 +121,24 @@ def _vllm_peer(policy, *, new_tokens: int, temperature: float, workdir, max_mode
         return eng.generate(prompts, max_new_tokens=new_tokens, temperature=temperature, seed=0).tokens
 
     return Peer("vllm", generate, close=eng.close)
+
+
+def _vllm_child_peer(policy, *, new_tokens: int, temperature: float, workdir: Path, max_model_len: int) -> Peer:
+    python = vllm_interpreter()
+    if python is None or Path(python).absolute() == Path(sys.executable).absolute():   # a venv is its path
+        raise PeerUnavailable("vllm is not importable in this interpreter and no vLLM environment was found "
+                              "(bash scripts/setup.sh --vllm makes .venv-vllm; REPRO_VLLM_PYTHON names another "
+                              "interpreter)")
+    pdir = policy_exporter("vllm")(policy, workdir / "vllm_peer" / "policy")
+    dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(policy.dtype, "float32")
+    try:
+        child = ChildDecoder([python, "-m", VLLM_PEER_SERVER, "--policy-dir", str(pdir), "--max-model-len",
+                              str(max_model_len), "--dtype", dtype], log=workdir / "vllm_peer" / "server.log",
+                             cwd=REPO_ROOT)
+    except ChildPeerError as exc:
+        raise PeerUnavailable(f"vllm ({python}) could not start on this policy: {exc}") from exc
+
+    def generate(prompts):
+        return child.generate(prompts, max_new_tokens=new_tokens, temperature=temperature, seed=0)
+
+    return Peer("vllm", generate, close=child.close, cpu_s=lambda: child.cpu_s)
