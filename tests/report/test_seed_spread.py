@@ -172,3 +172,32 @@ def test_run_means_sit_beside_the_baseline_runs_range():
         "reward 0.5 [0.4, 0.6]; val 0.3 [0.2, 0.4]"
     assert self_check.at["no draft (sampling seed 1)", "run means [baseline runs]"] == \
         "reward 0.4 [0.5, 0.6]; val 0.2 [0.3, 0.4]"
+
+
+def test_fig3_builder_keeps_each_machine_apart_and_draws_this_machines_runs(tmp_path, monkeypatch):
+    """A reference machine listed first and this machine (CPU-time step rows, as cpu-emulated runs log): each
+    machine's verdicts come from its own runs (the CPU basis keeps every run's machine), and the figure draws this
+    machine's curves."""
+    from repro.report.artifacts import fig3
+    frames = []
+    for hw, label, reward in (("cpu-2c-ref", "cpu-emulated, reference", 0.95), ("cpu-2c", "cpu-emulated, this machine",
+                                                                              0.5)):
+        f = _frame([reward] * 12, [0.3] * 3).assign(hardware=hw, hardware_label=label)
+        f["run"] = f["run"].str.replace("cpu-2c/", f"{hw}/", regex=False)
+        cpu = f[f["metric"] == "train/reward"].assign(metric="train/step_cpu_s", value=0.25)
+        tok = cpu.assign(metric="train/gen_tokens", value=100.0)
+        frames += [f, cpu, tok]
+    tidy = pd.concat(frames, ignore_index=True)
+    drawn = []
+    real_main_runs = ss.main_runs
+    monkeypatch.setattr(fig3.seed_spread, "main_runs", lambda steps: drawn.append(steps) or real_main_runs(steps))
+    paper = pd.DataFrame(columns=["row", "metric", "stat", "value", "paper_hardware"])
+    fig3.build(tidy, paper, tmp_path)
+    spread = pd.read_csv(tmp_path / "fig3_spread.csv")
+    dspark = spread[spread["row"] == "DSpark"].set_index("measured on")["verdict"].to_dict()
+    assert dspark == {"cpu-2c-ref (cpu-emulated, reference)": ss.OUTSIDE,
+                      "cpu-2c (cpu-emulated, this machine)": ss.WITHIN}
+    curves = drawn[0]                               # the figure's curves: this machine's runs only, CPU basis
+    assert set(curves["hardware"]) == {"cpu-2c"}
+    st = curves[curves["metric"] == "train/throughput_tok_s"]
+    assert len(st) and (st["value"] == 400.0).all() and set(st["hardware_label"]) == {"cpu-emulated, this machine"}

@@ -59,36 +59,51 @@ def summary_table(tidy: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
 KL_FLOOR = 1e-16
 
 
-def _cpu_basis(steps: pd.DataFrame, label: str) -> pd.DataFrame:
+def _cpu_basis(steps: pd.DataFrame) -> pd.DataFrame:
     """On cpu-emulated runs: step time and throughput from process CPU seconds (shared cores make wall
-    time noisy), under the panels' metric names, so the figure and the summary use one basis."""
-    if not label.startswith("cpu-emulated") or not (steps["metric"] == "train/step_cpu_s").any():
+    time noisy), under the panels' metric names, so the figure and the summary use one basis. Run by run: each
+    derived row keeps its own run's machine, label and engine."""
+    cpu_runs = set(steps.loc[steps["hardware_label"].str.startswith("cpu-emulated")
+                             & (steps["metric"] == "train/step_cpu_s"), "run"])
+    if not cpu_runs:
         return steps
     keys = ["run", "row", "step"]
-    cpu = steps[steps["metric"] == "train/step_cpu_s"].set_index(keys)["value"]
-    tok = steps[steps["metric"] == "train/gen_tokens"].set_index(keys)["value"]
-    rest = steps[~steps["metric"].isin(["train/step_time_s", "train/throughput_tok_s"])]
-    meta = steps.iloc[0][["artifact", "profile", "hardware", "hardware_label", "engine"]].to_dict()
+    mine = steps[steps["run"].isin(cpu_runs)]
+    cpu = mine[mine["metric"] == "train/step_cpu_s"].set_index(keys)["value"]
+    tok = mine[mine["metric"] == "train/gen_tokens"].set_index(keys)["value"]
+    rest = steps[~(steps["run"].isin(cpu_runs) & steps["metric"].isin(["train/step_time_s", "train/throughput_tok_s"]))]
+    meta = mine.drop_duplicates("run").set_index("run")[["artifact", "profile", "hardware", "hardware_label",
+                                                          "engine"]]
     derived = []
     for (run, row, step), c in cpu.items():
-        derived.append({**meta, "run": run, "row": row, "step": step, "metric": "train/step_time_s", "value": c})
+        run_meta = meta.loc[run].to_dict()
+        derived.append({**run_meta, "run": run, "row": row, "step": step, "metric": "train/step_time_s", "value": c})
         if (run, row, step) in tok.index and c > 0:
-            derived.append({**meta, "run": run, "row": row, "step": step, "metric": "train/throughput_tok_s",
+            derived.append({**run_meta, "run": run, "row": row, "step": step, "metric": "train/throughput_tok_s",
                             "value": tok[(run, row, step)] / c})
     return pd.concat([rest, pd.DataFrame(derived)], ignore_index=True)
 
 
+def drawn_machine(steps: pd.DataFrame) -> tuple[str, str]:
+    """(hardware, label) whose runs the figure draws: this machine's when it has runs, else the first listed."""
+    pairs = list(dict.fromkeys(zip(steps["hardware"], steps["hardware_label"])))
+    here = [p for p in pairs if "this machine" in str(p[1])]
+    return (here or pairs)[0]
+
+
 def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: str, title: str) -> list[Path]:
+    """The six panels of one machine's runs (``drawn_machine``), the spread verdicts of every machine's runs and
+    the summary of every machine's beside the paper's."""
     steps = tidy[tidy["metric"].str.startswith(("train/", "val/"))]
-    hw = steps["hardware"].iloc[0] if len(steps) else "-"
-    label = steps["hardware_label"].iloc[0] if len(steps) else ""
-    steps = _cpu_basis(steps, label) if len(steps) else steps
-    cpu_basis = label.startswith("cpu-emulated") and (steps["metric"] == "train/step_cpu_s").any()
-    base = seed_spread.baseline_row(steps) if len(steps) else None
-    hw_steps = steps[(steps["hardware"] == hw) & (steps["hardware_label"] == label)] if len(steps) else steps
+    steps = _cpu_basis(steps) if len(steps) else steps
+    hw, label = drawn_machine(steps) if len(steps) else ("-", "")
+    drawn = steps[(steps["hardware"] == hw) & (steps["hardware_label"] == label)] if len(steps) else steps
+    cpu_basis = label.startswith("cpu-emulated") and (drawn["metric"] == "train/step_cpu_s").any()
+    base = seed_spread.baseline_row(drawn) if len(drawn) else None
+    hw_steps = drawn
     if base is not None:                           # the replicas the verdict table bands (sampling ones first)
         hw_steps, _ = seed_spread.banded_runs(hw_steps)
-    curves = seed_spread.main_runs(steps) if len(steps) else steps
+    curves = seed_spread.main_runs(drawn) if len(drawn) else drawn
     fig, axes = plt.subplots(2, 3, figsize=(7.0, 3.9))
     cycle = plt.rcParams["axes.prop_cycle"].by_key()
     # one fixed style per row (a panel without the baseline, e.g. acceptance length, keeps the colours)
