@@ -133,12 +133,14 @@ def machine_line(env: dict[str, Any] | None) -> str:
 
 
 def standing(tables: dict[str, pd.DataFrame], machine: str | None) -> pd.DataFrame:
-    """How this machine stands against the paper, artifact by artifact (its rows only when ``machine`` is given)."""
+    """How this machine stands against the paper, artifact by artifact (its rows only when ``machine`` is given: a
+    committed reference run of the same machine tag is not this machine's)."""
     lines = []
     for artifact, table in tables.items():
         mine = table[table["measured_value"].notna()]
         if machine:
-            mine = mine[mine["measured_hardware"].str.startswith(machine)]
+            hw = mine["measured_hardware"]
+            mine = mine[hw.str.startswith(machine) & ~hw.str.endswith(", reference)")]
         count = mine["status"].value_counts()
         lines.append({"artifact": artifact, "paper numbers": len(table.drop_duplicates(["row", "metric"])),
                       "measured here": len(mine),

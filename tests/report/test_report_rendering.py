@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from repro.core.profile import load_profile
-from repro.report.compare import compare_artifact, expected_ratio, write_reports
+from repro.report.compare import compare_artifact, expected_ratio, standing, write_reports
 from repro.report.paper import load_paper_numbers
 from repro.report.style import apply_style, paper_style, save_figure
 from repro.report.tables import write_table
@@ -154,6 +154,7 @@ def test_a_reference_run_of_this_machines_tag_keeps_its_own_values():
     got = cmp[(cmp["row"] == "Qwen3-8B/DFlash") & (cmp["metric"] == "rollout_speedup")]
     assert dict(zip(got["measured_hardware"], got["measured_value"])) == {
         "cpu-2c (cpu-emulated, reference)": 1.5, "cpu-2c (cpu-emulated, this machine)": 1.1}
+    assert standing({"table1": cmp}, "cpu-2c")["measured here"].tolist() == [1]    # the reference is not here
     dec = summary_table(decode_rows(tidy[tidy["artifact"] == "decode"]))
     assert dict(zip(dec["hardware"], dec["ms_per_step"])) == {
         "cpu-2c (cpu-emulated, reference)": 1.5, "cpu-2c (cpu-emulated, this machine)": 1.1}
