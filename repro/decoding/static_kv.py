@@ -53,11 +53,17 @@ def batch_bucket(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def traced_whole(fn: Callable, backend: str = "inductor") -> Callable:
-    """``fn`` compiled whole (``fullgraph``: a graph break is an error, dynamic sizes): a graph per kept state (its
-    buffers are guarded on) and per batch of one or more. ``fn`` must not set attributes (a memo set on the first
-    call is a guard failure, so a recompile, on the second)."""
-    compiled = torch.compile(fn, backend=backend, dynamic=True, fullgraph=True)
+def traced_whole(fn: Callable, backend: str = "inductor", *, device: torch.device | str = "cuda") -> Callable:
+    """``fn`` compiled whole (``fullgraph``: a graph break is an error): a graph per kept state (its buffers are
+    guarded on) and per batch of one or more. ``fn`` must not set attributes (a memo set on the first call is a guard
+    failure, so a recompile, on the second).
+
+    On a GPU with dynamic sizes, so one compilation of a whole step (minutes for a policy) serves every attention
+    view. On a CPU with automatic ones (static until a size changes, then that size alone dynamic): inductor's C++
+    kernels vectorize only over static strides, and with the batch and the step's width symbolic the GQA-folded
+    attention inputs were gathered element by element, in every layer of every speculative step."""
+    dynamic = True if torch.device(device).type == "cuda" else None
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True)
 
     def call(*args, **settings):
         with torch._dynamo.config.patch(recompile_limit=64):
@@ -237,7 +243,7 @@ class StaticProposerState:
         st, new = self._states.get((batch, max_slots, dtype, str(device), fused), lambda: {
             "slots": StaticSlots(batch, max_slots, device), "sb": StaticBatch(batch, device),
             "cursor": Cursor(max_slots, device),
-            "_graphs": {part: GraphedCallable(self._static_call(part, fused), f"{name}.{part}",
+            "_graphs": {part: GraphedCallable(self._static_call(part, fused, device), f"{name}.{part}",
                                               persistent_inputs=True) for part in ("propose", "observe")},
             **extra()})
         self.__dict__.update(st)
@@ -249,9 +255,9 @@ class StaticProposerState:
         self.next_col = 0
         self.static = True
 
-    def _static_call(self, part: str, backend: str | None) -> Callable:
+    def _static_call(self, part: str, backend: str | None, device) -> Callable:
         fn = getattr(self, f"_{part}_static")
-        return traced_whole(fn, backend) if backend else fn
+        return traced_whole(fn, backend, device=device) if backend else fn
 
     def observe_static(self, width: int, inputs: list[tuple[str, torch.Tensor, object]]) -> None:
         """One ``observe`` on the static caches: ``inputs`` are ``(buffer name, tensor, fill)`` in the order of

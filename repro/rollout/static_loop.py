@@ -24,7 +24,8 @@ class StaticDecoder:
         self.states = StateCache(keep_states)
         self.compile_backend = None if fused else compile_backend
         # fused: the policy step and the acceptance traced whole into one inductor graph (one CUDA graph a step)
-        self.fused = traced_whole(self._fused_step, compile_backend or "inductor") if fused else None
+        self.fused = (traced_whole(self._fused_step, compile_backend or "inductor", device=policy.device) if fused
+                      else None)
         self.graphed = ("fused",) if fused else ("step", "accept")
 
     def state(self, rows: int, max_slots: int, cuda_graphs: bool) -> dict:

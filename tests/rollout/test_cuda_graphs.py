@@ -571,3 +571,15 @@ def test_all_static_under_replay_emulation(trained, family, monkeypatch):
         assert got.logprobs == w.logprobs
     status = eng.graph_status()
     assert status and all(v["replays"] > 0 for k, v in status.items() if "accept" in k or "step" in k)
+
+
+def test_whole_step_sizes_are_dynamic_on_a_gpu_and_automatic_on_a_cpu(monkeypatch):
+    """traced_whole: one compilation serves every attention view on a GPU (dynamic sizes); on a CPU sizes start
+    static (inductor's C++ kernels vectorize only over static strides) and only a size that changes turns dynamic."""
+    import repro.decoding.static_kv as static_kv
+    seen = []
+    monkeypatch.setattr(static_kv.torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    for device in ("cuda", torch.device("cuda", 0), "cpu"):
+        assert static_kv.traced_whole(lambda x: x + 1, "eager", device=device)(1) == 2
+    assert [kw["dynamic"] for kw in seen] == [True, True, None]
+    assert all(kw["fullgraph"] and kw["backend"] == "eager" for kw in seen)
