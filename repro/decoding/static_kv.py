@@ -61,7 +61,9 @@ def traced_whole(fn: Callable, backend: str = "inductor", *, device: torch.devic
     On a GPU with dynamic sizes, so one compilation of a whole step (minutes for a policy) serves every attention
     view. On a CPU with automatic ones (static until a size changes, then that size alone dynamic): inductor's C++
     kernels vectorize only over static strides, and with the batch and the step's width symbolic the GQA-folded
-    attention inputs were gathered element by element, in every layer of every speculative step."""
+    attention inputs were gathered element by element, in every layer of every speculative step. Dynamo keeps its
+    automatic-dynamic record per step function, not per state: once another state's batch differs (the decode
+    benchmark's next batch size), that size stays symbolic for the function's later compilations."""
     dynamic = True if torch.device(device).type == "cuda" else None
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True)
 
