@@ -43,6 +43,7 @@ TIDY_COLUMNS = ["artifact", "profile", "hardware", "hardware_label", "run", "eng
 RUN_COLUMNS = ["run", "artifact", "profile", "hardware", "hardware_label", "engine", "git_sha", "git_dirty",
                "date", "finished", "resumes", "source"]
 REFERENCE = "reference"
+THIS_MACHINE = "this machine"
 
 # engine name -> function(history row) -> list of (row, metric, value). The suite's own runs log
 # {"row": ..., "step": ..., <metric>: <value>}; an outside engine's mapper is named in repro.core.handoffs.
@@ -123,10 +124,15 @@ def tidy_rows(history: Iterable[dict[str, Any]], meta: dict[str, Any], mapper: M
             for (row, step, metric), value in latest.items()]
 
 
+def origin_of_label(hardware_label: str) -> str:
+    """The origin part (``origin``'s word) of a tidy row's ``hardware_label`` such as ``cpu-emulated, this machine``."""
+    return str(hardware_label).rpartition(", ")[2]
+
+
 def origin(run_dir: Path, root: Path, here: Path | None) -> str:
     """``this machine`` (under --here), ``reference`` (results/reference/...) or ``local`` (another tag's folder)."""
     if here is not None and run_dir.resolve().is_relative_to(here.resolve()):
-        return "this machine"
+        return THIS_MACHINE
     return REFERENCE if REFERENCE in run_dir.resolve().relative_to(root.resolve().parent).parts else "local"
 
 

@@ -31,7 +31,7 @@ import yaml
 from repro.core.io import write_atomic
 from repro.core.profile import ProfileError, load_profile
 from repro.core.provenance import REPO_ROOT
-from repro.report.collect import read_tidy
+from repro.report.collect import REFERENCE, read_tidy
 from repro.report.paper import ARTIFACTS, load_paper_numbers
 from repro.report.tables import to_markdown, write_table
 
@@ -140,7 +140,7 @@ def standing(tables: dict[str, pd.DataFrame], machine: str | None) -> pd.DataFra
         mine = table[table["measured_value"].notna()]
         if machine:
             hw = mine["measured_hardware"]
-            mine = mine[hw.str.startswith(machine) & ~hw.str.endswith(", reference)")]
+            mine = mine[hw.str.startswith(machine) & ~hw.str.endswith(f", {REFERENCE})")]
         count = mine["status"].value_counts()
         lines.append({"artifact": artifact, "paper numbers": len(table.drop_duplicates(["row", "metric"])),
                       "measured here": len(mine),

@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from repro.report import seed_spread
+from repro.report.collect import THIS_MACHINE, origin_of_label
 from repro.report.style import measured_label, paper_label, paper_style, save_figure
 from repro.report.tables import latest, to_markdown, write_table
 
@@ -73,10 +74,10 @@ def _cpu_basis(steps: pd.DataFrame) -> pd.DataFrame:
     tok = mine[mine["metric"] == "train/gen_tokens"].set_index(keys)["value"]
     rest = steps[~(steps["run"].isin(cpu_runs) & steps["metric"].isin(["train/step_time_s", "train/throughput_tok_s"]))]
     meta = mine.drop_duplicates("run").set_index("run")[["artifact", "profile", "hardware", "hardware_label",
-                                                          "engine"]]
+                                                          "engine"]].to_dict("index")
     derived = []
     for (run, row, step), c in cpu.items():
-        run_meta = meta.loc[run].to_dict()
+        run_meta = meta[run]
         derived.append({**run_meta, "run": run, "row": row, "step": step, "metric": "train/step_time_s", "value": c})
         if (run, row, step) in tok.index and c > 0:
             derived.append({**run_meta, "run": run, "row": row, "step": step, "metric": "train/throughput_tok_s",
@@ -87,7 +88,7 @@ def _cpu_basis(steps: pd.DataFrame) -> pd.DataFrame:
 def drawn_machine(steps: pd.DataFrame) -> tuple[str, str]:
     """(hardware, label) whose runs the figure draws: this machine's when it has runs, else the first listed."""
     pairs = list(dict.fromkeys(zip(steps["hardware"], steps["hardware_label"])))
-    here = [p for p in pairs if "this machine" in str(p[1])]
+    here = [p for p in pairs if origin_of_label(p[1]) == THIS_MACHINE]
     return (here or pairs)[0]
 
 
