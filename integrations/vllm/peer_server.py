@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import IO, Any
 
 
@@ -42,19 +43,27 @@ def serve(engine, requests: IO[str], replies: IO[str]) -> int:
     return 0
 
 
+def exported_dtype(policy_dir: str) -> str:
+    """The dtype the exported policy's config.json names (``dtype``, or ``torch_dtype`` of older writers)."""
+    cfg = json.loads((Path(policy_dir) / "config.json").read_text())
+    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Serve vLLM decoding of an exported policy over JSON lines on "
                                              "stdin/stdout (the decode benchmark's vllm peer in another interpreter).")
     ap.add_argument("--policy-dir", required=True, help="the policy exported by integrations.vllm.export")
     ap.add_argument("--max-model-len", type=int, required=True, help="longest prompt + generation, in tokens")
-    ap.add_argument("--dtype", default="float32", help="vLLM's compute dtype (default float32)")
+    ap.add_argument("--dtype", default=None, help="vLLM's compute dtype (default: the one the exported config.json "
+                                                  "names, float32 if none)")
     args = ap.parse_args(argv)
     # the protocol owns the real stdout; vLLM's logs and prints go to stderr
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     try:
         from integrations.vllm.engine import VllmRolloutEngine
-        engine = VllmRolloutEngine(args.policy_dir, max_model_len=args.max_model_len, dtype=args.dtype)
+        engine = VllmRolloutEngine(args.policy_dir, max_model_len=args.max_model_len,
+                                   dtype=args.dtype or exported_dtype(args.policy_dir))
     except Exception as exc:          # noqa: BLE001 - the parent gets the reason, not a traceback on a pipe
         replies.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
         replies.flush()

@@ -130,11 +130,9 @@ def _vllm_child_peer(policy, *, new_tokens: int, temperature: float, workdir: Pa
                               "(bash scripts/setup.sh --vllm makes .venv-vllm; REPRO_VLLM_PYTHON names another "
                               "interpreter)")
     pdir = policy_exporter("vllm")(policy, workdir / "vllm_peer" / "policy")
-    dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(policy.dtype, "float32")
-    try:
+    try:            # the server computes in the dtype the export's config names
         child = ChildDecoder([python, "-m", VLLM_PEER_SERVER, "--policy-dir", str(pdir), "--max-model-len",
-                              str(max_model_len), "--dtype", dtype], log=workdir / "vllm_peer" / "server.log",
-                             cwd=REPO_ROOT)
+                              str(max_model_len)], log=workdir / "vllm_peer" / "server.log", cwd=REPO_ROOT)
     except ChildPeerError as exc:
         raise PeerUnavailable(f"vllm ({python}) could not start on this policy: {exc}") from exc
 

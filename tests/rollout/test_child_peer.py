@@ -121,3 +121,18 @@ def test_vllm_peer_without_vllm_is_unavailable_with_the_reason(tmp_path, monkeyp
                                               "backend needs vLLM"):
         make_peer("vllm", policy, new_tokens=4, temperature=1.0, workdir=tmp_path)
     assert (tmp_path / "vllm_peer" / "policy" / "config.json").is_file()      # the export the child was given
+
+
+def test_server_computes_in_the_dtype_the_export_names(tmp_path):
+    """The vllm peer passes no dtype: the server reads it from the exported config (bf16 policy -> bfloat16)."""
+    import torch
+
+    from integrations.vllm.peer_server import exported_dtype
+    from repro.core.handoffs import policy_exporter
+    from repro.models.policy import build_policy
+    for dtype, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):
+        out = policy_exporter("vllm")(build_policy("qwen3", "tiny", head_dim=32, dtype=dtype), tmp_path / name)
+        assert exported_dtype(str(out)) == name
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert exported_dtype(str(tmp_path / "bare")) == "float32"
