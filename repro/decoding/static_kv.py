@@ -53,7 +53,7 @@ def batch_bucket(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def traced_whole(fn: Callable, backend: str = "inductor", *, device: torch.device | str = "cuda") -> Callable:
+def traced_whole(fn: Callable, backend: str = "inductor", *, device: torch.device | str) -> Callable:
     """``fn`` compiled whole (``fullgraph``: a graph break is an error): a graph per kept state (its buffers are
     guarded on) and per batch of one or more. ``fn`` must not set attributes (a memo set on the first call is a guard
     failure, so a recompile, on the second).
