@@ -8,18 +8,24 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
     """Write a file so that readers never see it half-written: temp file in the same folder, then rename."""
+    mode = "wb" if isinstance(data, bytes) else "w"
+    return write_atomic_with(path, lambda f: f.write(data), mode)
+
+
+def write_atomic_with(path: str | os.PathLike, fill: Callable[[IO], Any], mode: str = "wb") -> Path:
+    """``write_atomic`` for a writer that streams into an open file (``torch.save(obj, f)``): ``fill(f)`` writes the
+    temp file, which is synced and renamed over ``path`` only if ``fill`` returns; on any failure it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, mode) as f:
-            f.write(data)
+            fill(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -7,21 +7,29 @@ it and a resume refuses a checkpoint written under a different config (naming th
 of the warm-start files the run started from is stored too: a checkpoint whose warm start has since been rebuilt
 (same path, other weights) is stale, so it is dropped and the run starts over.
 
-    save_checkpoint(out, step, {"policy": ..., "draft": ..., "optimizer": ...}, cfg_dict, warm_digest)
+A run saves through a ``CheckpointWriter``: the state is copied to host memory on the training thread and written
+by a worker thread while training goes on (at one-GPU scale, policy, fp32 master weights and Adam moments are about
+6 GB: serializing and syncing them stalled every checkpointed step for seconds).
+
+    writer = CheckpointWriter(out)
+    writer.save(step, {"policy": ..., "draft": ..., "optimizer": ...}, cfg_dict, warm_digest)   # returns at once
+    writer.wait()                                          # end of run: the last write landed, or its error raised
+    save_checkpoint(out, step, state, cfg_dict, warm_digest)                                      # the same, blocking
     state = load_checkpoint(out, cfg_dict, warm_digest)   # None: no checkpoint yet, or a stale one dropped
 """
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from repro.core.io import write_atomic
+from repro.core.io import write_atomic_with
 from repro.core.specs import ConfigError
 
 CKPT = Path("ckpt") / "latest.pt"
@@ -47,12 +55,78 @@ def warm_start_digest(warm_start: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def _payload(step: int, state: dict[str, Any], config: dict, warm_digest: str) -> dict[str, Any]:
+    return {"step": int(step), "config": config, "rng": torch.get_rng_state(), "warm_start_digest": warm_digest,
+            **state}
+
+
+def _write(out: str | os.PathLike, payload: dict[str, Any]) -> Path:
+    return write_atomic_with(Path(out) / CKPT, lambda f: torch.save(payload, f))
+
+
 def save_checkpoint(out: str | os.PathLike, step: int, state: dict[str, Any], config: dict,
                     warm_digest: str = "") -> Path:
-    buf = io.BytesIO()
-    torch.save({"step": int(step), "config": config, "rng": torch.get_rng_state(), "warm_start_digest": warm_digest,
-                **state}, buf)
-    return write_atomic(Path(out) / CKPT, buf.getvalue())
+    return _write(out, _payload(step, state, config, warm_digest))
+
+
+class CheckpointWriter:
+    """Checkpoints of one run folder, written in the background. ``save`` snapshots every tensor of the state into
+    host buffers (kept from the previous save when the shapes match; pinned when the tensors live on a GPU, so the
+    copy is one asynchronous transfer each and a single sync), starts a worker thread that serializes the snapshot
+    and replaces ``<out>/ckpt/latest.pt`` atomically, and returns. One write at a time: ``save`` first waits for the
+    one before. ``wait`` blocks until the last write landed and re-raises what the worker raised (a run calls it
+    before it ends, so a finished run's checkpoint is never written after it was dropped)."""
+
+    def __init__(self, out: str | os.PathLike):
+        self.out = Path(out)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._host: list[torch.Tensor] = []
+
+    def save(self, step: int, state: dict[str, Any], config: dict, warm_digest: str = "") -> None:
+        self.wait()
+        payload = _payload(step, self._snapshot(state), config, warm_digest)
+        self._thread = threading.Thread(target=self._run, args=(payload,), name=f"checkpoint {self.out}")
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"writing checkpoint {self.out / CKPT} failed: {error}") from error
+
+    def _run(self, payload: dict[str, Any]) -> None:
+        try:
+            _write(self.out, payload)
+        except BaseException as e:     # re-raised on the training thread by wait()
+            self._error = e
+
+    def _snapshot(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The state with every tensor replaced by a host copy; tensors that share memory (tied embeddings) share
+        one copy, as torch.save would store them."""
+        leaves, spec = tree_flatten(state)
+        index: dict[tuple, int] = {}   # (data_ptr, dtype, shape, stride, device) -> position in unique
+        unique: list[torch.Tensor] = []
+        order: list[int] = []
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                key = (leaf.data_ptr(), leaf.dtype, tuple(leaf.shape), leaf.stride(), leaf.device)
+                if key not in index:
+                    index[key] = len(unique)
+                    unique.append(leaf.detach())
+                order.append(index[key])
+        if [(h.shape, h.dtype) for h in self._host] != [(t.shape, t.dtype) for t in unique]:
+            self._host = [torch.empty(t.shape, dtype=t.dtype, device="cpu",
+                                      pin_memory=t.is_cuda and torch.cuda.is_available()) for t in unique]
+        for host, t in zip(self._host, unique):
+            host.copy_(t, non_blocking=t.is_cuda)
+        if any(t.is_cuda for t in unique):
+            torch.cuda.synchronize()
+        it = iter(order)
+        return tree_unflatten([self._host[next(it)] if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves],
+                              spec)
 
 
 def drop_checkpoint(out: str | os.PathLike) -> None:

@@ -12,8 +12,8 @@ policy's). One step:
 
 ``run(logger)`` repeats it for ``cfg.steps`` steps, logs one metrics row per step (row = the run's
 table/figure row label, step = the training step; names in ``STEP_METRICS``), validates on the
-held-out split every ``val_every`` steps, checkpoints every ``ckpt_every`` steps and resumes from the
-last checkpoint of its run folder.
+held-out split every ``val_every`` steps, checkpoints every ``ckpt_every`` steps (written in the
+background) and resumes from the last checkpoint of its run folder.
 
     python -m repro.rl.run --artifact table1 --row "Qwen3-8B/DFlash" --profile cpu-tiny --out /tmp/r
 """
@@ -32,7 +32,7 @@ import torch
 from repro.core.handoffs import rollout_engine
 from repro.core.progress import Progress
 from repro.decoding.cuda_graph import GraphedCallable
-from repro.rl.checkpoint import load_checkpoint, save_checkpoint, warm_start_digest
+from repro.rl.checkpoint import CheckpointWriter, load_checkpoint, warm_start_digest
 from repro.rl.config import RunConfig
 from repro.rl.drafts import build_draft, make_proposer
 from repro.rl.episodes import RolloutBatch, math_rollout, workplace_rollout
@@ -159,6 +159,7 @@ class CoTrainer:
         self._pool: ThreadPoolExecutor | None = None      # the workplace tools' thread pool, made on first use
         self.start_step = 0
         self.progress: Progress | None = None        # steps of this run, shown as they finish
+        self.checkpoints = CheckpointWriter(cfg.out)      # written in the background; close() waits for the last
         self.push()
 
     # -- pieces of a step --------------------------------------------------------------------------------
@@ -247,7 +248,7 @@ class CoTrainer:
         state = {"policy": self.policy.model.state_dict(), "optimizer": self.update.state_dict()}
         if self.draft is not None:
             state["draft"] = self.draft.state_dict()
-        save_checkpoint(self.cfg.out, step, state, self.cfg.to_dict(), self.warm_digest)
+        self.checkpoints.save(step, state, self.cfg.to_dict(), self.warm_digest)
 
     def try_resume(self, restart_on_config_change: bool = False) -> int:
         """Load the run folder's last checkpoint; returns the first step still to run (0 if none)."""
@@ -292,8 +293,10 @@ class CoTrainer:
         return m
 
     def close(self) -> None:
-        """End of training: stop the workplace tools' thread pool (a later rollout makes a new one) and give garbage
-        collection back to Python (``manual_gc_interval`` turned it off)."""
+        """End of training: wait for the checkpoint being written (raising its error), stop the workplace tools'
+        thread pool (a later rollout makes a new one) and give garbage collection back to Python
+        (``manual_gc_interval`` turned it off)."""
+        self.checkpoints.wait()
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
