@@ -314,7 +314,7 @@ class VllmRolloutEngine:
 
         The method follows the draft's type (``Eagle3Draft`` -> ``eagle3``, ``DFlashDraft`` -> ``dflash``);
         ``num_speculative_tokens`` defaults to 3 for EAGLE-3 and must be ``block_size - 1`` for DFlash."""
-        from integrations.vllm.export import check_vllm_cpu_head_dim, export_policy
+        from integrations.vllm.export import check_vllm_cpu_head_dim, export_policy, exported_dtype
         wd = Path(workdir)
         cfg = policy.config
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -348,8 +348,7 @@ class VllmRolloutEngine:
         method = method or "eagle3"
         if num_speculative_tokens is None:
             num_speculative_tokens = 3
-        kw.setdefault("dtype", {"torch.float32": "float32", "torch.bfloat16": "bfloat16",
-                                "torch.float16": "float16"}.get(str(policy.dtype), "float32"))
+        kw.setdefault("dtype", exported_dtype(pdir))       # the policy's own dtype, as its export names it
         eng = cls(pdir, ddir, method=method, num_speculative_tokens=num_speculative_tokens,
                   vocab_size=policy.vocab_size, **kw)
         if draft is not None:

@@ -258,6 +258,13 @@ def export_policy(policy, out: str | os.PathLike) -> Path:
     return p
 
 
+def exported_dtype(policy_dir: str | os.PathLike) -> str:
+    """vLLM's name of the dtype an exported policy's config.json names (``dtype``, or ``torch_dtype`` of older
+    writers; float32 if neither): the dtype a vLLM engine on that export computes in."""
+    cfg = json.loads((Path(policy_dir) / "config.json").read_text())
+    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+
+
 def main(argv: list[str] | None = None) -> None:
     from repro.models.eagle3 import Eagle3Config, Eagle3Draft
     from repro.models.policy import build_policy

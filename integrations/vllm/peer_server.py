@@ -20,7 +20,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import IO, Any
 
 
@@ -43,12 +42,6 @@ def serve(engine, requests: IO[str], replies: IO[str]) -> int:
     return 0
 
 
-def exported_dtype(policy_dir: str) -> str:
-    """The dtype the exported policy's config.json names (``dtype``, or ``torch_dtype`` of older writers)."""
-    cfg = json.loads((Path(policy_dir) / "config.json").read_text())
-    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Serve vLLM decoding of an exported policy over JSON lines on "
                                              "stdin/stdout (the decode benchmark's vllm peer in another interpreter).")
@@ -62,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     try:
         from integrations.vllm.engine import VllmRolloutEngine
+        from integrations.vllm.export import exported_dtype
         engine = VllmRolloutEngine(args.policy_dir, max_model_len=args.max_model_len,
                                    dtype=args.dtype or exported_dtype(args.policy_dir))
     except Exception as exc:          # noqa: BLE001 - the parent gets the reason, not a traceback on a pipe

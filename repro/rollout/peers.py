@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+import transformers
 
 from repro.core.handoffs import VLLM_PEER_SERVER, policy_exporter, rollout_engine
 from repro.core.provenance import REPO_ROOT
@@ -43,8 +44,11 @@ class PeerUnavailable(RuntimeError):
 
 
 class Peer:
-    def __init__(self, name: str, generate, close=lambda: None, cpu_s=lambda: 0.0):
-        self.name, self._generate, self.close, self.cpu_s = name, generate, close, cpu_s
+    """A peer decoder: ``generate(prompts)`` returns the new tokens per prompt; ``about`` names the engine that ran
+    and its version (recorded beside its timings); ``cpu_s`` counts CPU seconds spent outside this process."""
+
+    def __init__(self, name: str, generate, close=lambda: None, cpu_s=lambda: 0.0, about: str = ""):
+        self.name, self._generate, self.close, self.cpu_s, self.about = name, generate, close, cpu_s, about
 
     def generate(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
         if len({len(p) for p in prompts}) != 1:
@@ -92,7 +96,7 @@ def make_peer(name: str, policy, *, new_tokens: int, temperature: float, workdir
             out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
         return out[:, ids.shape[1]:].tolist()
 
-    return Peer(name, generate)
+    return Peer(name, generate, about=f"transformers {transformers.__version__}, torch {torch.__version__}")
 
 
 def vllm_interpreter() -> str | None:
@@ -120,7 +124,7 @@ def _vllm_peer(policy, *, new_tokens: int, temperature: float, workdir, max_mode
     def generate(prompts):
         return eng.generate(prompts, max_new_tokens=new_tokens, temperature=temperature, seed=0).tokens
 
-    return Peer("vllm", generate, close=eng.close)
+    return Peer("vllm", generate, close=eng.close, about=f"vllm {eng.vllm_version} (in process)")
 
 
 def _vllm_child_peer(policy, *, new_tokens: int, temperature: float, workdir: Path, max_model_len: int) -> Peer:
@@ -139,4 +143,5 @@ def _vllm_child_peer(policy, *, new_tokens: int, temperature: float, workdir: Pa
     def generate(prompts):
         return child.generate(prompts, max_new_tokens=new_tokens, temperature=temperature, seed=0)
 
-    return Peer("vllm", generate, close=child.close, cpu_s=lambda: child.cpu_s)
+    return Peer("vllm", generate, close=child.close, cpu_s=lambda: child.cpu_s,
+                about=f"vllm {child.info.get('vllm', '?')} (child process {python})")

@@ -123,11 +123,31 @@ def test_vllm_peer_without_vllm_is_unavailable_with_the_reason(tmp_path, monkeyp
     assert (tmp_path / "vllm_peer" / "policy" / "config.json").is_file()      # the export the child was given
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is not None, reason="vLLM is importable here")
+def test_vllm_child_peer_names_the_version_the_child_reported(tmp_path, monkeypatch):
+    """The decode benchmark records ``Peer.about`` beside the peer's timings: the child's vLLM version (from its
+    ready line) and the interpreter it ran under."""
+    import repro.rollout.peers as peers
+    from repro.models.policy import build_policy
+    started = []
+
+    def child(argv, **kw):
+        started.append(argv)
+        return SimpleNamespace(info={"ready": True, "vllm": "0.99.1"}, cpu_s=0.0, close=lambda: None)
+    monkeypatch.setattr(peers, "ChildDecoder", child)
+    monkeypatch.setenv("REPRO_VLLM_PYTHON", "/opt/vllm/bin/python")
+    peer = make_peer("vllm", build_policy("qwen3", "tiny", head_dim=32), new_tokens=4, temperature=1.0,
+                     workdir=tmp_path)
+    assert started and started[0][0] == "/opt/vllm/bin/python"
+    assert peer.about == "vllm 0.99.1 (child process /opt/vllm/bin/python)"
+
+
 def test_server_computes_in_the_dtype_the_export_names(tmp_path):
     """The vllm peer passes no dtype: the server reads it from the exported config (bf16 policy -> bfloat16)."""
     import torch
 
-    from integrations.vllm.peer_server import exported_dtype
+    from integrations.vllm.export import exported_dtype
     from repro.core.handoffs import policy_exporter
     from repro.models.policy import build_policy
     for dtype, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):

@@ -7,6 +7,8 @@ import itertools
 import json
 
 import pytest
+import torch
+import transformers
 import yaml
 
 from repro.bench import decode
@@ -88,6 +90,8 @@ def test_run_writes_every_row_kind(tmp_path, monkeypatch):
     assert rows["floor/b2"]["metrics"]["ms_per_step"] == pytest.approx(
         bench["config"]["policy_weight_bytes"] / 10e9 * 1e3)
     assert bench["config"]["peer_status"]["vllm"].startswith("unavailable: vllm is not importable")
+    assert bench["config"]["peer_status"]["hf-dynamic"] == (f"ran: transformers {transformers.__version__}, "
+                                                            f"torch {torch.__version__}")
     assert bench["config"]["engine_modes"] == ["off", "all"]
 
 
