@@ -296,7 +296,7 @@ class CoTrainer:
         """End of training: wait for the checkpoint being written (raising its error), stop the workplace tools'
         thread pool (a later rollout makes a new one) and give garbage collection back to Python
         (``manual_gc_interval`` turned it off)."""
-        self.checkpoints.wait()
+        self.checkpoints.close()
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None

@@ -3,6 +3,7 @@ a failed write leaves the previous checkpoint in place, and tied tensors stay ti
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -96,3 +97,30 @@ def test_tensors_that_share_memory_are_stored_once_and_load_tied(tmp_path):
     pol = load_checkpoint(tmp_path, CONFIG)["policy"]
     assert pol["embed.weight"].data_ptr() == pol["lm_head.weight"].data_ptr()
     assert torch.equal(pol["row"], emb[1]) and pol["row"].data_ptr() != pol["embed.weight"].data_ptr()
+
+
+def test_writers_of_one_process_write_one_at_a_time(tmp_path, monkeypatch):
+    """Lockstep rows checkpoint at the same step: their writes queue (one old file and one temp file on disk at a
+    time), and both land."""
+    model, _ = _state()
+    entered, release, real_save = [], threading.Event(), torch.save
+
+    def held(obj, f):
+        entered.append(obj["step"])
+        if obj["step"] == 1:
+            assert release.wait(30), "the test never released the writer"
+        real_save(obj, f)
+    monkeypatch.setattr(ckpt.torch, "save", held)
+    first, second = CheckpointWriter(tmp_path / "a"), CheckpointWriter(tmp_path / "b")
+    first.save(1, {"policy": model.state_dict()}, CONFIG)
+    deadline = time.monotonic() + 30
+    while not entered and time.monotonic() < deadline:     # the first write is under way (and held)
+        time.sleep(0.01)
+    second.save(2, {"policy": model.state_dict()}, CONFIG)
+    second._thread.join(0.5)
+    assert entered == [1]                      # the second write waits for the first
+    release.set()
+    first.close()
+    second.close()
+    assert entered == [1, 2]
+    assert load_checkpoint(tmp_path / "a", CONFIG)["step"] == 1 and load_checkpoint(tmp_path / "b", CONFIG)["step"] == 2
