@@ -1,7 +1,10 @@
 """Shared timing, memory and output discipline for the suite's benchmark programs.
 
-Timing: warm-up first, then repeated samples; CUDA events on GPUs, ``perf_counter`` on CPUs; a
-distributed run synchronises ranks before each sample and reports the slowest rank. Results are
+Timing: warm-up first, then repeated samples; CUDA events on GPUs, ``perf_counter`` on CPUs; Python's cyclic
+garbage collector collects once before the samples and is paused during them (as ``timeit`` does: a collection
+walks every live object, and a benchmark process holding compiled graphs of many configurations pays for them in
+whichever sample a collection lands); a distributed run synchronises ranks before each sample and reports the
+slowest rank. Results are
 summarised as median with a p20/p80 spread, and the raw samples are always kept.
 
 Output: ``BenchRun`` owns a run folder. Each measured point goes to ``bench.json`` (raw samples,
@@ -20,6 +23,8 @@ program skips it, and the finished ``bench.json`` holds every row once.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import resource
@@ -61,11 +66,29 @@ def time_samples(fn: Callable[[], Any], *, warmup: int = 2, repeats: int = 5,
     With a process ``group``, ranks meet at a barrier before each call and every rank returns the
     slowest rank's time (a collective step is as slow as its slowest rank).
     """
-    import torch.distributed as dist
     device = torch.device(device) if device is not None else None
     for _ in range(warmup):
         fn()
     _sync(device)
+    with gc_paused():
+        return _samples(fn, repeats, device, group)
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Collect once, then keep the cyclic garbage collector off inside the block (restored after, as it was)."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _samples(fn: Callable[[], Any], repeats: int, device: torch.device | None, group) -> list[float]:
+    import torch.distributed as dist
     samples = []
     for _ in range(repeats):
         if group is not None:
