@@ -55,8 +55,8 @@ class RolloutEngine:
         if cuda_graphs not in CUDA_GRAPH_MODES:
             raise ValueError(f"cuda_graphs={cuda_graphs!r} is invalid: expected one of {CUDA_GRAPH_MODES}")
         if bucket_batch and cuda_graphs == "off":
-            raise ValueError("bucket_batch=True needs cuda_graphs='draft', 'all' or 'compiled' (it buckets the static "
-                             "batch)")
+            raise ValueError(f"bucket_batch=True needs a cuda_graphs mode other than 'off' (one of "
+                             f"{CUDA_GRAPH_MODES[1:]}): it buckets the static batch")
         if bucket_batch and proposer is not None and not hasattr(proposer, "keep_states"):
             raise ValueError(f"bucket_batch=True needs a proposer with static states (keep_states()); "
                              f"{type(proposer).__name__} has none")

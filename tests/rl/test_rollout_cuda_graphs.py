@@ -41,3 +41,25 @@ def test_cotrainer_all_static_logprobs_equal_the_trainers(tmp_path, tok, draft):
     torch.testing.assert_close(batch.rollout_logp[:, 1:][m], lp[m], rtol=0, atol=1e-5)
     if draft is not None:
         assert batch.counters.verify_steps > 0
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("draft", ["eagle3", "dspark"])
+def test_cotrainer_compiled_drafts_follow_the_online_draft(tmp_path, tok, draft, monkeypatch):
+    """``cuda_graphs: compiled_drafts`` (the drafts' static calls compiled whole; dynamo with its eager backend here,
+    to keep CI short): after a training step has updated the draft and pushed it to the rollout copy, the next
+    rollout equals the one of ``all`` (the same calls uncompiled), so the compiled calls read the pushed weights."""
+    from repro.rollout.engine import RolloutEngine
+    monkeypatch.setitem(RolloutEngine.__init__.__kwdefaults__, "compile_backend", "eager")
+    batches = {}
+    for mode in ("all", "compiled_drafts"):
+        tr = CoTrainer(tiny_config(tmp_path / mode, draft=draft, cuda_graphs=mode), tok)
+        assert tr.engine.cuda_graphs == mode
+        assert tr.engine.proposer.compile_static == ("eager" if mode == "compiled_drafts" else None)
+        tr.train_step(0)
+        batches[mode] = tr.rollout(1)
+        tr.close()
+    ref, got = batches["all"], batches["compiled_drafts"]
+    assert torch.equal(ref.input_ids, got.input_ids) and torch.equal(ref.loss_mask, got.loss_mask)
+    torch.testing.assert_close(ref.rollout_logp, got.rollout_logp, rtol=0, atol=1e-6)
+    assert ref.counters.accepted == got.counters.accepted and ref.counters.verify_steps > 0
