@@ -13,7 +13,7 @@ by a worker thread while training goes on (at one-GPU scale, policy, fp32 master
 
     writer = CheckpointWriter(out)
     writer.save(step, {"policy": ..., "draft": ..., "optimizer": ...}, cfg_dict, warm_digest)   # returns at once
-    writer.wait()                                          # end of run: the last write landed, or its error raised
+    writer.close()                                         # end of run: the last write landed, or its error raised
     save_checkpoint(out, step, state, cfg_dict, warm_digest)                                      # the same, blocking
     state = load_checkpoint(out, cfg_dict, warm_digest)   # None: no checkpoint yet, or a stale one dropped
 """
@@ -77,8 +77,9 @@ class CheckpointWriter:
     host buffers (kept from the previous save when the shapes match; pinned when the tensors live on a GPU, so the
     copy is one asynchronous transfer each and a single sync), starts a worker thread that serializes the snapshot
     and replaces ``<out>/ckpt/latest.pt`` atomically, and returns. One write at a time: ``save`` first waits for the
-    one before. ``wait`` blocks until the last write landed and re-raises what the worker raised (a run calls it
-    before it ends, so a finished run's checkpoint is never written after it was dropped)."""
+    one before, and the writes of all writers in a process run one after another. ``wait`` blocks until the last
+    write landed and re-raises what the worker raised; ``close`` (end of run) also frees the host buffers, so a
+    finished run's checkpoint is never written after it was dropped."""
 
     def __init__(self, out: str | os.PathLike):
         self.out = Path(out)
