@@ -227,3 +227,28 @@ def test_compile_layers_leaves_an_moe_update_eager(tmp_path, tok, capsys):
     dense_cfg.grpo = dataclasses.replace(dense_cfg.grpo, compile_layers=True)
     dense = CoTrainer(dense_cfg, tok)
     assert not dense.policy.has_experts and dense.update.compile_layers
+
+
+@pytest.mark.timeout(300)
+def test_compiled_update_makes_both_mask_graphs_in_its_first_update(tmp_path, tok, monkeypatch):
+    """grpo.compile_layers: transformers gives the compiled layers no mask for a microbatch without padding and a
+    mask for one with padding. Both graphs are made in the run's first update, so no later update recompiles
+    (dynamo's error_on_recompile) whichever kind of microbatch it meets."""
+    from repro.rl.joint import JointUpdate
+    from repro.rollout import compiled_layers as cl
+
+    monkeypatch.setattr(JointUpdate, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(cl, "_COMPILED", {})         # a compilation of its own, whatever this process ran before
+    torch._dynamo.reset()
+    cfg = tiny_config(tmp_path, draft="eagle3")
+    cfg.grpo = dataclasses.replace(cfg.grpo, compile_layers=True)
+    tr = CoTrainer(cfg, tok)
+    padded = tr.rollout(0)
+    padded.rewards = REWARDS.clone()
+    padded.attention_mask[:, -1] = 0                 # every microbatch padded
+    padded.loss_mask[:, -1] = 0
+    _update(tr, padded, 0)
+    unpadded = dataclasses.replace(padded, attention_mask=torch.ones_like(padded.attention_mask))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        _update(tr, unpadded, 1)
+        _update(tr, padded, 2)
