@@ -45,12 +45,13 @@ def bucketed(n: int) -> int:
 
 
 def batch_bucket(n: int) -> int:
-    """The static batch a request of ``n`` rows runs in when the engine buckets batches: the next power of two.
-    Multi-turn rollouts shrink the batch turn by turn; bucketed, a few states (and their captured graphs) serve
-    every turn instead of one capture per distinct batch size."""
+    """The static batch a request of ``n`` rows runs in when the engine buckets batches: the next power of two, at
+    least two. Multi-turn rollouts shrink the batch turn by turn; bucketed, a few states (and their captured graphs)
+    serve every turn instead of one capture per distinct batch size. Never one row: dynamo specializes a size of 1,
+    so a one-row state is a compilation of its own, made in whichever later turn first has one row left."""
     if n < 1:
         raise ValueError(f"batch must be >= 1, got {n}")
-    return 1 << (n - 1).bit_length()
+    return max(2, 1 << (n - 1).bit_length())
 
 
 def traced_whole(fn: Callable, backend: str = "inductor", *, device: torch.device | str) -> Callable:

@@ -361,7 +361,7 @@ def test_bucket_batch_is_checked(trained):
     pol, prompts, drafts = trained
     d = drafts["dflash"]
     pol.set_taps(d.tap_spec)
-    assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 30, 64, 65)] == [1, 2, 4, 4, 8, 8, 16, 32, 64, 128]
+    assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 30, 64, 65)] == [2, 2, 4, 4, 8, 8, 16, 32, 64, 128]
     with pytest.raises(ValueError, match="batch must be >= 1, got 0"):
         batch_bucket(0)
     with pytest.raises(ValueError, match="bucket_batch=True needs a cuda_graphs mode other than 'off'"):
@@ -509,6 +509,26 @@ def test_compiled_drafts_step_is_the_static_step(trained, family, monkeypatch):
         assert_same_rollout(got, w)
     assert (type(pol.decoder_layers()[0]), "eager", "decode") in _COMPILED           # the layers, one at a time
     assert set(eng.graph_status()) >= {"propose", "observe", f"policy.step[{len(ps)}x256]"}
+
+
+@pytest.mark.timeout(240)
+def test_a_one_row_turn_reuses_the_two_row_compilation(trained, monkeypatch):
+    """bucket_batch under "compiled": a turn with one row left runs in the two-row state, so it needs no compilation
+    of its own (dynamo specializes a size of 1; in a multi-turn run that recompilation landed in a later step)."""
+    from repro.rollout import compiled_layers as cl
+    pol, prompts, drafts = trained
+    pol.set_taps(drafts["eagle3"].tap_spec)
+    ps = ragged(prompts)
+    monkeypatch.setattr(cl, "_COMPILED", {})
+    torch._dynamo.reset()
+    eng = RolloutEngine(pol, proposer(drafts["eagle3"]), cuda_graphs="compiled", compile_backend="eager",
+                        bucket_batch=True)
+    kw = {"max_new_tokens": 8, "greedy": True}
+    for rows in (ps[:4], ps[:2]):                    # the states of four and two rows, compiled
+        eng.generate(rows, **kw)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        one = eng.generate(ps[:1], **kw)
+    assert one.tokens == RolloutEngine(pol, proposer(drafts["eagle3"])).generate(ps[:1], **kw).tokens
 
 
 @pytest.mark.timeout(60)
