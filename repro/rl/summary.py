@@ -148,6 +148,9 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
         if basis != "wall":
             for name, key in zip(("rollout_time_s", "update_time_s", "step_time_s"), BASES["wall"]):
                 m[name + "_wall"] = _mean(_col(s, key))
+        compiled = _col(s, "train/compiled_graphs")
+        if compiled:     # averaged steps in which dynamo compiled: their times hold the compilation
+            m["averaged_steps_compiling"] = float(sum(1 for c in compiled if c > 0))
         m["train_inference_kl"] = _mean(_col(s, "train/train_inference_kl"))
         m["reward"] = _mean(_col(s, "train/reward"))
         if _col(s, "train/tap_wait_s"):
@@ -262,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(r) for r in result)
     for row, metrics in result.items():
         print(f"{row:<{width}}  " + "  ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
+    for row, metrics in result.items():
+        if metrics.get("averaged_steps_compiling"):
+            print(f"summary: warning: row {row!r}: {metrics['averaged_steps_compiling']:.0f} of the averaged steps "
+                  "compiled graphs (their times include the compilation; see train/compiled_graphs in its "
+                  "metrics.jsonl)", file=sys.stderr)
     return 0
 
 

@@ -104,6 +104,11 @@ def step_metrics(cfg: RunConfig, batch: RolloutBatch, stats: UpdateStats, *, pus
     return m
 
 
+def _compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far (a compilation inside a timed step shows in its times)."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
 def _device_alloc_calls() -> int | None:
     """Memory allocations the CUDA caching allocator has requested from the driver so far (None off CUDA)."""
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
@@ -201,6 +206,7 @@ class CoTrainer:
         return float(self.rollout(step, split="heldout", greedy=True).rewards.mean())
 
     def train_step(self, step: int) -> tuple[dict[str, float], RolloutBatch, UpdateStats]:
+        graphs0 = _compiled_graphs()
         t0, c0 = time.perf_counter(), time.process_time()
         batch = self.rollout(step)
         c1 = time.process_time()
@@ -223,6 +229,9 @@ class CoTrainer:
             m["train/update_device_allocs"] = _device_alloc_calls() - allocs0
         if self.cfg.cuda_graphs != "off" or (self.cfg.draft is not None and self.cfg.draft.cuda_graph):
             m["train/graph_captures"] = GraphedCallable.total_captures     # running count in this process
+        # graphs dynamo compiled during this step (rollout engine, compiled update, drafts): a step averaged by the
+        # tables should compile none (repro.rl.summary counts those that did)
+        m["train/compiled_graphs"] = _compiled_graphs() - graphs0
         return m, batch, stats
 
     def _manual_gc(self, step: int) -> float:

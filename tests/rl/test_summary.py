@@ -179,3 +179,20 @@ def test_repeats_pool_the_steps_of_the_same_rows_run_again(tmp_path):
         {"config": {"row": "DFlash", "steps": 4, "out": "elsewhere", "grpo": {"lr": 1e-6}}}))
     with pytest.raises(ValueError, match="config 'grpo' is"):
         summarize("table1", rows, first, repeats=[again])
+
+
+def test_averaged_steps_that_compiled_are_counted(tmp_path):
+    """train/compiled_graphs > 0 in a step the summary averages (after skip_steps): that step's time holds a
+    compilation, and the row says how many such steps there were; the skipped warm-up's compilations do not count."""
+    rows = {"no draft": {}, "DFlash": {"draft": "dflash", "baseline": "no draft"}}
+    base = _steps(5, rollout=2.0, update=1.0, tokens=10)
+    drafted = _steps(5, rollout=1.0, update=1.0, tokens=10, al=2.0)
+    for i, s in enumerate(base):
+        s["train/compiled_graphs"] = 7 if i == 0 else 0
+    for i, s in enumerate(drafted):
+        s["train/compiled_graphs"] = {0: 5, 3: 2}.get(i, 0)
+    _write_run(tmp_path, "no draft", base)
+    _write_run(tmp_path, "DFlash", drafted)
+    s = summarize("table1", rows, tmp_path, skip_steps=1)
+    assert s["no draft"]["averaged_steps_compiling"] == 0.0
+    assert s["DFlash"]["averaged_steps_compiling"] == 1.0

@@ -48,3 +48,25 @@ def test_graph_capture_count_is_logged_with_graphs_on(tmp_path, tok):
     assert m["train/graph_captures"] == before
     m, _, _ = CoTrainer(tiny_config(tmp_path / "n", draft="dflash", steps=1), tok).train_step(0)
     assert "train/graph_captures" not in m
+
+
+@pytest.mark.timeout(180)
+def test_compiled_graphs_count_the_steps_compilations(tmp_path, tok, monkeypatch):
+    """train/compiled_graphs: the graphs dynamo compiled during the step. The compiled update (dynamo's eager
+    backend here) compiles in its first step and in no later one; an eager run logs 0."""
+    import dataclasses
+
+    import torch
+
+    from repro.rl.joint import JointUpdate
+    from repro.rollout import compiled_layers as cl
+    monkeypatch.setattr(JointUpdate, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(cl, "_COMPILED", {})
+    torch._dynamo.reset()
+    cfg = tiny_config(tmp_path / "c", steps=3)
+    cfg.grpo = dataclasses.replace(cfg.grpo, compile_layers=True)
+    tr = CoTrainer(cfg.validate(), tok)
+    counts = [tr.train_step(step)[0]["train/compiled_graphs"] for step in range(3)]
+    assert counts[0] > 0 and counts[1:] == [0, 0]
+    m, _, _ = CoTrainer(tiny_config(tmp_path / "e", steps=1), tok).train_step(0)
+    assert m["train/compiled_graphs"] == 0
