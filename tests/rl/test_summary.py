@@ -196,3 +196,19 @@ def test_averaged_steps_that_compiled_are_counted(tmp_path):
     s = summarize("table1", rows, tmp_path, skip_steps=1)
     assert s["no draft"]["averaged_steps_compiling"] == 0.0
     assert s["DFlash"]["averaged_steps_compiling"] == 1.0
+
+
+def test_tables_name_the_rows_whose_averaged_steps_compiled(tmp_path):
+    metrics = (("acceptance_length", 2.5), ("rollout_speedup", 1.4), ("e2e_speedup", 1.2))
+    clean = _tidy([{"run": "s", "row": "Qwen3-8B/DFlash", "step": 0, "metric": m, "value": v} for m, v in metrics]
+                  + [{"run": "s", "row": "Qwen3-8B/DFlash", "step": 0, "metric": "averaged_steps_compiling",
+                      "value": 0.0}])
+    paper = load_paper_numbers()
+    table1.build(clean, paper[paper["artifact"] == "table1"], tmp_path / "clean")
+    assert "Times include compilations" not in (tmp_path / "clean" / "table1.md").read_text()
+    hit = pd.concat([clean, _tidy([{"run": "s", "row": "Qwen3-8B/no draft", "step": 0,
+                                    "metric": "averaged_steps_compiling", "value": 2.0}])], ignore_index=True)
+    table1.build(hit, paper[paper["artifact"] == "table1"], tmp_path / "hit")
+    md = (tmp_path / "hit" / "table1.md").read_text()
+    assert "Times include compilations" in md and "Qwen3-8B/no draft on cpu-2c (2)" in md
+    assert "Qwen3-8B/DFlash on" not in md.split("Times include compilations")[1]
