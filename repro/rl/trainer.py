@@ -302,12 +302,14 @@ class CoTrainer:
         return m
 
     def close(self) -> None:
-        """End of training: wait for the checkpoint being written (raising its error), stop the workplace tools'
-        thread pool (a later rollout makes a new one) and give garbage collection back to Python
-        (``manual_gc_interval`` turned it off)."""
-        self.checkpoints.close()
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-        if self.cfg.manual_gc_interval:
-            gc.enable()
+        """End of training: wait for the checkpoint being written, stop the workplace tools' thread pool (a later
+        rollout makes a new one) and give garbage collection back to Python (``manual_gc_interval`` turned it off);
+        a failed checkpoint write is raised after the rest is done."""
+        try:
+            self.checkpoints.close()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
+            if self.cfg.manual_gc_interval:
+                gc.enable()

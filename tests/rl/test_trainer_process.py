@@ -70,3 +70,21 @@ def test_compiled_graphs_count_the_steps_compilations(tmp_path, tok, monkeypatch
     assert counts[0] > 0 and counts[1:] == [0, 0]
     m, _, _ = CoTrainer(tiny_config(tmp_path / "e", steps=1), tok).train_step(0)
     assert m["train/compiled_graphs"] == 0
+
+
+@pytest.mark.timeout(60)
+def test_close_finishes_its_cleanup_when_the_last_checkpoint_write_failed(tmp_path, tok, monkeypatch):
+    """A failed background checkpoint write is raised by close(), after the tools' pool is stopped and garbage
+    collection is back on."""
+    import gc
+
+    tr = CoTrainer(tiny_config(tmp_path, steps=1, manual_gc_interval=1).validate(), tok)
+    tr._pool = __import__("concurrent.futures").futures.ThreadPoolExecutor(max_workers=1)
+    gc.disable()
+
+    def failed():
+        raise RuntimeError("writing checkpoint x failed: disk full")
+    monkeypatch.setattr(tr.checkpoints, "close", failed)
+    with pytest.raises(RuntimeError, match="disk full"):
+        tr.close()
+    assert tr._pool is None and gc.isenabled()
