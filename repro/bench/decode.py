@@ -355,7 +355,6 @@ def peers_batch(bench, timer: Timer, policy, s: Decode, prompts, B: int, status:
             with tempfile.TemporaryDirectory(prefix="decode_peer_") as work:
                 peer = make_peer(name, policy, new_tokens=s.new_tokens, temperature=s.temperature, workdir=work,
                                  max_model_len=s.prompt_len + s.new_tokens + 8)
-                about = peer.about
                 try:
                     setup_s = time.perf_counter() - t0
                     samples, cpu, toks = timer(lambda peer=peer: peer.generate(prompts), outside_cpu=peer.cpu_s)
@@ -369,7 +368,7 @@ def peers_batch(bench, timer: Timer, policy, s: Decode, prompts, B: int, status:
             status[f"{name}/b{B}"] = f"failed: {type(exc).__name__}: {str(exc)[:300]}"
             print(f"decode: peer {name} failed at batch {B}: {type(exc).__name__}: {exc}", flush=True)
             continue
-        status.setdefault(name, f"ran: {about}" if about else "ran")
+        status.setdefault(name, f"ran: {peer.about}" if peer.about else "ran")
         ntok = sum(len(t) for t in toks)
         med = summarize(samples)["median"]
         bench.record(f"peer/{name}/b{B}", {"engine": name, "family": "plain", "batch": B, "new_tokens": s.new_tokens},

@@ -19,17 +19,17 @@ def latest(tidy: pd.DataFrame) -> pd.DataFrame:
     t = tidy.sort_values(["run", "step"], kind="stable")
     return t.groupby(["hardware", "hardware_label", "row", "metric"], as_index=False).last()
 
-def compiling_note(tidy: pd.DataFrame) -> str | None:
-    """A table note naming the rows whose averaged steps compiled graphs (``averaged_steps_compiling`` of
-    repro.rl.summary), or None when no row's did."""
+def compiling_notes(tidy: pd.DataFrame) -> list[str]:
+    """The table note naming the rows whose averaged steps compiled graphs (``averaged_steps_compiling`` of
+    repro.rl.summary): one note, or none when no row's did."""
     hits = latest(tidy[tidy["metric"] == "averaged_steps_compiling"])
     hits = hits[hits["value"] > 0]
     if hits.empty:
-        return None
+        return []
     where = ", ".join(f"{r.row} on {r.hardware} ({r.value:.0f})" for r in hits.itertuples())
-    return ("Times include compilations: dynamo compiled graphs inside averaged steps of " + where + " (steps "
+    return ["Times include compilations: dynamo compiled graphs inside averaged steps of " + where + " (steps "
             "in brackets; train/compiled_graphs in each run's metrics.jsonl); those rows' times and speedups carry "
-            "the compilation.")
+            "the compilation."]
 
 
 def format_value(value, digits: int = 3) -> str:

@@ -14,7 +14,6 @@ by a worker thread while training goes on (at one-GPU scale, policy, fp32 master
     writer = CheckpointWriter(out)
     writer.save(step, {"policy": ..., "draft": ..., "optimizer": ...}, cfg_dict, warm_digest)   # returns at once
     writer.close()                                         # end of run: the last write landed, or its error raised
-    save_checkpoint(out, step, state, cfg_dict, warm_digest)                                      # the same, blocking
     state = load_checkpoint(out, cfg_dict, warm_digest)   # None: no checkpoint yet, or a stale one dropped
 """
 from __future__ import annotations
@@ -58,20 +57,6 @@ def warm_start_digest(warm_start: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def _payload(step: int, state: dict[str, Any], config: dict, warm_digest: str) -> dict[str, Any]:
-    return {"step": int(step), "config": config, "rng": torch.get_rng_state(), "warm_start_digest": warm_digest,
-            **state}
-
-
-def _write(out: str | os.PathLike, payload: dict[str, Any]) -> Path:
-    return write_atomic_with(Path(out) / CKPT, lambda f: torch.save(payload, f))
-
-
-def save_checkpoint(out: str | os.PathLike, step: int, state: dict[str, Any], config: dict,
-                    warm_digest: str = "") -> Path:
-    return _write(out, _payload(step, state, config, warm_digest))
-
-
 class CheckpointWriter:
     """Checkpoints of one run folder, written in the background. ``save`` snapshots every tensor of the state into
     host buffers (kept from the previous save when the shapes match; pinned when the tensors live on a GPU, so the
@@ -89,7 +74,8 @@ class CheckpointWriter:
 
     def save(self, step: int, state: dict[str, Any], config: dict, warm_digest: str = "") -> None:
         self.wait()
-        payload = _payload(step, self._snapshot(state), config, warm_digest)
+        payload = {"step": int(step), "config": config, "rng": torch.get_rng_state(), "warm_start_digest": warm_digest,
+                   **self._snapshot(state)}
         self._thread = threading.Thread(target=self._run, args=(payload,), name=f"checkpoint {self.out}")
         self._thread.start()
 
@@ -110,7 +96,7 @@ class CheckpointWriter:
     def _run(self, payload: dict[str, Any]) -> None:
         try:
             with _ONE_WRITE:
-                _write(self.out, payload)
+                write_atomic_with(self.out / CKPT, lambda f: torch.save(payload, f))
         except BaseException as e:     # re-raised on the training thread by wait()
             self._error = e
 
@@ -130,7 +116,7 @@ class CheckpointWriter:
                 order.append(index[key])
         if [(h.shape, h.dtype) for h in self._host] != [(t.shape, t.dtype) for t in unique]:
             self._host = [torch.empty(t.shape, dtype=t.dtype, device="cpu",
-                                      pin_memory=t.is_cuda and torch.cuda.is_available()) for t in unique]
+                                      pin_memory=t.is_cuda) for t in unique]
         for host, t in zip(self._host, unique):
             host.copy_(t, non_blocking=t.is_cuda)
         if any(t.is_cuda for t in unique):

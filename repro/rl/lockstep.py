@@ -84,14 +84,14 @@ def main(argv: list[str] | None = None) -> int:
                     if step >= first:
                         logged[row].append(trainer.run_step(step, logs[row]))
         finally:
-            closed = []
+            errors = []
             for _, _, trainer, _ in runs:      # every row closes (its last checkpoint lands) before an error
                 try:
                     trainer.close()
                 except Exception as exc:         # noqa: BLE001 - raised below, once every row is closed
-                    closed.append(exc)
-            if closed:
-                raise closed[0]
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
         for row, prof, trainer, _ in runs:
             run_probes(prof, trainer, logs[row])
     for row, _, trainer, first in runs:
