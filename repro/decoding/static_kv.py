@@ -54,22 +54,29 @@ def batch_bucket(n: int) -> int:
     return max(2, 1 << (n - 1).bit_length())
 
 
-def traced_whole(fn: Callable, backend: str = "inductor", *, device: torch.device | str) -> Callable:
+def traced_whole(fn: Callable, backend: str = "inductor", *, device: torch.device | str,
+                 dynamic_ints: tuple[str, ...] = ()) -> Callable:
     """``fn`` compiled whole (``fullgraph``: a graph break is an error): a graph per kept state (its buffers are
-    guarded on) and per batch of one or more. ``fn`` must not set attributes (a memo set on the first call is a guard
-    failure, so a recompile, on the second).
+    guarded on). ``fn`` must not set attributes (a memo set on the first call is a guard failure, so a recompile, on
+    the second).
 
-    On a GPU with dynamic sizes, so one compilation of a whole step (minutes for a policy) serves every attention
-    view. On a CPU with automatic ones (static until a size changes, then that size alone dynamic): inductor's C++
-    kernels vectorize only over static strides, and with the batch and the step's width symbolic the GQA-folded
-    attention inputs were gathered element by element, in every layer of every speculative step. Dynamo keeps its
-    automatic-dynamic record per step function, not per state: once another state's batch differs (the decode
-    benchmark's next batch size), that size stays symbolic for the function's later compilations."""
-    dynamic = True if torch.device(device).type == "cuda" else None
-    compiled = torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True)
+    On a GPU with dynamic sizes, so one compilation of a whole step (minutes for a policy) serves every state and
+    attention view. On a CPU with static sizes, every state its own compilation (inductor's C++ kernels vectorize
+    only over static sizes and strides: with the batch symbolic, the grouped attention's inputs were gathered element
+    by element), except the integer arguments named in ``dynamic_ints`` (the attention views, which grow during a
+    request: one compilation serves them all), in a recompile region of its own (dynamo's automatic dynamic sizes,
+    kept per function, would otherwise turn one engine's sizes symbolic after another engine's differed) and with
+    inductor's C++ wrapper (the Python one cost about as much as the kernels of a tiny policy's step)."""
+    cuda = torch.device(device).type == "cuda"
+    options = {"cpp_wrapper": True} if backend == "inductor" and not cuda else None
+    compiled = torch.compile(fn, backend=backend, dynamic=cuda, fullgraph=True, options=options,
+                             recompile_limit=64, isolate_recompiles=not cuda)
+    if cuda or not dynamic_ints:
+        return compiled
+    sources = ",".join(rf"L\['{name}'\].*" for name in dynamic_ints)
 
     def call(*args, **settings):
-        with torch._dynamo.config.patch(recompile_limit=64):
+        with torch.compiler.config.patch(dynamic_sources=sources):
             return compiled(*args, **settings)
     return call
 
@@ -260,7 +267,7 @@ class StaticProposerState:
 
     def _static_call(self, part: str, backend: str | None, device) -> Callable:
         fn = getattr(self, f"_{part}_static")
-        return traced_whole(fn, backend, device=device) if backend else fn
+        return traced_whole(fn, backend, device=device, dynamic_ints=("view",)) if backend else fn
 
     def observe_static(self, width: int, inputs: list[tuple[str, torch.Tensor, object]]) -> None:
         """One ``observe`` on the static caches: ``inputs`` are ``(buffer name, tensor, fill)`` in the order of
@@ -276,6 +283,28 @@ class StaticProposerState:
             self._graphs["observe"](*(self.sb.stage(name, x, fill=fill) for name, x, fill in inputs), cursor,
                                     view=view)
         self.next_col += width
+
+    # -- one observe and the next propose inside the engine's step (cuda_graphs="fused") -------------------------
+    propose_width = 0             # columns a static propose writes past the observed ones (EAGLE-3: its chain keys)
+
+    def begin_round(self, width: int) -> tuple[torch.Tensor, tuple[int, int]]:
+        """The host's part of one ``_round_static``: an observe writing ``width`` columns at the cursor, then a propose.
+        Checks the cache (on the host), points the device cursor, and returns it with the two calls' views."""
+        if not self.sb.full:
+            raise RuntimeError("a proposer's round runs in the engine's step only on its full static batch")
+        cursor = self.cursor.set(self.next_col, width + self.propose_width)
+        observe_view = self.view_after(width)
+        self.next_col += width
+        return cursor, (observe_view, self.view_after(self.propose_width))
+
+    def round_noise(self, batch: int, greedy: bool, generator) -> tuple[torch.Tensor, ...]:
+        """The uniform draws of one propose (none when greedy), drawn from ``generator`` as ``propose`` draws them."""
+        noise = None if greedy else self._noise(batch, generator)
+        return () if noise is None else (noise,)
+
+    def round_settings(self, greedy: bool, temperature: float) -> tuple[tuple[str, object], ...]:
+        """The propose's settings as sorted items (hashable: they key the compiled and captured step)."""
+        return tuple(sorted(self._propose_settings(greedy, temperature).items()))
 
     def view_after(self, width: int) -> int:
         """The attention view of a call that writes ``width`` columns at the cursor."""

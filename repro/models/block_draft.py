@@ -389,20 +389,28 @@ class BlockProposer(StaticProposerState):
 
     @torch.no_grad()
     def propose(self, last_token, last_pos, *, greedy, temperature, generator):
-        noise = None
-        if not greedy:
-            noise = proposal_noise((last_token.shape[0], self.num_proposals, self.draft.cfg.vocab_size), generator,
-                                   self.draft.backbone.fc.weight.device)
+        noise = None if greedy else self._noise(last_token.shape[0], generator)
         if self.static:
             sb = self.sb
             extra = () if noise is None else (sb.stage("noise", noise),)
             out = self._graphs["propose"](sb.stage("last_tok", last_token), sb.stage("last_pos", last_pos), *extra,
-                                          greedy=bool(greedy), temperature=float(temperature),
-                                          confidence_threshold=float(getattr(self.draft, "confidence_threshold", 0.0)),
-                                          view=self.view_after(0))
+                                          **self._propose_settings(greedy, temperature), view=self.view_after(0))
             return tuple(sb.take(x) for x in out)
         hidden = self.block_hidden(last_token, last_pos)
         return self.draft.sample_block(hidden, last_token, greedy=greedy, temperature=temperature, noise=noise)
+
+    def _noise(self, batch, generator):
+        return proposal_noise((batch, self.num_proposals, self.draft.cfg.vocab_size), generator,
+                              self.draft.backbone.fc.weight.device)
+
+    def _propose_settings(self, greedy, temperature) -> dict:
+        return {"greedy": bool(greedy), "temperature": float(temperature),
+                "confidence_threshold": float(getattr(self.draft, "confidence_threshold", 0.0))}
+
+    def _round_static(self, tokens, taps, positions, valid, last_token, last_pos, cursor, *noise, views, **settings):
+        """``observe`` then ``propose`` on the static caches, traced inside the engine's step (``begin_round``)."""
+        self._observe_static(torch.cat(taps, dim=-1), positions, valid, cursor, view=views[0])
+        return self._propose_static(last_token, last_pos, *noise, view=views[1], **settings)
 
     def _propose_static(self, last_token, last_pos, *noise, greedy, temperature, confidence_threshold, view):
         # confidence_threshold (DSpark's, read by sample_block) is an argument so that graphs are keyed by it

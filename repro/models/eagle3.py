@@ -401,11 +401,17 @@ class Eagle3Proposer(StaticProposerState):
         q[:, self.target_ids] = qd
         return self.target_ids[idx], q
 
-    def _noise(self, batch, greedy, generator):
-        if greedy:
-            return None
+    def _noise(self, batch, generator):
         return proposal_noise((batch, self.num_proposals, self.draft.cfg.draft_vocab_size), generator,
                               self.draft.fc.weight.device)
+
+    @property
+    def propose_width(self) -> int:
+        return self.num_proposals - 1       # the chain's keys, written past the observed columns
+
+    @staticmethod
+    def _propose_settings(greedy, temperature) -> dict:
+        return {"greedy": bool(greedy), "temperature": float(temperature)}
 
     @torch.no_grad()
     def propose(self, last_token, last_pos, *, greedy, temperature, generator):
@@ -413,12 +419,12 @@ class Eagle3Proposer(StaticProposerState):
         if (self.check_steps or not self.static) and not torch.equal(pos_last + 1, last_pos):
             raise RuntimeError("EAGLE-3 proposer out of step with the engine: last ingested positions "
                                f"{pos_last.tolist()} vs newest token positions {last_pos.tolist()}")
-        noise = self._noise(last_token.shape[0], greedy, generator)
+        noise = None if greedy else self._noise(last_token.shape[0], generator)
         if self.static:
-            cursor = self.cursor.set(self.next_col, self.num_proposals - 1)
+            cursor = self.cursor.set(self.next_col, self.propose_width)
             extra = () if noise is None else (self.sb.stage("noise", noise),)
-            toks, q = self._graphs["propose"](cursor, *extra, greedy=bool(greedy), temperature=float(temperature),
-                                              view=self.view_after(self.num_proposals - 1))
+            toks, q = self._graphs["propose"](cursor, *extra, **self._propose_settings(greedy, temperature),
+                                              view=self.view_after(self.propose_width))
             return self.sb.take(toks), self.sb.take(q)
         return self._chain(noise, greedy, temperature, lambda e, g, pos, m: self._step(e, g, pos))
 
@@ -427,6 +433,12 @@ class Eagle3Proposer(StaticProposerState):
         self.draft.rope.forget()
         return self._chain(noise[0] if noise else None, greedy, temperature,
                            lambda e, g, pos, m: self._static_step(e, g, pos, cursor + m))
+
+    def _round_static(self, tokens, taps, positions, valid, last_token, last_pos, cursor, *noise, views, **settings):
+        """``observe`` then ``propose`` on the static caches, traced inside the engine's step (``begin_round``);
+        the chain's keys go past the observed columns."""
+        self._observe_static(tokens, torch.cat(taps, dim=-1), positions, valid, cursor, view=views[0])
+        return self._propose_static(cursor + tokens.shape[1], *noise, view=views[1], **settings)
 
     def _chain(self, noise, greedy, temperature, step):
         """k chain proposals from ``g_last``: sample, then ``step(e, g, positions, m)`` runs pass m+1 at the same

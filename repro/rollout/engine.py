@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 CUDA_GRAPH_MODES = ("off", "draft", "all", "compiled", "compiled_drafts", "fused")
 STATIC_MODES = ("all", "compiled", "compiled_drafts", "fused")  # the policy on a static cache too (static_loop)
 COMPILED_MODES = ("compiled", "compiled_drafts", "fused")        # inductor compiles first (minutes on a GPU)
-WHOLE_DRAFT_MODES = ("compiled_drafts", "fused")  # the proposer's static propose and observe each compiled whole
+WHOLE_DRAFT_MODES = ("compiled_drafts",)  # the proposer's static propose and observe each compiled whole
+# ("fused" traces them inside the policy's step instead)
 BUCKETED_STATES = 16      # static states a proposer keeps when batches are bucketed (every turn shape of a request)
 
 
@@ -92,7 +93,7 @@ class RolloutEngine:
             self.static_decoder = StaticDecoder(policy, self.k, keep_states=BUCKETED_STATES if self.bucket_batch
                                                 else 4,
                                                 compile_backend=compile_backend if cuda_graphs != "all" else None,
-                                                fused=cuda_graphs == "fused")
+                                                fused=cuda_graphs == "fused", proposer=proposer)
             if proposer is not None:
                 proposer.check_steps = False      # its per-step check would be a second host sync
                 proposer.compile_static = compile_backend if cuda_graphs in WHOLE_DRAFT_MODES else None

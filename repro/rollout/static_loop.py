@@ -11,6 +11,8 @@ import torch
 from repro.decoding.cuda_graph import GraphedCallable
 from repro.decoding.sampling import proposal_noise, sample_with_noise, verify_with_noise
 from repro.decoding.static_kv import StateCache, batch_bucket, traced_whole
+
+PROMPT_BUCKET = 16     # fused mode with static compiled shapes: prompts are left-padded to a multiple of this
 from repro.rollout.compiled_layers import compiled_layers
 from repro.rollout.result import AcceptanceCounters, RolloutResult
 
@@ -19,13 +21,23 @@ class StaticDecoder:
     """The policy's static caches and graphed steps of one engine, per request shape (last few kept)."""
 
     def __init__(self, policy, num_proposals: int, *, keep_states: int = 4, compile_backend: str | None = None,
-                 fused: bool = False):
+                 fused: bool = False, proposer=None):
         self.policy, self.k = policy, num_proposals
         self.states = StateCache(keep_states)
         self.compile_backend = None if fused else compile_backend
-        # fused: the policy step and the acceptance traced whole into one inductor graph (one CUDA graph a step)
-        self.fused = (traced_whole(self._fused_step, compile_backend or "inductor", device=policy.device) if fused
-                      else None)
+        # fused: the policy step, the acceptance and (with a proposer) the draft's observe and next propose traced
+        # whole into one inductor graph: one compiled call, and on a GPU one CUDA graph, per speculative step
+        self.proposer = proposer if fused else None
+        step = self._fused_step if self.proposer is None else self._whole_step
+        views = ("view", "draft_views")
+        backend = compile_backend or "inductor"
+        self.fused = traced_whole(step, backend, device=policy.device, dynamic_ints=views) if fused else None
+        # fused: the prompt's forward with the first token (and the draft's first observe and propose) compiled too,
+        # the prompt left-padded to a multiple of prompt_bucket where compiled shapes are static (one compilation
+        # per bucket, not per prompt length)
+        self.prefill = (traced_whole(self._prefill_step, backend, device=policy.device, dynamic_ints=views)
+                        if fused else None)
+        self.prompt_bucket = PROMPT_BUCKET if fused and policy.device.type != "cuda" else 1
         self.graphed = ("fused",) if fused else ("step", "accept")
 
     def state(self, rows: int, max_slots: int, cuda_graphs: bool) -> dict:
@@ -61,7 +73,31 @@ class StaticDecoder:
                 out[f"{st[name].name}[{key[0]}x{key[1]}]"] = st[name].status()
         return out
 
-    # -- the two graphed functions ---------------------------------------------------------------------------
+    def prompt_columns(self, longest: int) -> int:
+        """Columns the prefill runs for a longest prompt of ``longest`` tokens (left padding fills the rest)."""
+        return -(-longest // self.prompt_bucket) * self.prompt_bucket
+
+    # -- the traced and graphed functions -------------------------------------------------------------------------
+    def _prefill_step(self, st, ids, pos, live, plen, cursor, *opt, want_taps: bool, view: int, greedy: bool,
+                      temperature: float, draft_views: tuple[int, int] | None = None, draft_settings: tuple = ()):
+        """The prompt's forward, the first token (argmax, or a draw with the uniform ``opt`` noise) and its
+        log-probability; with a proposer also its observe of the prompt and first proposals (``_round_static``).
+        ``opt``: the proposer's device cursor (with a proposer), the token's noise and the propose's (sampling)."""
+        opt = list(opt)
+        draft_cursor = opt.pop(0) if self.proposer is not None else None
+        tok_noise = None if greedy else opt.pop(0)
+        out = self.policy.decode_step_static(ids, pos, st["cache"], live, want_taps=want_taps, cursor=cursor,
+                                             view=view)
+        last = out.logits[:, -1].float() / temperature
+        tok0 = last.argmax(-1) if greedy else sample_with_noise(torch.softmax(last, -1), tok_noise)
+        lp0 = torch.log_softmax(last, -1).gather(1, tok0[:, None])[:, 0]
+        if self.proposer is None:
+            return tok0, lp0
+        nxt = torch.cat([ids[:, 1:], tok0[:, None]], dim=1)
+        proposals = self.proposer._round_static(nxt, out.taps, pos, live, tok0, plen, draft_cursor, *opt,
+                                                views=draft_views, **dict(draft_settings))
+        return tok0, lp0, *proposals
+
     def _policy_step(self, st, last_tok, last_pos, drafts, cursor, *, want_taps: bool, view: int):
         inp = torch.cat([last_tok[:, None], drafts], dim=1)
         qpos = last_pos[:, None] + torch.arange(self.k + 1, device=last_pos.device)
@@ -76,6 +112,17 @@ class StaticDecoder:
                                                      view=view)
         return taps, qpos, *self._accept_step(st, logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok,
                                               out_lp, *opt, **settings)
+
+    def _whole_step(self, st, last_tok, last_pos, drafts, cursor, active, gen_len, out_tok, out_lp, draft_cursor,
+                    *opt, draft_noise: int, draft_views: tuple[int, int], draft_settings: tuple, **settings):
+        """``_fused_step``, then the proposer's observe of the committed tokens and its proposals for the next step
+        (``StaticProposerState._round_static``); the last ``draft_noise`` of ``opt`` are the propose's draws."""
+        cut = len(opt) - draft_noise
+        taps, qpos, committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = self._fused_step(
+            st, last_tok, last_pos, drafts, cursor, active, gen_len, out_tok, out_lp, *opt[:cut], **settings)
+        proposals = self.proposer._round_static(committed, taps, qpos, valid, new_last, new_pos, draft_cursor,
+                                                *opt[cut:], views=draft_views, **dict(draft_settings))
+        return (new_last, new_pos, new_active, new_len, hit_stop, hist, *proposals)
 
     def _accept_step(self, st, logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt,
                      has_stop: bool, has_probs: bool, has_valid: bool, greedy: bool, temperature: float,
@@ -186,8 +233,10 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     lens = [len(p) for p in prompts]
     P = max(lens)
     R = batch_bucket(B) if engine.bucket_batch else B
+    decoder = engine.static_decoder
+    P = decoder.prompt_columns(P)
     size = engine.static_slots(P, max_new_tokens)        # before any work: a too-small cache fails here
-    st = engine.static_decoder.state(R, size, graphs)
+    st = decoder.state(R, size, graphs)
     cache = st["cache"]
     cache.start()
     proposer = engine.proposer
@@ -206,11 +255,28 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     live = pos >= 0
     pos = pos.clamp_min(0)
     want_taps = proposer is not None and proposer.needs_taps
-    out = pol.decode_step_static(ids, pos, cache, live, want_taps=want_taps)
-    tok0 = first_token(out.logits[:, -1], greedy=greedy, temperature=temp, generator=gen)
-    lp0 = torch.log_softmax(out.logits[:, -1].float() / temp, -1).gather(1, tok0[:, None])[:, 0]
-    if proposer is not None:
-        proposer.observe(torch.cat([ids[:, 1:], tok0[:, None]], dim=1), out.taps, pos, live)
+    # fused with a draft: each step's graph ends with the next step's proposals; the prefill's gives the first
+    whole = "fused" in st and proposer is not None
+    prop = None
+    if "fused" in st:
+        opt, kw = [], {}
+        if whole:
+            draft_cursor, draft_views = proposer.begin_round(P)
+            opt.append(draft_cursor)
+            kw = dict(draft_views=draft_views, draft_settings=proposer.round_settings(greedy, temp))
+        if not greedy:
+            opt.append(proposal_noise((R, pol.vocab_size), gen, dev))
+        if whole:
+            opt += proposer.round_noise(R, greedy, gen)
+        cursor = cache.reserve(P)
+        tok0, lp0, *prop = decoder.prefill(st, ids, pos, live, plen, cursor, *opt, want_taps=want_taps,
+                                           view=cache.used_view(), greedy=bool(greedy), temperature=temp, **kw)
+    else:
+        out = pol.decode_step_static(ids, pos, cache, live, want_taps=want_taps)
+        tok0 = first_token(out.logits[:, -1], greedy=greedy, temperature=temp, generator=gen)
+        lp0 = torch.log_softmax(out.logits[:, -1].float() / temp, -1).gather(1, tok0[:, None])[:, 0]
+        if proposer is not None:
+            proposer.observe(torch.cat([ids[:, 1:], tok0[:, None]], dim=1), out.taps, pos, live)
 
     # -- device state -----------------------------------------------------------------------------------------
     width = max_new_tokens + k + 1
@@ -233,7 +299,8 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
             break
         n_valid = probs = None
         if proposer is not None:
-            prop = proposer.propose(last_tok, last_pos, greedy=greedy, temperature=temp, generator=gen)
+            if not whole:
+                prop = proposer.propose(last_tok, last_pos, greedy=greedy, temperature=temp, generator=gen)
             drafts, probs = prop[0], prop[1]
             n_valid = prop[2] if len(prop) > 2 else None
         else:
@@ -244,7 +311,14 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         opt = [x for x in (stop, probs, n_valid) if x is not None] + noise
         settings = dict(has_stop=stop is not None, has_probs=probs is not None, has_valid=n_valid is not None,
                         greedy=bool(greedy), temperature=temp, max_new=int(max_new_tokens))
-        if "fused" in st:
+        if whole:      # the next propose's draws come after this step's, as in the other modes
+            draft_noise = proposer.round_noise(R, greedy, gen)
+            draft_cursor, draft_views = proposer.begin_round(k + 1)
+            new_last, new_pos, new_active, new_len, hit_stop, hist, *prop = st["fused"](
+                last_tok, last_pos, drafts, cursor, active, gen_len, out_tok, out_lp, draft_cursor, *opt,
+                *draft_noise, want_taps=want_taps, view=cache.used_view(), draft_noise=len(draft_noise),
+                draft_views=draft_views, draft_settings=proposer.round_settings(greedy, temp), **settings)
+        elif "fused" in st:
             taps, qpos, committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["fused"](
                 last_tok, last_pos, drafts, cursor, active, gen_len, out_tok, out_lp, *opt, want_taps=want_taps,
                 view=cache.used_view(), **settings)
@@ -254,7 +328,7 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
             committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["accept"](
                 logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt, **settings)
         forwards += 1
-        if proposer is not None:
+        if proposer is not None and not whole:
             proposer.observe(committed, taps, qpos, valid)
         last_tok.copy_(new_last)
         last_pos.copy_(new_pos)

@@ -466,9 +466,10 @@ def test_compiled_static_step_is_the_static_step(trained, family, monkeypatch):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("family", ("plain", "eagle3", "dspark"))
 def test_fused_step_is_the_static_step(trained, family, monkeypatch):
-    """cuda_graphs="fused": the policy step with the acceptance, and the draft's propose and observe, each traced
-    whole (``fullgraph``: a graph break fails here) by dynamo with its eager backend, under replay emulation: the
-    tokens, log-probabilities and counters of the untraced static path, over two batch sizes, greedy and sampled."""
+    """cuda_graphs="fused": the prefill with the first token, and each step (the policy's verify, the acceptance,
+    the draft's observe and next propose), traced whole (``fullgraph``: a graph break fails here) by dynamo with its
+    eager backend, under replay emulation, prompts left-padded to the prompt bucket: the tokens, log-probabilities
+    and counters of the untraced static path, over two batch sizes, greedy and sampled."""
     pol, prompts, drafts = trained
     if family != "plain":
         pol.set_taps(drafts[family].tap_spec)
@@ -484,14 +485,18 @@ def test_fused_step_is_the_static_step(trained, family, monkeypatch):
         got = eng.generate(p, max_new_tokens=10, greedy=g, temperature=0.9, seed=s)
         assert_same_rollout(got, w)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0      # it was traced, not run as it is
-    assert set(eng.graph_status()) >= {f"policy.fused_step[{len(ps)}x256]"}
+    status = eng.graph_status()
+    assert set(status) >= {f"policy.fused_step[{len(ps)}x256]"}
+    if family != "plain":         # the draft's observe and propose ran inside the traced prefill and steps
+        assert not any(status[part]["captures"] + status[part]["replays"] + status[part]["eager_calls"]
+                       for part in ("propose", "observe"))
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("family", ("eagle3", "dflash"))
 def test_compiled_drafts_step_is_the_static_step(trained, family, monkeypatch):
     """cuda_graphs="compiled_drafts": the policy's decoder layers compiled one at a time (as "compiled") and the
-    draft's propose and observe each traced whole (as "fused"), dynamo's eager backend here, under replay emulation:
+    draft's propose and observe each traced whole, dynamo's eager backend here, under replay emulation:
     the tokens, log-probabilities and counters of the untraced static path, greedy and sampled."""
     from repro.rollout.compiled_layers import _COMPILED
     pol, prompts, drafts = trained
@@ -593,13 +598,45 @@ def test_all_static_under_replay_emulation(trained, family, monkeypatch):
     assert status and all(v["replays"] > 0 for k, v in status.items() if "accept" in k or "step" in k)
 
 
-def test_whole_step_sizes_are_dynamic_on_a_gpu_and_automatic_on_a_cpu(monkeypatch):
-    """traced_whole: one compilation serves every attention view on a GPU (dynamic sizes); on a CPU sizes start
-    static (inductor's C++ kernels vectorize only over static strides) and only a size that changes turns dynamic."""
+def test_whole_step_sizes_are_dynamic_on_a_gpu(monkeypatch):
+    """traced_whole on a GPU: dynamic sizes (one compilation serves every state and view), shared between engines."""
     import repro.decoding.static_kv as static_kv
     seen = []
     monkeypatch.setattr(static_kv.torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
-    for device in ("cuda", torch.device("cuda", 0), "cpu"):
-        assert static_kv.traced_whole(lambda x: x + 1, "eager", device=device)(1) == 2
-    assert [kw["dynamic"] for kw in seen] == [True, True, None]
-    assert all(kw["fullgraph"] and kw["backend"] == "eager" for kw in seen)
+    for device in ("cuda", torch.device("cuda", 0)):
+        assert static_kv.traced_whole(lambda x: x + 1, "eager", device=device, dynamic_ints=("view",))(1) == 2
+    assert all(kw["dynamic"] is True and not kw["isolate_recompiles"] and kw["fullgraph"] for kw in seen)
+
+
+@pytest.mark.timeout(120)
+def test_whole_step_sizes_are_static_on_a_cpu_but_the_views():
+    """traced_whole on a CPU: each batch a static compilation (inductor's C++ kernels vectorize over static sizes),
+    also after another engine compiled the same function at another batch; the named integer arguments (attention
+    views) symbolic from the first compilation, so a request's growing view never recompiles."""
+    from repro.decoding.static_kv import traced_whole
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append([n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"])
+        return gm.forward
+
+    def symbolic(values, kind):       # the graph's symbolic integers, or its tensors with a symbolic size
+        if kind is torch.Tensor:
+            return [v for v in values if isinstance(v, kind) and any(isinstance(s, torch.SymInt) for s in v.shape)]
+        return [v for v in values if isinstance(v, kind)]
+
+    def step(x, *, view):
+        return x[:, :view].sum(1) * 2
+
+    torch._dynamo.reset()
+    one, other = (traced_whole(step, backend, device="cpu", dynamic_ints=("view",)) for _ in range(2))
+    x = torch.arange(16.0).reshape(2, 8)
+    assert torch.equal(one(x, view=4), x[:, :4].sum(1) * 2)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.equal(one(x, view=6), x[:, :6].sum(1) * 2)
+    assert len(graphs) == 1 and symbolic(graphs[0], torch.SymInt) and not symbolic(graphs[0], torch.Tensor)
+    one(torch.ones(3, 8), view=4)
+    other(torch.ones(5, 8), view=4)
+    assert len(graphs) == 3 and not any(symbolic(g, torch.Tensor) for g in graphs)
+
+
