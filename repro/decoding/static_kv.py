@@ -225,7 +225,9 @@ class StaticProposerState:
     """What the graphed proposers share (a mixin): per request shape, the slot table, the batch map, the
     cursor and the two graphed calls (``_propose_static``, ``_observe_static``), kept in ``self._states``
     (a ``StateCache``) and made current by ``prepare_static``; the family adds its own caches (``extra``).
-    The proposer keeps its draft in ``self.draft`` and calls ``init_static_state()`` in its ``__init__``."""
+    The proposer keeps its draft in ``self.draft`` and calls ``init_static_state()`` in its ``__init__``. For the
+    engine's fused step the family also gives ``_round_static`` (its observe then its propose, traced inside the
+    step), ``_noise(batch, generator)`` (a propose's uniform draws) and ``_propose_settings(greedy, temperature)``."""
 
     needs_taps = True
     compact_min_waste = 64        # growing caches: squeeze dead slots out once this many columns would go

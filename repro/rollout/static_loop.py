@@ -11,10 +11,10 @@ import torch
 from repro.decoding.cuda_graph import GraphedCallable
 from repro.decoding.sampling import proposal_noise, sample_with_noise, verify_with_noise
 from repro.decoding.static_kv import StateCache, batch_bucket, traced_whole
-
-PROMPT_BUCKET = 16     # fused mode with static compiled shapes: prompts are left-padded to a multiple of this
 from repro.rollout.compiled_layers import compiled_layers
 from repro.rollout.result import AcceptanceCounters, RolloutResult
+
+PROMPT_BUCKET = 16     # fused mode with static compiled shapes: prompts are left-padded to a multiple of this
 
 
 class StaticDecoder:
