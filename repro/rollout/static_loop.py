@@ -32,12 +32,14 @@ class StaticDecoder:
         views = ("view", "draft_views")
         backend = compile_backend or "inductor"
         self.fused = traced_whole(step, backend, device=policy.device, dynamic_ints=views) if fused else None
-        # fused: the prompt's forward with the first token (and the draft's first observe and propose) compiled too,
-        # the prompt left-padded to a multiple of prompt_bucket where compiled shapes are static (one compilation
-        # per bucket, not per prompt length)
+        # fused on a CPU: the prompt's forward with the first token (and the draft's first observe and propose)
+        # compiled too, the prompt left-padded to a multiple of prompt_bucket (static shapes: one compilation per
+        # bucket, not per prompt length). On a GPU the prefill, once per request, stays eager: compiling a whole
+        # policy's forward takes minutes there, more than it would save
+        on_cpu = policy.device.type != "cuda"
         self.prefill = (traced_whole(self._prefill_step, backend, device=policy.device, dynamic_ints=views)
-                        if fused else None)
-        self.prompt_bucket = PROMPT_BUCKET if fused and policy.device.type != "cuda" else 1
+                        if fused and on_cpu else None)
+        self.prompt_bucket = PROMPT_BUCKET if self.prefill is not None else 1
         self.graphed = ("fused",) if fused else ("step", "accept")
 
     def state(self, rows: int, max_slots: int, cuda_graphs: bool) -> dict:
@@ -258,7 +260,7 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     # fused with a draft: each step's graph ends with the next step's proposals; the prefill's gives the first
     whole = "fused" in st and proposer is not None
     prop = None
-    if "fused" in st:
+    if decoder.prefill is not None:
         opt, kw = [], {}
         if whole:
             draft_cursor, draft_views = proposer.begin_round(P)
@@ -277,6 +279,8 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         lp0 = torch.log_softmax(out.logits[:, -1].float() / temp, -1).gather(1, tok0[:, None])[:, 0]
         if proposer is not None:
             proposer.observe(torch.cat([ids[:, 1:], tok0[:, None]], dim=1), out.taps, pos, live)
+        if whole:
+            prop = proposer.propose(tok0, plen, greedy=greedy, temperature=temp, generator=gen)
 
     # -- device state -----------------------------------------------------------------------------------------
     width = max_new_tokens + k + 1

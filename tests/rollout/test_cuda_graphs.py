@@ -493,6 +493,28 @@ def test_fused_step_is_the_static_step(trained, family, monkeypatch):
 
 
 @pytest.mark.timeout(240)
+def test_fused_step_after_an_eager_prefill_is_the_static_step(trained, monkeypatch):
+    """The fused mode as a GPU runs it: the prefill eager (no prompt padding), the draft's first proposals from its
+    own propose, then the traced whole steps: the tokens, log-probabilities and counters of the static path."""
+    pol, prompts, drafts = trained
+    pol.set_taps(drafts["dspark"].tap_spec)
+    ps = ragged(prompts)
+    requests = [(ps, True, 0), (ps[:3], False, 1)]
+    monkeypatch.setattr(GraphedCallable, "emulate_replay", True)
+    static = RolloutEngine(pol, proposer(drafts["dspark"]), cuda_graphs="all")
+    want = [static.generate(p, max_new_tokens=10, greedy=g, temperature=0.9, seed=s) for p, g, s in requests]
+    torch._dynamo.reset()
+    eng = RolloutEngine(pol, proposer(drafts["dspark"]), cuda_graphs="fused", compile_backend="eager")
+    eng.static_decoder.prefill, eng.static_decoder.prompt_bucket = None, 1
+    for (p, g, s), w in zip(requests, want):          # two batch sizes: two states, each with its draft's graphs
+        assert_same_rollout(eng.generate(p, max_new_tokens=10, greedy=g, temperature=0.9, seed=s), w)
+        status = eng.graph_status()
+        calls = {part: sum(status[part][n] for n in ("captures", "replays", "eager_calls"))
+                 for part in ("propose", "observe")}
+        assert calls == {"propose": 1, "observe": 0}     # the request's first proposals; every observe inline
+
+
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("family", ("eagle3", "dflash"))
 def test_compiled_drafts_step_is_the_static_step(trained, family, monkeypatch):
     """cuda_graphs="compiled_drafts": the policy's decoder layers compiled one at a time (as "compiled") and the
