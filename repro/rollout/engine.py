@@ -109,12 +109,25 @@ class RolloutEngine:
             out.update(self.static_decoder.graph_status())
         return out
 
+    @property
+    def last_round_slots(self) -> int:
+        """Columns past a request's last verify step: in the fused mode each step's graph ends with the next step's
+        proposals, so the last step's proposals (an EAGLE-3 chain writes its keys) are written too."""
+        if self.cuda_graphs != "fused" or self.proposer is None:
+            return 0
+        return getattr(self.proposer, "propose_width", 0)
+
+    def slots_for(self, P: int, max_new_tokens: int) -> int:
+        """Columns per row a request writes (longest prompt ``P``)."""
+        return slots_needed(P, max_new_tokens, self.k) + self.last_round_slots
+
     def static_slots(self, P: int, max_new_tokens: int) -> int:
         """Columns per row of the static caches for a request (longest prompt ``P``), refused past the cap."""
-        need = slots_needed(P, max_new_tokens, self.k)
+        need = self.slots_for(P, max_new_tokens)
         if self.max_draft_slots is not None and need > self.max_draft_slots:
+            extra = f" + {self.last_round_slots} for the last step's proposals" if self.last_round_slots else ""
             raise ValueError(f"the request needs {need} draft cache slots per row (longest prompt {P} + "
-                             f"(max_new_tokens {max_new_tokens} - 1) x {self.k + 1}), over "
+                             f"(max_new_tokens {max_new_tokens} - 1) x {self.k + 1}{extra}), over "
                              f"max_draft_slots={self.max_draft_slots}")
         return bucketed(need) if self.max_draft_slots is None else min(bucketed(need), self.max_draft_slots)
 

@@ -236,7 +236,9 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     P = max(lens)
     R = batch_bucket(B) if engine.bucket_batch else B
     decoder = engine.static_decoder
-    P = decoder.prompt_columns(P)
+    padded = decoder.prompt_columns(P)
+    cap = engine.max_draft_slots      # padding never makes a request that fits the cap fail it
+    P = padded if cap is None or engine.slots_for(padded, max_new_tokens) <= cap else P
     size = engine.static_slots(P, max_new_tokens)        # before any work: a too-small cache fails here
     st = decoder.state(R, size, graphs)
     cache = st["cache"]

@@ -493,6 +493,25 @@ def test_fused_step_is_the_static_step(trained, family, monkeypatch):
 
 
 @pytest.mark.timeout(240)
+def test_fused_prompt_padding_never_passes_the_slot_cap(trained):
+    """A fused request sized exactly to max_draft_slots (its steps and the last step's proposals, which the fused
+    graph writes too: an EAGLE-3 chain's keys) runs unpadded, as left padding to the prompt bucket would pass the
+    cap, and gives the static path's tokens."""
+    from repro.decoding.static_kv import slots_needed
+    pol, _, drafts = trained
+    pol.set_taps(drafts["eagle3"].tap_spec)
+    prompt, n = [[3, 1, 4]], 5
+    eng = RolloutEngine(pol, proposer(drafts["eagle3"]), cuda_graphs="fused", compile_backend="eager")
+    cap = slots_needed(len(prompt[0]), n, eng.k) + eng.k - 1        # + the last step's chain keys
+    assert eng.slots_for(len(prompt[0]), n) == cap
+    assert eng.slots_for(eng.static_decoder.prompt_columns(len(prompt[0])), n) > cap
+    eng.max_draft_slots = cap
+    want = RolloutEngine(pol, proposer(drafts["eagle3"]), cuda_graphs="all").generate(prompt, max_new_tokens=n,
+                                                                                     greedy=True)
+    assert eng.generate(prompt, max_new_tokens=n, greedy=True).tokens == want.tokens
+
+
+@pytest.mark.timeout(240)
 def test_fused_step_after_an_eager_prefill_is_the_static_step(trained, monkeypatch):
     """The fused mode as a GPU runs it: the prefill eager (no prompt padding), the draft's first proposals from its
     own propose, then the traced whole steps: the tokens, log-probabilities and counters of the static path."""
