@@ -19,6 +19,7 @@ def latest(tidy: pd.DataFrame) -> pd.DataFrame:
     t = tidy.sort_values(["run", "step"], kind="stable")
     return t.groupby(["hardware", "hardware_label", "row", "metric"], as_index=False).last()
 
+
 def compiling_notes(tidy: pd.DataFrame) -> list[str]:
     """The table note naming the rows whose averaged steps compiled graphs (``averaged_steps_compiling`` of
     repro.rl.summary): one note, or none when no row's did."""

@@ -90,9 +90,7 @@ class StaticDecoder:
         tok_noise = None if greedy else opt.pop(0)
         out = self.policy.decode_step_static(ids, pos, st["cache"], live, want_taps=want_taps, cursor=cursor,
                                              view=view)
-        last = out.logits[:, -1].float() / temperature
-        tok0 = last.argmax(-1) if greedy else sample_with_noise(torch.softmax(last, -1), tok_noise)
-        lp0 = torch.log_softmax(last, -1).gather(1, tok0[:, None])[:, 0]
+        tok0, lp0 = first_token(out.logits[:, -1], greedy=greedy, temperature=temperature, noise=tok_noise)
         if self.proposer is None:
             return tok0, lp0
         nxt = torch.cat([ids[:, 1:], tok0[:, None]], dim=1)
@@ -214,12 +212,13 @@ def count_acceptance(history: list[torch.Tensor], k: int, has_valid: bool):
                               accepted_per_pos=per_pos if k else [])
 
 
-def first_token(logits: torch.Tensor, *, greedy: bool, temperature: float, generator) -> torch.Tensor:
-    """The token after each prompt from the prefill's last logits ``[R, V]`` (argmax, or a draw from the law)."""
-    if greedy:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, -1)
-    return sample_with_noise(probs, proposal_noise(tuple(probs.shape), generator, logits.device))
+def first_token(logits: torch.Tensor, *, greedy: bool, temperature: float, noise: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token after each prompt from the prefill's last logits ``[R, V]`` (argmax, or a draw from the law at
+    ``temperature`` with uniform ``noise [R, V]``) and its log-probability. Device work only (traced in fused)."""
+    scaled = logits.float() / temperature
+    tok = scaled.argmax(-1) if greedy else sample_with_noise(torch.softmax(scaled, -1), noise)
+    return tok, torch.log_softmax(scaled, -1).gather(1, tok[:, None])[:, 0]
 
 
 def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, greedy: bool,
@@ -277,8 +276,8 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
                                            view=cache.used_view(), greedy=bool(greedy), temperature=temp, **kw)
     else:
         out = pol.decode_step_static(ids, pos, cache, live, want_taps=want_taps)
-        tok0 = first_token(out.logits[:, -1], greedy=greedy, temperature=temp, generator=gen)
-        lp0 = torch.log_softmax(out.logits[:, -1].float() / temp, -1).gather(1, tok0[:, None])[:, 0]
+        tok_noise = None if greedy else proposal_noise((R, out.logits.shape[-1]), gen, dev)
+        tok0, lp0 = first_token(out.logits[:, -1], greedy=greedy, temperature=temp, noise=tok_noise)
         if proposer is not None:
             proposer.observe(torch.cat([ids[:, 1:], tok0[:, None]], dim=1), out.taps, pos, live)
         if whole:
