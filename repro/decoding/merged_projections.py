@@ -75,6 +75,12 @@ class GatedMLPForward:
 _GATED: dict[type, type] = {}
 
 
+def set_class(module: nn.Module, cls: type) -> None:
+    """``module.__class__ = cls`` past ``nn.Module.__setattr__`` (its parameter and buffer checks do not apply to
+    ``__class__``; an engine enters and leaves the block once per request, for every projection of the model)."""
+    object.__setattr__(module, "__class__", cls)
+
+
 def gated_class(cls: type) -> type:
     """``cls`` with ``GatedMLPForward``'s forward (one subclass per class, so one compiled layer serves all)."""
     if cls not in _GATED:
@@ -92,13 +98,13 @@ class _Group:
         """Whether every member's ``name`` tensor is its slice of ``stacked``."""
         if stacked is None:
             return False
-        off = 0
+        row_bytes = stacked.stride(0) * stacked.element_size()
+        at = stacked.data_ptr()
         for m in self.members:
             t = getattr(m, name)
-            if (t.dtype != stacked.dtype or t.device != stacked.device
-                    or t.data_ptr() != stacked[off:off + t.shape[0]].data_ptr()):
+            if t.dtype != stacked.dtype or t.device != stacked.device or t.data_ptr() != at:
                 return False
-            off += t.shape[0]
+            at += t.shape[0] * row_bytes
         return True
 
     def sync(self) -> None:
@@ -122,18 +128,20 @@ class _Group:
         self.sync()
         start = 0
         for i, m in enumerate(self.members):
-            m.__class__ = MergedFirst if i == 0 else MergedPart
-            m.merged_start, m.merged_size = start, m.out_features
+            set_class(m, MergedFirst if i == 0 else MergedPart)
+            vars(m).update(merged_start=start, merged_size=m.out_features)
             start += m.out_features
         first = self.members[0]
-        first.register_buffer("merged_weight", self.weight, persistent=False)
-        first.register_buffer("merged_bias", self.stacked_bias, persistent=False)
+        first._buffers["merged_weight"] = self.weight       # non-persistent buffers (register_buffer's checks
+        first._buffers["merged_bias"] = self.stacked_bias   # cost more than the rest of an entry)
+        first._non_persistent_buffers_set.update(("merged_weight", "merged_bias"))
 
     def exit(self) -> None:
         for m in self.members:
-            m.__class__ = nn.Linear
+            set_class(m, nn.Linear)
             for name in ("merged_weight", "merged_bias"):
                 m._buffers.pop(name, None)
+                m._non_persistent_buffers_set.discard(name)
             for name in ("merged_start", "merged_size"):
                 vars(m).pop(name, None)
 
@@ -171,9 +179,9 @@ class MergedProjections:
             for g in self.groups:
                 g.enter()
             for m in self.singles:
-                m.__class__ = DecodeLinear
+                set_class(m, DecodeLinear)
             for mlp, cls in self.gated:
-                mlp.__class__ = gated_class(cls)
+                set_class(mlp, gated_class(cls))
         self.depth += 1
         try:
             yield
@@ -184,9 +192,9 @@ class MergedProjections:
                 for g in self.groups:
                     g.exit()
                 for m in self.singles:
-                    m.__class__ = nn.Linear
+                    set_class(m, nn.Linear)
                 for mlp, cls in self.gated:
-                    mlp.__class__ = cls
+                    set_class(mlp, cls)
 
 
 _BY_MODEL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
