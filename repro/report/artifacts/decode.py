@@ -19,7 +19,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from repro.report.style import legend_below, measured_label, measured_title, save_figure
+from repro.report.style import measured_label, measured_title, save_figure
 from repro.report.tables import latest, write_table
 
 ROW = re.compile(r"^(?P<kind>suite-[a-z]+|peer/[a-z0-9-]+|floor|bound)(?:/(?P<family>[a-z0-9]+))?/b(?P<batch>\d+)$")
@@ -47,43 +47,74 @@ def summary_table(rows: pd.DataFrame) -> pd.DataFrame:
     return df[["hardware", "batch", "engine", "family"] + cols[4:]]
 
 
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
+MODE_LINES = {"off": "-.", "draft": (0, (1, 1)), "all": "--", "compiled": (0, (5, 1, 1, 1)),
+              "compiled_drafts": (0, (3, 1, 1, 1, 1, 1)), "fused": "-"}
+
+
+def _colors(names) -> dict[str, str]:
+    """One colour per name, the same in every machine's row (sorted, so a machine lacking a series shifts none)."""
+    return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(sorted(set(names)))}
+
+
+def _draw_machine(ax_t, ax_r, h: pd.DataFrame, label: str, colors: dict[str, str]) -> None:
+    """One machine's rows: plain decoding per engine mode, peer and floor (left); speedup / AL per family, the
+    family's colour and the mode's line, with the bound dotted (right)."""
+    plain = h[(h["family"] == "plain") & (h["kind"] != "bound")]
+    for kind, g in plain.groupby("kind"):
+        if "ms_per_step" not in g or g["ms_per_step"].isna().all():
+            continue
+        if kind == "floor":
+            style = {"linestyle": ":", "color": "0.4"}
+        else:
+            mode = kind.removeprefix("suite-")
+            style = {"marker": "o", "markersize": 3, "color": colors[kind],
+                     "linestyle": "--" if kind.startswith("peer/") else MODE_LINES.get(mode, "-")}
+        name = {"floor": "floor (weights at copy bandwidth)"}.get(kind, kind.replace("suite-", "ours "))
+        ax_t.plot(g["batch"], g["ms_per_step"], label=name, **style)
+    spec = h[h["kind"].str.startswith("suite-") & (h["family"] != "plain")]
+    col = "speedup_cpu_over_al" if label == "cpu-emulated" and "speedup_cpu_over_al" in spec else "speedup_over_al"
+    for (kind, fam), g in spec.groupby(["kind", "family"]):
+        if col in g and not g[col].isna().all():
+            mode = kind.removeprefix("suite-")
+            ax_r.plot(g["batch"], g[col], marker="o", markersize=3, color=colors[fam],
+                      linestyle=MODE_LINES.get(mode, "-"), label=f"{fam} ours {mode}")
+    for fam, g in h[h["kind"] == "bound"].groupby("family"):
+        if "verify_over_decode" in g:
+            ax_r.plot(g["batch"], 1 / g["verify_over_decode"], linestyle=":", linewidth=0.8, color=colors[fam],
+                      label=f"{fam} bound (1 / verify over decode step)")
+
+
 def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     out_dir = Path(out_dir)
     rows = decode_rows(tidy)
     if rows.empty:
         raise ValueError("no decode rows ('suite-<mode>/<family>/b<B>', 'peer/<peer>/b<B>', 'floor/b<B>') "
                          "in the tidy table")
-    fig, (ax_t, ax_r) = plt.subplots(1, 2, figsize=(7.2, 2.8))
     machines = list(rows.groupby(["hardware", "hardware_label"]).groups)
-    for (hw, label), h in rows.groupby(["hardware", "hardware_label"]):
-        # one machine: named once, in the title; several: in every entry
-        where = "" if len(machines) == 1 else f" — {measured_label(hw, label)}"
-        plain = h[(h["family"] == "plain") & (h["kind"] != "bound")]
-        for kind, g in plain.groupby("kind"):
-            if "ms_per_step" not in g or g["ms_per_step"].isna().all():
-                continue
-            style = {"linestyle": ":", "color": "0.4"} if kind == "floor" else {
-                "linestyle": "--" if kind.startswith("peer/") else "-", "marker": "o", "markersize": 3}
-            name = {"floor": "floor (weights at copy bandwidth)"}.get(kind, kind.replace("suite-", "ours "))
-            ax_t.plot(g["batch"], g["ms_per_step"], label=f"{name}{where}", **style)
-        spec = h[h["kind"].str.startswith("suite-") & (h["family"] != "plain")]
-        col = "speedup_cpu_over_al" if label == "cpu-emulated" and "speedup_cpu_over_al" in spec else "speedup_over_al"
-        for (kind, fam), g in spec.groupby(["kind", "family"]):
-            if col in g and not g[col].isna().all():
-                ax_r.plot(g["batch"], g[col], marker="o", markersize=3,
-                          label=f"{fam} {kind.replace('suite-', 'ours ')}{where}")
-        bound = h[h["kind"] == "bound"]
-        for fam, g in bound.groupby("family"):
-            if "verify_over_decode" in g:
-                ax_r.plot(g["batch"], 1 / g["verify_over_decode"], linestyle=":", label=f"{fam} bound (1 / verify"
-                          f" over decode step){where}")
-    ax_t.set(xscale="log", yscale="log", xlabel="batch", ylabel="ms per step (plain decoding)")
-    ax_r.set(xscale="log", xlabel="batch", ylabel="speedup / acceptance length")
-    for ax in (ax_t, ax_r):
-        ticks = sorted(set(rows["batch"]))
-        ax.set_xticks(ticks, [str(b) for b in ticks])
-        ax.xaxis.set_minor_locator(plt.NullLocator())
-        legend_below(ax, fontsize=4.5)
+    # one row of panels per machine, each named in its panels' titles (one machine: in the figure's title)
+    fig, axes = plt.subplots(len(machines), 2, figsize=(7.2, 1.2 + 1.9 * len(machines)), squeeze=False)
+    plain_kinds = rows.loc[(rows["family"] == "plain") & ~rows["kind"].isin(["bound", "floor"]), "kind"]
+    colors = {**_colors(plain_kinds), **_colors(rows.loc[rows["family"] != "plain", "family"])}
+    for (ax_t, ax_r), ((hw, label), h) in zip(axes, rows.groupby(["hardware", "hardware_label"])):
+        _draw_machine(ax_t, ax_r, h, label, colors)
+        ax_t.set(xscale="log", yscale="log", ylabel="ms per step (plain decoding)")
+        ax_r.set(xscale="log", ylabel="speedup / acceptance length")
+        if len(machines) > 1:
+            for ax in (ax_t, ax_r):
+                ax.set_title(measured_label(hw, label), fontsize=6)
+        for ax in (ax_t, ax_r):
+            ticks = sorted(set(rows["batch"]))
+            ax.set_xticks(ticks, [str(b) for b in ticks])
+            ax.xaxis.set_minor_locator(plt.NullLocator())
+    for col in range(2):
+        axes[-1][col].set_xlabel("batch")
+        handles: dict[str, object] = {}
+        for ax in axes[:, col]:             # every machine's series once, under the last row
+            for hnd, lab in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(lab, hnd)
+        axes[-1][col].legend(list(handles.values()), list(handles), fontsize=4.5, loc="upper center",
+                             bbox_to_anchor=(0.5, -0.3), frameon=False, ncols=2 if col else 1)
     title = "Decode: our engine, the peers and the floor, same run"
     fig.suptitle(measured_title(title, machines) if len(machines) == 1 else title, fontsize=8)
     paths = save_figure(fig, out_dir / "decode")
