@@ -3,10 +3,10 @@
 Reads only collected tidy rows of repro.bench.decode: ``suite-<mode>/<family>/b<B>`` (ms_per_step,
 tokens_per_s, acceptance_length, speedup, speedup_over_al, speedup_cpu_over_al, occupancy), ``peer/<peer>/b<B>``
 (ms_per_step, tokens_per_s), ``floor/b<B>`` (ms_per_step) and ``bound/<family>/b<B>`` (verify_over_decode).
-Writes decode.pdf/.png (left: ms per step of plain decoding for each engine mode, each peer and the floor
-against batch; right: speedup / acceptance length of each family and mode against batch, with the bound
-``1 / verify_over_decode`` dotted) and decode.csv/.md (one line per batch and engine). The paper reports no
-decode benchmark, so nothing here is drawn from paper numbers.
+Writes decode.pdf/.png (one row of panels per machine; left: ms per step of plain decoding for each engine mode,
+each peer and the floor against batch; right: speedup / acceptance length of each family (a colour) and mode (a line
+style) against batch, with the bound ``1 / verify_over_decode`` dotted) and decode.csv/.md (one line per batch and
+engine). The paper reports no decode benchmark, so nothing here is drawn from paper numbers.
 
     python -m repro.report.build --artifact decode --profile h200 --tidy results/tidy/h200/decode.csv \
         --out paper_figures/h200
@@ -68,8 +68,9 @@ def _draw_machine(ax_t, ax_r, h: pd.DataFrame, label: str, colors: dict[str, str
             style = {"linestyle": ":", "color": "0.4"}
         else:
             mode = kind.removeprefix("suite-")
-            style = {"marker": "o", "markersize": 3, "color": colors[kind],
-                     "linestyle": "--" if kind.startswith("peer/") else MODE_LINES.get(mode, "-")}
+            peer = kind.startswith("peer/")           # peers: square markers, ours: round
+            style = {"marker": "s" if peer else "o", "markersize": 3, "color": colors[kind],
+                     "linestyle": "--" if peer else MODE_LINES.get(mode, "-")}
         name = {"floor": "floor (weights at copy bandwidth)"}.get(kind, kind.replace("suite-", "ours "))
         ax_t.plot(g["batch"], g["ms_per_step"], label=name, **style)
     spec = h[h["kind"].str.startswith("suite-") & (h["family"] != "plain")]
