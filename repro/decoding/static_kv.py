@@ -289,24 +289,20 @@ class StaticProposerState:
     # -- one observe and the next propose inside the engine's step (cuda_graphs="fused") -------------------------
     propose_width = 0             # columns a static propose writes past the observed ones (EAGLE-3: its chain keys)
 
-    def begin_round(self, width: int) -> tuple[torch.Tensor, tuple[int, int]]:
+    def begin_round(self, width: int, *, batch: int, greedy: bool, temperature: float, generator
+                    ) -> tuple[torch.Tensor, tuple[int, int], tuple[tuple[str, object], ...], tuple[torch.Tensor, ...]]:
         """The host's part of one ``_round_static``: an observe writing ``width`` columns at the cursor, then a propose.
-        Checks the cache (on the host), points the device cursor, and returns it with the two calls' views."""
+        Checks the cache (on the host) and points the device cursor; returns it, the two calls' views, the propose's
+        settings as sorted items (hashable: they key the compiled and captured step) and its uniform draws (none when
+        greedy), drawn from ``generator`` as ``propose`` draws them."""
         if not self.sb.full:
             raise RuntimeError("a proposer's round runs in the engine's step only on its full static batch")
         cursor = self.cursor.set(self.next_col, width + self.propose_width)
         observe_view = self.view_after(width)
         self.next_col += width
-        return cursor, (observe_view, self.view_after(self.propose_width))
-
-    def round_noise(self, batch: int, greedy: bool, generator) -> tuple[torch.Tensor, ...]:
-        """The uniform draws of one propose (none when greedy), drawn from ``generator`` as ``propose`` draws them."""
-        noise = None if greedy else self._noise(batch, generator)
-        return () if noise is None else (noise,)
-
-    def round_settings(self, greedy: bool, temperature: float) -> tuple[tuple[str, object], ...]:
-        """The propose's settings as sorted items (hashable: they key the compiled and captured step)."""
-        return tuple(sorted(self._propose_settings(greedy, temperature).items()))
+        settings = tuple(sorted(self._propose_settings(greedy, temperature).items()))
+        noise = () if greedy else (self._noise(batch, generator),)
+        return cursor, (observe_view, self.view_after(self.propose_width)), settings, noise
 
     def view_after(self, width: int) -> int:
         """The attention view of a call that writes ``width`` columns at the cursor."""

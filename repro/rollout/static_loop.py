@@ -262,15 +262,12 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     whole = "fused" in st and proposer is not None
     prop = None
     if decoder.prefill is not None:
-        opt, kw = [], {}
-        if whole:
-            draft_cursor, draft_views = proposer.begin_round(P)
-            opt.append(draft_cursor)
-            kw = dict(draft_views=draft_views, draft_settings=proposer.round_settings(greedy, temp))
-        if not greedy:
-            opt.append(proposal_noise((R, pol.vocab_size), gen, dev))
-        if whole:
-            opt += proposer.round_noise(R, greedy, gen)
+        opt, kw = ([] if greedy else [proposal_noise((R, pol.vocab_size), gen, dev)]), {}
+        if whole:          # the first propose's draws come after the first token's
+            draft_cursor, draft_views, draft_settings, draft_noise = proposer.begin_round(
+                P, batch=R, greedy=greedy, temperature=temp, generator=gen)
+            opt = [draft_cursor, *opt, *draft_noise]
+            kw = dict(draft_views=draft_views, draft_settings=draft_settings)
         cursor = cache.reserve(P)
         tok0, lp0, *prop = decoder.prefill(st, ids, pos, live, plen, cursor, *opt, want_taps=want_taps,
                                            view=cache.used_view(), greedy=bool(greedy), temperature=temp, **kw)
@@ -317,12 +314,12 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         settings = dict(has_stop=stop is not None, has_probs=probs is not None, has_valid=n_valid is not None,
                         greedy=bool(greedy), temperature=temp, max_new=int(max_new_tokens))
         if whole:      # the next propose's draws come after this step's, as in the other modes
-            draft_noise = proposer.round_noise(R, greedy, gen)
-            draft_cursor, draft_views = proposer.begin_round(k + 1)
+            draft_cursor, draft_views, draft_settings, draft_noise = proposer.begin_round(
+                k + 1, batch=R, greedy=greedy, temperature=temp, generator=gen)
             new_last, new_pos, new_active, new_len, hit_stop, hist, *prop = st["fused"](
                 last_tok, last_pos, drafts, cursor, active, gen_len, out_tok, out_lp, draft_cursor, *opt,
                 *draft_noise, want_taps=want_taps, view=cache.used_view(), draft_noise=len(draft_noise),
-                draft_views=draft_views, draft_settings=proposer.round_settings(greedy, temp), **settings)
+                draft_views=draft_views, draft_settings=draft_settings, **settings)
         elif "fused" in st:
             taps, qpos, committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["fused"](
                 last_tok, last_pos, drafts, cursor, active, gen_len, out_tok, out_lp, *opt, want_taps=want_taps,
