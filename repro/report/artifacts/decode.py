@@ -97,6 +97,7 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
     fig, axes = plt.subplots(len(machines), 2, figsize=(7.2, 1.2 + 1.9 * len(machines)), squeeze=False)
     plain_kinds = rows.loc[(rows["family"] == "plain") & ~rows["kind"].isin(["bound", "floor"]), "kind"]
     colors = {**_colors(plain_kinds), **_colors(rows.loc[rows["family"] != "plain", "family"])}
+    ticks = sorted(set(rows["batch"]))
     for (ax_t, ax_r), ((hw, label), h) in zip(axes, rows.groupby(["hardware", "hardware_label"])):
         _draw_machine(ax_t, ax_r, h, label, colors)
         ax_t.set(xscale="log", yscale="log", ylabel="ms per step (plain decoding)")
@@ -105,7 +106,6 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
             for ax in (ax_t, ax_r):
                 ax.set_title(measured_label(hw, label), fontsize=6)
         for ax in (ax_t, ax_r):
-            ticks = sorted(set(rows["batch"]))
             ax.set_xticks(ticks, [str(b) for b in ticks])
             ax.xaxis.set_minor_locator(plt.NullLocator())
     for col in range(2):
