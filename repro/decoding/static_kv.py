@@ -17,6 +17,7 @@ Attention reads the first ``view`` columns (``StaticSlots.view``: the used ones 
 """
 from __future__ import annotations
 
+import inspect
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
@@ -54,6 +55,9 @@ def batch_bucket(n: int) -> int:
     return max(2, 1 << (n - 1).bit_length())
 
 
+_COMPILE_ARGS = frozenset(inspect.signature(torch.compile).parameters)
+
+
 def traced_whole(fn: Callable, backend: str = "inductor", *, device: torch.device | str,
                  dynamic_ints: tuple[str, ...] = ()) -> Callable:
     """``fn`` compiled whole (``fullgraph``: a graph break is an error): a graph per kept state (its buffers are
@@ -69,8 +73,9 @@ def traced_whole(fn: Callable, backend: str = "inductor", *, device: torch.devic
     inductor's C++ wrapper (the Python one cost about as much as the kernels of a tiny policy's step)."""
     cuda = torch.device(device).type == "cuda"
     options = {"cpp_wrapper": True} if backend == "inductor" and not cuda else None
+    regions = {"recompile_limit": 64, "isolate_recompiles": not cuda}      # torch.compile's own since torch 2.12
     compiled = torch.compile(fn, backend=backend, dynamic=cuda, fullgraph=True, options=options,
-                             recompile_limit=64, isolate_recompiles=not cuda)
+                             **{k: v for k, v in regions.items() if k in _COMPILE_ARGS})
     if cuda or not dynamic_ints:
         return compiled
     sources = ",".join(rf"L\['{name}'\].*" for name in dynamic_ints)

@@ -649,6 +649,17 @@ def test_whole_step_sizes_are_dynamic_on_a_gpu(monkeypatch):
     assert all(kw["dynamic"] is True and not kw["isolate_recompiles"] and kw["fullgraph"] for kw in seen)
 
 
+def test_whole_step_compiles_on_a_torch_without_recompile_regions(monkeypatch):
+    """torch.compile before 2.12 takes neither recompile_limit nor isolate_recompiles (the GPU machines' torch 2.11
+    raised a TypeError): traced_whole passes only the arguments this torch's compile has."""
+    import repro.decoding.static_kv as static_kv
+    seen = []
+    monkeypatch.setattr(static_kv.torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    monkeypatch.setattr(static_kv, "_COMPILE_ARGS", frozenset({"backend", "dynamic", "fullgraph", "options"}))
+    assert static_kv.traced_whole(lambda x: x + 1, "eager", device="cuda")(1) == 2
+    assert seen and not {"recompile_limit", "isolate_recompiles"} & set(seen[0])
+
+
 @pytest.mark.timeout(120)
 def test_whole_step_sizes_are_static_on_a_cpu_but_the_views():
     """traced_whole on a CPU: each batch a static compilation (inductor's C++ kernels vectorize over static sizes),
