@@ -90,8 +90,8 @@ class RunConfig:
         _check(self.cuda_graphs in CUDA_GRAPH_MODES, "cuda_graphs", self.cuda_graphs,
                f"one of {CUDA_GRAPH_MODES} (rl.rollout.cuda_graphs)")
         _check(isinstance(self.bucket_batch, bool) and (not self.bucket_batch or self.cuda_graphs != "off"),
-               "bucket_batch", self.bucket_batch, "false, or true with rl.rollout.cuda_graphs 'draft', 'all' or "
-               "'compiled' (it buckets the static batch)")
+               "bucket_batch", self.bucket_batch,
+               "false, or true with rl.rollout.cuda_graphs other than 'off' (it buckets the static batch)")
         _check(isinstance(self.manual_gc_interval, int) and not isinstance(self.manual_gc_interval, bool)
                and self.manual_gc_interval >= 0, "manual_gc_interval", self.manual_gc_interval,
                "an integer >= 0 (0: Python's automatic garbage collection; rl.manual_gc_interval)")
