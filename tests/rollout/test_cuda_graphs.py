@@ -303,7 +303,7 @@ def test_rl_config_switch():
     assert CFG_MODES == CUDA_GRAPH_MODES
     h200 = run_config_from_profile(load_run_profile("h200"), "table1", "Qwen3-8B/EAGLE-3", out="o")
     tiny = run_config_from_profile(load_run_profile("cpu-tiny"), "table1", "Qwen3-8B/EAGLE-3", out="o")
-    assert h200.cuda_graphs == "compiled_drafts" and h200.to_dict()["cuda_graphs"] == "compiled_drafts"
+    assert h200.cuda_graphs == "compiled" and h200.to_dict()["cuda_graphs"] == "compiled"
     assert tiny.cuda_graphs == "off" and "cuda_graphs" not in tiny.to_dict()
     tiny.cuda_graphs = "all"
     assert tiny.validate().to_dict()["cuda_graphs"] == "all"
@@ -320,7 +320,7 @@ def test_rl_config_switch():
     prof = load_run_profile("h200")
     prof["fig4"]["rollout"] = {"bucket_batch": True}
     fig4 = run_config_from_profile(prof, "fig4", "DSpark", out="o")
-    assert fig4.bucket_batch and fig4.cuda_graphs == "compiled_drafts" and fig4.to_dict()["bucket_batch"] is True
+    assert fig4.bucket_batch and fig4.cuda_graphs == "compiled" and fig4.to_dict()["bucket_batch"] is True
     prof = load_run_profile("cpu-tiny")
     prof["rl"]["rollout"] = {"bucket_batch": True}
     with pytest.raises(ConfigError, match=r"bucket_batch=True is invalid: expected false, or true with rl.rollout"):
