@@ -15,7 +15,9 @@ bandwidth (``--envcheck``); ``identity/<family>/<mode>`` greedy speculative outp
 
 On CUDA the engine self-check (``repro.rollout.self_check``) runs first and writes ``self_check.json``
 (``--self-check-only`` stops there; a failure exits non-zero). Writes ``bench.json``, ``metrics.jsonl`` and
-``env.json`` through ``repro.core.timing.BenchRun``; CPU runs are labelled cpu-emulated.
+``env.json`` through ``repro.core.timing.BenchRun``; CPU runs are labelled cpu-emulated. A run cut off (killed, out of
+time) continues where it stopped when started again with the same settings at the same commit: the trained models,
+the self-check's verdict and their rows from ``decode_state.pt``, the measured points from BenchRun's journal.
 
     python -m repro.bench.decode --profile cpu-tiny --out /tmp/dec --envcheck results/<tag>/cpu-tiny/envcheck/bench.json
     python -m repro.bench.decode --profile h200 --self-check-only --out /tmp/dec    # the GPU check alone
@@ -34,7 +36,7 @@ from pathlib import Path
 import torch
 from pydantic import ValidationError
 
-from repro.core.io import write_json_atomic
+from repro.core.io import write_atomic_with, write_json_atomic
 from repro.core.profile import (
     Decode,
     ProfileError,
@@ -238,25 +240,20 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
         return True
 
     check_failed = None
-    with BenchRun(out, artifact="decode", profile=profile["name"], config=config) as bench:
-        pretrain_recorded(bench, policy, lang, s)
-        t0 = time.perf_counter()
-        seqs, plens = sample_sequences(policy, train_prompts, max_new_tokens=s.sample_tokens,
-                                       temperature=s.temperature)
-        bench.record("sample", {"prompts": len(seqs)}, extra={"sample_time_s": time.perf_counter() - t0})
-        drafts = {}
-        for fam in s.families:
-            d = make_draft(fam, policy, s)
-            t0 = time.perf_counter()
-            losses = train_draft(d, policy, seqs, plens, steps=s.train_steps, lr=s.lr, batch_size=s.train_batch,
-                                 fallback_backend="torch")
-            bench.record(f"train/{fam}", {"family": fam, "steps": len(losses), "attn_backend": d.attn_backend},
-                         extra={"train_time_s": time.perf_counter() - t0, **loss_ends(losses)})
-            drafts[fam] = d.eval().to(dtype)     # decoding in the policy's dtype, as the RL engine's rollout drafts
-        if device.type == "cuda" or self_check_only:
+    with BenchRun(out, artifact="decode", profile=profile["name"], config=config,
+                  resume=not self_check_only) as bench:
+        state = RunState(out / STATE, bench, policy, s, dtype)
+        drafts = state.restore()
+        if drafts is None:
+            drafts = prepare_models(bench, policy, lang, s, train_prompts, dtype)
+            state.save(drafts)
+        if (device.type == "cuda" or self_check_only) and not state.checked:
             check_failed = self_check(bench, policy, drafts, s, eval_prompts, lang, out, timed=self_check_only)
             if self_check_only:
                 return bench.records
+            state.save(drafts, after_check=True, check_failed=check_failed)
+        elif state.checked:
+            check_failed = state.check_failed
         for mode in ([] if device.type == "cuda" else s.engine_modes):    # on CUDA the self-check did this
             for fam, frac in identity_check(policy, drafts, s, eval_prompts[:4], mode).items():
                 bench.record(f"identity/{fam}/{mode}", {"family": fam, "mode": mode, "rows": 4},
@@ -279,9 +276,89 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
                 eval_prompts[:8], max_new_tokens=s.new_tokens, greedy=True)
             bench.record(f"{fam}/greedy", {"family": fam, "batch": 8, "greedy": True},
                          extra={"acceptance_length": r.counters.acceptance_length})
+    state.remove()
     if check_failed:
         raise SystemExit(f"decode: the engine self-check failed: {check_failed}")
     return bench.records
+
+
+def prepare_models(bench, policy, lang, s: Decode, train_prompts, dtype) -> dict:
+    """Pre-train ``policy`` on ``lang`` and train each family's draft on its samples, recording each phase's row;
+    the drafts, in the policy's dtype."""
+    pretrain_recorded(bench, policy, lang, s)
+    t0 = time.perf_counter()
+    seqs, plens = sample_sequences(policy, train_prompts, max_new_tokens=s.sample_tokens, temperature=s.temperature)
+    bench.record("sample", {"prompts": len(seqs)}, extra={"sample_time_s": time.perf_counter() - t0})
+    drafts = {}
+    for fam in s.families:
+        d = make_draft(fam, policy, s)
+        t0 = time.perf_counter()
+        losses = train_draft(d, policy, seqs, plens, steps=s.train_steps, lr=s.lr, batch_size=s.train_batch,
+                             fallback_backend="torch")
+        bench.record(f"train/{fam}", {"family": fam, "steps": len(losses), "attn_backend": d.attn_backend},
+                     extra={"train_time_s": time.perf_counter() - t0, **loss_ends(losses)})
+        drafts[fam] = d.eval().to(dtype)     # decoding in the policy's dtype, as the RL engine's rollout drafts
+    return drafts
+
+
+STATE = "decode_state.pt"
+
+
+class RunState:
+    """What an interrupted run keeps beside its journal (``bench.partial.jsonl``) so that the same command continues
+    it: the pre-trained policy, the trained drafts, the random state after them, the rows they recorded and, once it
+    ran, the self-check's verdict and rows. Valid only for the same run (BenchRun's identity: profile, settings,
+    commit, machine); removed when the run ends."""
+
+    def __init__(self, path: Path, bench: BenchRun, policy, s: Decode, dtype):
+        self.path, self.bench, self.policy, self.s, self.dtype = path, bench, policy, s, dtype
+        self.checked, self.check_failed = False, None
+        self._first = len(bench.records)
+
+    def restore(self) -> dict | None:
+        """The drafts of an earlier attempt of this run (its policy weights loaded, its rows carried), or None."""
+        if self.bench.identity is None or not self.path.exists():
+            return None
+        try:
+            state = torch.load(self.path, map_location=self.policy.device, weights_only=True)
+        except Exception as exc:          # noqa: BLE001 - a state cut off or unreadable: the run starts over
+            print(f"decode: ignoring {self.path} ({type(exc).__name__}: {exc})", flush=True)
+            return None
+        if state.get("identity") != self.bench.identity:
+            return None
+        self.policy.model.load_state_dict(state["policy"])
+        drafts = {}
+        for fam in self.s.families:
+            d = make_draft(fam, self.policy, self.s)
+            d.load_state_dict(state["drafts"][fam])
+            drafts[fam] = d.eval().to(self.dtype)
+        torch.set_rng_state(state["rng"]["cpu"])
+        if state["rng"]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        for rec in state["records"]:
+            self.bench.carried(rec)
+        self.checked, self.check_failed = state["checked"], state["check_failed"]
+        print(f"decode: continuing an interrupted run from {self.path}", flush=True)
+        return drafts
+
+    def save(self, drafts: dict, *, after_check: bool = False, check_failed: str | None = None) -> None:
+        """Keep the models and the rows recorded so far (``after_check``: the self-check ran, ``check_failed`` its
+        verdict)."""
+        if self.bench.identity is None:
+            return
+        if after_check:
+            self.checked, self.check_failed = True, check_failed
+        payload = {"identity": self.bench.identity, "policy": self.policy.model.state_dict(),
+                   "drafts": {fam: d.state_dict() for fam, d in drafts.items()},
+                   "rng": {"cpu": torch.get_rng_state(),
+                           "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+                   "records": [{k: v for k, v in r.items() if k != "resumed"}
+                               for r in self.bench.records[self._first:]],
+                   "checked": self.checked, "check_failed": self.check_failed}
+        write_atomic_with(self.path, lambda f: torch.save(payload, f))
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
 
 
 def self_check(bench, policy, drafts, s: Decode, prompts, lang, out: Path, timed: bool) -> str | None:
@@ -307,10 +384,17 @@ def sweep_batch(bench, timer: Timer, policy, drafts, s: Decode, prompts, B: int,
     """Our engine at batch ``B``: plain decoding and every family, in every engine mode (a mode for which
     ``skip(point)`` says so is not started)."""
     for mode in s.engine_modes:
-        if skip(f"suite-{mode}/b{B}"):
-            continue
-        base = None
+        base, started = None, False
         for fam in ("plain", *s.families):
+            rec = bench.restored(f"suite-{mode}/{fam}/b{B}")       # measured by an interrupted attempt of this run
+            if rec is not None:
+                if fam == "plain":
+                    base = (rec["time_s"]["median"], rec["metrics"]["cpu_s"])
+                continue
+            if not started:
+                if skip(f"suite-{mode}/b{B}"):
+                    break
+                started = True
             if fam != "plain":
                 policy.set_taps(drafts[fam].tap_spec)
             eng = RolloutEngine(policy, None if fam == "plain" else proposer_for(fam, drafts[fam], s),
@@ -347,6 +431,9 @@ def peers_batch(bench, timer: Timer, policy, s: Decode, prompts, B: int, status:
     ``skip(point)`` says so is not started)."""
     for name in s.peers:
         if status.get(name, "").startswith("unavailable"):
+            continue
+        if bench.restored(f"peer/{name}/b{B}") is not None:     # measured by an interrupted attempt of this run
+            status.setdefault(name, "ran")
             continue
         if skip(f"peer/{name}/b{B}"):
             continue

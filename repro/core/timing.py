@@ -197,6 +197,17 @@ class BenchRun:
                 rows[obj["row"]] = obj
         return rows
 
+    @property
+    def identity(self) -> dict[str, Any] | None:
+        """What an earlier attempt must match for its rows to count as this run's (None without ``resume``)."""
+        return self._identity if self.resume else None
+
+    def carried(self, rec: Mapping[str, Any]) -> dict[str, Any]:
+        """A record an earlier attempt of this run kept elsewhere (a state file of its own), now one of this run's."""
+        rec = {**rec, "resumed": True}
+        self._add(rec)
+        return rec
+
     def restored(self, row: str) -> dict[str, Any] | None:
         """An earlier attempt's measured ``row`` (with ``resume=True``), now one of this run's records; else None."""
         rec = self._earlier.pop(row, None)

@@ -133,3 +133,43 @@ def test_profile_deadline_skips_modes_and_peers_not_started(tmp_path, monkeypatc
     assert "suite-off/plain/b1" in rows and "suite-all/plain/b1" not in rows
     assert {"suite-all/b1", "suite-off/b2", "suite-all/b2"} <= set(bench["config"]["skipped_for_deadline"])
     assert "peer/hf-dynamic/b1" in rows          # the run's own deadline (1000 s) has not passed
+
+
+@pytest.mark.timeout(240)
+def test_an_interrupted_run_continues_where_it_stopped(tmp_path, monkeypatch):
+    """A run killed in its second batch keeps its trained models (decode_state.pt) and its measured points (the
+    journal); the same command then trains nothing, re-times nothing that was measured, and ends with every row in
+    bench.json, the state and the journal removed."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    prof, out = str(profile_file(tmp_path, TINY)), tmp_path / "run"
+    real_peers = decode.peers_batch
+
+    def killed_in_b2(bench, timer, policy, s, prompts, B, *rest, **kw):
+        if B == 2:
+            raise KeyboardInterrupt
+        return real_peers(bench, timer, policy, s, prompts, B, *rest, **kw)
+    monkeypatch.setattr(decode, "peers_batch", killed_in_b2)
+    with pytest.raises(KeyboardInterrupt):
+        decode.run(prof, out)
+    assert (out / decode.STATE).exists() and (out / "bench.partial.jsonl").exists()
+    assert not (out / "bench.json").exists()
+
+    monkeypatch.setattr(decode, "peers_batch", real_peers)
+    trained, timed = [], []
+    monkeypatch.setattr(decode, "pretrain_policy", lambda *a, **k: trained.append("policy") or [0.0])
+    monkeypatch.setattr(decode, "train_draft", lambda *a, **k: trained.append("draft") or [0.0])
+    real_timer = decode.Timer.__call__
+    monkeypatch.setattr(decode.Timer, "__call__",
+                        lambda self, fn, *a, **k: timed.append(fn) or real_timer(self, fn, *a, **k))
+    decode.run(prof, out)
+    assert trained == [] and len(timed) == 1          # only batch 2's peer, which the kill cut off, is timed
+    bench = json.loads((out / "bench.json").read_text())
+    rows = [r["row"] for r in bench["records"]]
+    resumed = set(bench["summary"]["resumed_rows"])
+    assert {"pretrain", "sample", "train/dspark", "suite-off/plain/b1", "suite-all/dspark/b1", "peer/hf-dynamic/b1",
+            "suite-off/plain/b2", "suite-all/dspark/b2"} <= resumed
+    assert "peer/hf-dynamic/b2" in rows and "peer/hf-dynamic/b2" not in resumed
+    assert len(rows) == len(set(rows)) and {"bound/dspark/b2", "dspark/greedy"} <= set(rows)
+    spec = next(r for r in bench["records"] if r["row"] == "suite-all/dspark/b2")["metrics"]
+    assert spec["speedup"] > 0
+    assert not (out / decode.STATE).exists() and not (out / "bench.partial.jsonl").exists()
