@@ -239,7 +239,6 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
         skipped.append(point)
         return True
 
-    check_failed = None
     with BenchRun(out, artifact="decode", profile=profile["name"], config=config,
                   resume=not self_check_only) as bench:
         state = RunState(out / STATE, bench, policy, s, dtype)
@@ -248,12 +247,10 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
             drafts = prepare_models(bench, policy, lang, s, train_prompts, dtype)
             state.save(drafts)
         if (device.type == "cuda" or self_check_only) and not state.checked:
-            check_failed = self_check(bench, policy, drafts, s, eval_prompts, lang, out, timed=self_check_only)
+            failed = self_check(bench, policy, drafts, s, eval_prompts, lang, out, timed=self_check_only)
             if self_check_only:
                 return bench.records
-            state.save(drafts, after_check=True, check_failed=check_failed)
-        elif state.checked:
-            check_failed = state.check_failed
+            state.save(drafts, after_check=True, check_failed=failed)
         for mode in ([] if device.type == "cuda" else s.engine_modes):    # on CUDA the self-check did this
             for fam, frac in identity_check(policy, drafts, s, eval_prompts[:4], mode).items():
                 bench.record(f"identity/{fam}/{mode}", {"family": fam, "mode": mode, "rows": 4},
@@ -277,8 +274,8 @@ def run(profile_ref: str, out: Path, overrides: dict | None = None, *, envcheck:
             bench.record(f"{fam}/greedy", {"family": fam, "batch": 8, "greedy": True},
                          extra={"acceptance_length": r.counters.acceptance_length})
     state.remove()
-    if check_failed:
-        raise SystemExit(f"decode: the engine self-check failed: {check_failed}")
+    if state.check_failed:
+        raise SystemExit(f"decode: the engine self-check failed: {state.check_failed}")
     return bench.records
 
 
@@ -313,7 +310,6 @@ class RunState:
     def __init__(self, path: Path, bench: BenchRun, policy, s: Decode, dtype):
         self.path, self.bench, self.policy, self.s, self.dtype = path, bench, policy, s, dtype
         self.checked, self.check_failed = False, None
-        self._first = len(bench.records)
 
     def restore(self) -> dict | None:
         """The drafts of an earlier attempt of this run (its policy weights loaded, its rows carried), or None."""
@@ -344,16 +340,15 @@ class RunState:
     def save(self, drafts: dict, *, after_check: bool = False, check_failed: str | None = None) -> None:
         """Keep the models and the rows recorded so far (``after_check``: the self-check ran, ``check_failed`` its
         verdict)."""
-        if self.bench.identity is None:
-            return
         if after_check:
             self.checked, self.check_failed = True, check_failed
+        if self.bench.identity is None:
+            return
         payload = {"identity": self.bench.identity, "policy": self.policy.model.state_dict(),
                    "drafts": {fam: d.state_dict() for fam, d in drafts.items()},
                    "rng": {"cpu": torch.get_rng_state(),
                            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-                   "records": [{k: v for k, v in r.items() if k != "resumed"}
-                               for r in self.bench.records[self._first:]],
+                   "records": [{k: v for k, v in r.items() if k != "resumed"} for r in self.bench.records],
                    "checked": self.checked, "check_failed": self.check_failed}
         write_atomic_with(self.path, lambda f: torch.save(payload, f))
 
