@@ -427,8 +427,10 @@ def peers_batch(bench, timer: Timer, policy, s: Decode, prompts, B: int, status:
     for name in s.peers:
         if status.get(name, "").startswith("unavailable"):
             continue
-        if bench.restored(f"peer/{name}/b{B}") is not None:     # measured by an interrupted attempt of this run
-            status.setdefault(name, "ran")
+        earlier = bench.restored(f"peer/{name}/b{B}")     # measured by an interrupted attempt of this run
+        if earlier is not None:
+            about = earlier["params"].get("about")
+            status.setdefault(name, f"ran: {about}" if about else "ran")
             continue
         if skip(f"peer/{name}/b{B}"):
             continue
@@ -453,10 +455,12 @@ def peers_batch(bench, timer: Timer, policy, s: Decode, prompts, B: int, status:
         status.setdefault(name, f"ran: {peer.about}" if peer.about else "ran")
         ntok = sum(len(t) for t in toks)
         med = summarize(samples)["median"]
-        bench.record(f"peer/{name}/b{B}", {"engine": name, "family": "plain", "batch": B, "new_tokens": s.new_tokens},
-                     samples, extra={"tokens_per_s": ntok / med, "ms_per_step": med / s.new_tokens * 1e3,
-                                     "cpu_s": cpu, "setup_s": setup_s, "new_tokens": ntok,
-                                     "first_call_s": timer.first_call_s})
+        params = {"engine": name, "family": "plain", "batch": B, "new_tokens": s.new_tokens}
+        if peer.about:        # the peer's versions, which a continued run's status takes from the journal
+            params["about"] = peer.about
+        bench.record(f"peer/{name}/b{B}", params, samples,
+                     extra={"tokens_per_s": ntok / med, "ms_per_step": med / s.new_tokens * 1e3, "cpu_s": cpu,
+                            "setup_s": setup_s, "new_tokens": ntok, "first_call_s": timer.first_call_s})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ import yaml
 from repro.bench import decode
 from repro.core.profile import PROFILE_DIR, ProfileError
 
+HF_DYNAMIC_ABOUT = f"transformers {transformers.__version__}, torch {torch.__version__}"
 TINY = {"scale": "tiny", "vocab_size": 64, "lang_tokens": 50, "pretrain_steps": 2, "train_prompts": 4,
         "prompt_len": 4, "sample_tokens": 4, "train_steps": 1, "new_tokens": 4, "batch_sizes": [1, 2],
         "repeats": 1, "families": ["dspark"], "engine_modes": [False, "all"], "peers": ["hf-dynamic", "vllm"],
@@ -90,8 +91,7 @@ def test_run_writes_every_row_kind(tmp_path, monkeypatch):
     assert rows["floor/b2"]["metrics"]["ms_per_step"] == pytest.approx(
         bench["config"]["policy_weight_bytes"] / 10e9 * 1e3)
     assert bench["config"]["peer_status"]["vllm"].startswith("unavailable: vllm is not importable")
-    assert bench["config"]["peer_status"]["hf-dynamic"] == (f"ran: transformers {transformers.__version__}, "
-                                                            f"torch {torch.__version__}")
+    assert bench["config"]["peer_status"]["hf-dynamic"] == f"ran: {HF_DYNAMIC_ABOUT}"
     assert bench["config"]["engine_modes"] == ["off", "all"]
 
 
@@ -169,6 +169,8 @@ def test_an_interrupted_run_continues_where_it_stopped(tmp_path, monkeypatch):
     assert {"pretrain", "sample", "train/dspark", "suite-off/plain/b1", "suite-all/dspark/b1", "peer/hf-dynamic/b1",
             "suite-off/plain/b2", "suite-all/dspark/b2"} <= resumed
     assert "peer/hf-dynamic/b2" in rows and "peer/hf-dynamic/b2" not in resumed
+    # the status comes from the first peer row, carried: it keeps the versions the earlier attempt ran with
+    assert bench["config"]["peer_status"]["hf-dynamic"] == f"ran: {HF_DYNAMIC_ABOUT}"
     assert len(rows) == len(set(rows)) and {"bound/dspark/b2", "dspark/greedy"} <= set(rows)
     spec = next(r for r in bench["records"] if r["row"] == "suite-all/dspark/b2")["metrics"]
     assert spec["speedup"] > 0
