@@ -17,6 +17,7 @@ Attention reads the first ``view`` columns (``StaticSlots.view``: the used ones 
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -56,6 +57,7 @@ def batch_bucket(n: int) -> int:
 
 
 _COMPILE_ARGS = frozenset(inspect.signature(torch.compile).parameters)
+WHOLE_RECOMPILE_LIMIT = 64     # graphs of one whole-step function: a CPU compiles one per batch state
 
 
 def traced_whole(fn: Callable, backend: str = "inductor", *, device: torch.device | str,
@@ -70,18 +72,24 @@ def traced_whole(fn: Callable, backend: str = "inductor", *, device: torch.devic
     by element), except the integer arguments named in ``dynamic_ints`` (the attention views, which grow during a
     request: one compilation serves them all), in a recompile region of its own (dynamo's automatic dynamic sizes,
     kept per function, would otherwise turn one engine's sizes symbolic after another engine's differed) and with
-    inductor's C++ wrapper (the Python one cost about as much as the kernels of a tiny policy's step)."""
+    inductor's C++ wrapper (the Python one cost about as much as the kernels of a tiny policy's step). A torch
+    before 2.12 has no recompile regions: there dynamo's process-wide limit is raised to the same count per call."""
     cuda = torch.device(device).type == "cuda"
     options = {"cpp_wrapper": True} if backend == "inductor" and not cuda else None
-    regions = {"recompile_limit": 64, "isolate_recompiles": not cuda}      # torch.compile's own since torch 2.12
-    compiled = torch.compile(fn, backend=backend, dynamic=cuda, fullgraph=True, options=options,
-                             **{k: v for k, v in regions.items() if k in _COMPILE_ARGS})
-    if cuda or not dynamic_ints:
+    native = "recompile_limit" in _COMPILE_ARGS         # torch.compile's own recompile region since torch 2.12
+    regions = {"recompile_limit": WHOLE_RECOMPILE_LIMIT, "isolate_recompiles": not cuda} if native else {}
+    compiled = torch.compile(fn, backend=backend, dynamic=cuda, fullgraph=True, options=options, **regions)
+    dynamic = not cuda and dynamic_ints
+    if native and not dynamic:
         return compiled
     sources = ",".join(rf"L\['{name}'\].*" for name in dynamic_ints)
 
     def call(*args, **settings):
-        with torch.compiler.config.patch(dynamic_sources=sources):
+        with contextlib.ExitStack() as scope:
+            if not native:     # an older torch: dynamo's process-wide limit (8 graphs per function) raised for the call
+                scope.enter_context(torch._dynamo.config.patch(recompile_limit=WHOLE_RECOMPILE_LIMIT))
+            if dynamic:
+                scope.enter_context(torch.compiler.config.patch(dynamic_sources=sources))
             return compiled(*args, **settings)
     return call
 

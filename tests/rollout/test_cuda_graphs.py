@@ -651,13 +651,23 @@ def test_whole_step_sizes_are_dynamic_on_a_gpu(monkeypatch):
 
 def test_whole_step_compiles_on_a_torch_without_recompile_regions(monkeypatch):
     """torch.compile before 2.12 takes neither recompile_limit nor isolate_recompiles (the GPU machines' torch 2.11
-    raised a TypeError): traced_whole passes only the arguments this torch's compile has."""
+    raised a TypeError): traced_whole passes only the arguments this torch's compile has, and raises dynamo's
+    process-wide recompile limit around its calls instead."""
     import repro.decoding.static_kv as static_kv
     seen = []
     monkeypatch.setattr(static_kv.torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
     monkeypatch.setattr(static_kv, "_COMPILE_ARGS", frozenset({"backend", "dynamic", "fullgraph", "options"}))
-    assert static_kv.traced_whole(lambda x: x + 1, "eager", device="cuda")(1) == 2
-    assert seen and not {"recompile_limit", "isolate_recompiles"} & set(seen[0])
+    limits = []
+
+    def step(x, *, view=0):
+        limits.append(torch._dynamo.config.recompile_limit)
+        return x + 1
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    for device, ints in (("cuda", ()), ("cpu", ()), ("cpu", ("view",))):
+        assert static_kv.traced_whole(step, "eager", device=device, dynamic_ints=ints)(1, view=3) == 2
+    assert len(seen) == 3 and not any({"recompile_limit", "isolate_recompiles"} & set(kw) for kw in seen)
+    # ... and dynamo's own limit is the one a recompile region would have had, around each call only
+    assert limits == [static_kv.WHOLE_RECOMPILE_LIMIT] * 3 and torch._dynamo.config.recompile_limit == 8
 
 
 @pytest.mark.timeout(120)
