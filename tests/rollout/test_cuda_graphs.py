@@ -662,12 +662,12 @@ def test_whole_step_compiles_on_a_torch_without_recompile_regions(monkeypatch):
     def step(x, *, view=0):
         limits.append(torch._dynamo.config.recompile_limit)
         return x + 1
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    for device, ints in (("cuda", ()), ("cpu", ()), ("cpu", ("view",))):
-        assert static_kv.traced_whole(step, "eager", device=device, dynamic_ints=ints)(1, view=3) == 2
+    with torch._dynamo.config.patch(recompile_limit=8):     # (monkeypatch.setattr would delete it on undo)
+        for device, ints in (("cuda", ()), ("cpu", ()), ("cpu", ("view",))):
+            assert static_kv.traced_whole(step, "eager", device=device, dynamic_ints=ints)(1, view=3) == 2
+        # ... and dynamo's own limit is the one a recompile region would have had, around each call only
+        assert limits == [static_kv.WHOLE_RECOMPILE_LIMIT] * 3 and torch._dynamo.config.recompile_limit == 8
     assert len(seen) == 3 and not any({"recompile_limit", "isolate_recompiles"} & set(kw) for kw in seen)
-    # ... and dynamo's own limit is the one a recompile region would have had, around each call only
-    assert limits == [static_kv.WHOLE_RECOMPILE_LIMIT] * 3 and torch._dynamo.config.recompile_limit == 8
 
 
 @pytest.mark.timeout(120)
