@@ -52,6 +52,16 @@ def schedule_class(name: str):
     return cls
 
 
+def check_placement_backend(name: str, backend: str, version: str = str(torch.__version__)) -> None:
+    """Refuse a V placement (two consecutive stages on one rank) over gloo on a torch before 2.12: its schedules'
+    warm-up sends each stage's neighbour a message, the same rank's included, and gloo has no channel to itself
+    ("Pair is not connected"); torch 2.12 warms up without self-sends. NCCL sends to itself."""
+    if SCHEDULES[name][2] == "v" and backend == "gloo" and torch.torch_version.TorchVersion(version) < (2, 12):
+        raise RuntimeError(f"schedule {name!r} over gloo needs torch >= 2.12 (installed: {version}): torch's "
+                           "pipelining before 2.12 sends to the rank itself when it warms up the V placement's "
+                           "stages, which gloo cannot; use 1f1b or interleaved1f1b, or a newer torch")
+
+
 @dataclass(frozen=True)
 class PPConfig:
     pp: int = 2
@@ -143,6 +153,7 @@ def run_pp_worker(rank: int, world: int, cfg: PPConfig) -> dict:
     """One rank of a PP run (call under kernels.launch.spawn with world == cfg.pp)."""
     if world != cfg.pp:
         raise ValueError(f"world size {world} != cfg.pp {cfg.pp}")
+    check_placement_backend(cfg.schedule, dist.get_backend())
     torch.manual_seed(cfg.seed)
     mcfg, stages, draft, _ranges, taps = build(cfg)
     last = cfg.num_stages - 1

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernels.launch import spawn
-from repro.parallel.harness import PPConfig, run_pp_worker
+from repro.parallel.harness import SCHEDULES, PPConfig, check_placement_backend, run_pp_worker
 from repro.parallel.reference import run_reference
 
 
@@ -39,6 +39,8 @@ CASES = [(2, "1f1b", "shm"), (2, "interleaved1f1b", "shm"), (2, "zbv", "shm"), (
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("pp,schedule,transport", CASES)
 def test_pp_matches_single_process(pp, schedule, transport):
+    if SCHEDULES[schedule][2] == "v" and torch.torch_version.TorchVersion(torch.__version__) < (2, 12):
+        pytest.skip(f"the V placement over gloo needs torch >= 2.12 (check_placement_backend), not {torch.__version__}")
     cfg = PPConfig(pp=pp, schedule=schedule, transport=transport, n_microbatches=4, steps=2,
                    # 1F1B's draft stage holds <= 1 mb: wrap often
                    ring_depth=2 if schedule == "1f1b" else None)
@@ -89,3 +91,13 @@ def test_inschedule_blocking_negative_control(tmp_path):
     same = all(a["policy_loss"] == b["policy_loss"] and a["draft_loss"] == b["draft_loss"]
                for a, b in zip(per_mb, ref["per_mb"]))
     assert not same, "in-schedule blocking taps matched the reference; the hazard did not show"
+
+
+def test_v_placement_over_gloo_is_refused_before_torch_2_12():
+    """torch 2.11's pipelining warms up a V placement's stages with a send to the rank itself, which gloo cannot
+    make (the rank hung up on "Pair is not connected"): refused with the versions named, before any stage runs."""
+    with pytest.raises(RuntimeError, match=r"'zbv' over gloo needs torch >= 2.12 \(installed: 2.11.0\+cu130\)"):
+        check_placement_backend("zbv", "gloo", "2.11.0+cu130")
+    check_placement_backend("zbv", "nccl", "2.11.0+cu130")           # NCCL sends to itself
+    check_placement_backend("zbv", "gloo", "2.12.0")
+    check_placement_backend("interleaved1f1b", "gloo", "2.11.0")    # loop placement: neighbours on other ranks
