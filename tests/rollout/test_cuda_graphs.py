@@ -646,7 +646,8 @@ def test_whole_step_sizes_are_dynamic_on_a_gpu(monkeypatch):
     monkeypatch.setattr(static_kv.torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
     for device in ("cuda", torch.device("cuda", 0)):
         assert static_kv.traced_whole(lambda x: x + 1, "eager", device=device, dynamic_ints=("view",))(1) == 2
-    assert all(kw["dynamic"] is True and not kw["isolate_recompiles"] and kw["fullgraph"] for kw in seen)
+    # (isolate_recompiles: torch 2.12's; an older torch's compile is given none)
+    assert all(kw["dynamic"] is True and not kw.get("isolate_recompiles") and kw["fullgraph"] for kw in seen)
 
 
 def test_whole_step_compiles_on_a_torch_without_recompile_regions(monkeypatch):
