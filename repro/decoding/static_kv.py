@@ -79,7 +79,7 @@ def traced_whole(fn: Callable, backend: str = "inductor", *, device: torch.devic
     native = "recompile_limit" in _COMPILE_ARGS         # torch.compile's own recompile region since torch 2.12
     regions = {"recompile_limit": WHOLE_RECOMPILE_LIMIT, "isolate_recompiles": not cuda} if native else {}
     compiled = torch.compile(fn, backend=backend, dynamic=cuda, fullgraph=True, options=options, **regions)
-    dynamic = not cuda and dynamic_ints
+    dynamic = not cuda and bool(dynamic_ints)
     if native and not dynamic:
         return compiled
     sources = ",".join(rf"L\['{name}'\].*" for name in dynamic_ints)
