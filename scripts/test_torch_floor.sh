@@ -21,7 +21,7 @@ if [ ! -f "$stamp" ]; then
   main_site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
   floor_site=$("$FLOOR/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
   echo "import site; site.addsitedir('$main_site')" > "$floor_site/zz-main-venv.pth"
-  "$FLOOR/bin/python" -m pip install -q torch==2.11.0 triton==3.6.0     # with torch's CUDA libraries
+  "$FLOOR/bin/python" -m pip install -q "${PINS[@]:0:2}"     # torch and Triton, with torch's CUDA libraries
   "$FLOOR/bin/python" -m pip install -q --no-deps "${PINS[@]:2}"
   touch "$stamp"
 fi

@@ -420,6 +420,11 @@ def sweep_batch(bench, timer: Timer, policy, drafts, s: Decode, prompts, B: int,
                             "verify_ms": verify_s * 1e3, "decode_ms": decode_s * 1e3})
 
 
+def ran_status(about: str | None) -> str:
+    """A peer's ``peer_status`` once it ran: "ran", with its versions where it told them."""
+    return f"ran: {about}" if about else "ran"
+
+
 def peers_batch(bench, timer: Timer, policy, s: Decode, prompts, B: int, status: dict, out: Path,
                 skip=lambda point: False) -> None:
     """The peers at batch ``B`` (a peer that cannot run is recorded in ``status`` with its reason; one for which
@@ -429,8 +434,7 @@ def peers_batch(bench, timer: Timer, policy, s: Decode, prompts, B: int, status:
             continue
         earlier = bench.restored(f"peer/{name}/b{B}")     # measured by an interrupted attempt of this run
         if earlier is not None:
-            about = earlier["params"].get("about")
-            status.setdefault(name, f"ran: {about}" if about else "ran")
+            status.setdefault(name, ran_status(earlier["params"].get("about")))
             continue
         if skip(f"peer/{name}/b{B}"):
             continue
@@ -452,7 +456,7 @@ def peers_batch(bench, timer: Timer, policy, s: Decode, prompts, B: int, status:
             status[f"{name}/b{B}"] = f"failed: {type(exc).__name__}: {str(exc)[:300]}"
             print(f"decode: peer {name} failed at batch {B}: {type(exc).__name__}: {exc}", flush=True)
             continue
-        status.setdefault(name, f"ran: {peer.about}" if peer.about else "ran")
+        status.setdefault(name, ran_status(peer.about))
         ntok = sum(len(t) for t in toks)
         med = summarize(samples)["median"]
         params = {"engine": name, "family": "plain", "batch": B, "new_tokens": s.new_tokens}
