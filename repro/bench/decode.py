@@ -7,11 +7,12 @@ DSpark draft on its samples, then measures in one run on the same weights and fr
 length, speedup and speedup / AL, also from process CPU time: ``*_cpu``, and occupancy: the share of (row, step)
 slots whose row was still generating, about what speedup / AL reaches with a free draft at B > 1, since the batch
 steps until its slowest row is done, and ``first_call_s``: the warm-up call, a new engine's compilations and graph
-captures included); ``bound/<family>/b<B>`` the static verify step over its decode step
-(speedup / AL cannot pass its inverse); ``peer/<peer>/b<B>`` transformers'
-StaticCache + compile, its eager DynamicCache and vLLM where importable (``repro.rollout.peers``; a peer that cannot
-run is listed with its reason in ``peer_status``); ``floor/b<B>`` the weights read once at envcheck's copy
-bandwidth (``--envcheck``); ``identity/<family>/<mode>`` greedy speculative output against plain greedy output.
+captures included); ``bound/<family>/b<B>`` the policy's verify step over its decode step, static or, on a GPU
+with a compiled mode in the run, with the compiled layers (params ``step``; speedup / AL cannot pass its inverse);
+``peer/<peer>/b<B>`` transformers' StaticCache + compile, its eager DynamicCache and vLLM where importable
+(``repro.rollout.peers``; a peer that cannot run is listed with its reason in ``peer_status``); ``floor/b<B>`` the
+weights read once at envcheck's copy bandwidth (``--envcheck``); ``identity/<family>/<mode>`` greedy speculative
+output against plain greedy output.
 
 On CUDA the engine self-check (``repro.rollout.self_check``) runs first and writes ``self_check.json``
 (``--self-check-only`` stops there; a failure exits non-zero). Writes ``bench.json``, ``metrics.jsonl`` and
@@ -26,6 +27,7 @@ the self-check's verdict and their rows from ``decode_state.pt``, the measured p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import sys
@@ -54,6 +56,7 @@ from repro.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Proposer
 from repro.models.policy import build_policy
 from repro.models.synthetic import MarkovLanguage, pretrain_policy
 from repro.models.train_draft import train_draft
+from repro.rollout.compiled_layers import compiled_layers
 from repro.rollout.engine import COMPILED_MODES, CUDA_GRAPH_MODES, RolloutEngine
 from repro.rollout.peers import PEERS, PeerUnavailable, make_peer
 from repro.rollout.samples import sample_sequences
@@ -168,9 +171,18 @@ class Timer:
         return samples, summarize(cpu[1:])["median"], result["r"]
 
 
-def policy_step_ratio(policy, batch: int, k: int, prompt_len: int, repeats: int) -> tuple[float, float, float]:
+def bound_step(policy, modes) -> str | None:
+    """The compile backend of the policy step the bound rows time: on a GPU the compiled layers where the run has a
+    compiled mode (its fastest policy step), else None (the static step; a CPU's compiled mode is the fused one,
+    whose step is traced whole, not layer by layer)."""
+    return "inductor" if policy.device.type == "cuda" and set(modes) & set(COMPILED_MODES) else None
+
+
+def policy_step_ratio(policy, batch: int, k: int, prompt_len: int, repeats: int,
+                      compile_backend: str | None = None) -> tuple[float, float, float]:
     """The policy's verify step over k+1 tokens against its one-token step after one prompt, graphed on a GPU as the
-    engine runs them: (ratio of medians, verify s, decode s). Timed alternately, so a load change hits both."""
+    engine runs them (with ``compile_backend``, the decoder layers compiled as in the engine's compiled mode): (ratio
+    of medians, verify s, decode s). Timed alternately, so a load change hits both."""
     cache = policy.new_static_cache(batch, 256)
     dev = policy.device
     ids = torch.randint(0, policy.vocab_size - 1, (batch, prompt_len), device=dev)
@@ -182,8 +194,11 @@ def policy_step_ratio(policy, batch: int, k: int, prompt_len: int, repeats: int)
         qp = prompt_len + torch.arange(q, device=dev).expand(batch, -1)
         cache.next_col = prompt_len              # the same columns every call: a steady-state step
         cursor = cache.reserve(q)
-        graph = GraphedCallable(lambda qi, qp, cursor, view: policy.decode_step_static(
-            qi, qp, cache, cursor=cursor, view=view).logits, f"bound.step[{q}]", enabled=dev.type == "cuda")
+        def step(qi, qp, cursor, view):
+            with (contextlib.nullcontext() if compile_backend is None
+                  else compiled_layers(policy, compile_backend)):
+                return policy.decode_step_static(qi, qp, cache, cursor=cursor, view=view).logits
+        graph = GraphedCallable(step, f"bound.step[{q}]", enabled=dev.type == "cuda")
         steps[q] = functools.partial(graph, qi, qp, cursor, view=cache.used_view())
     times = {q: [] for q in steps}
     with merged_projections(policy.model):           # as the engine's steps run
@@ -412,10 +427,12 @@ def sweep_batch(bench, timer: Timer, policy, drafts, s: Decode, prompts, B: int,
                     extra[f"accept_rate_pos{i}"] = a / max(1, r.counters.verify_steps)
             bench.record(f"suite-{mode}/{fam}/b{B}", {"engine": "suite", "mode": mode, "family": fam, "batch": B,
                                                       "new_tokens": s.new_tokens}, samples, extra=extra)
+    backend = bound_step(policy, s.engine_modes)
     for fam in s.families:
         k = proposer_for(fam, drafts[fam], s).num_proposals
-        ratio, verify_s, decode_s = policy_step_ratio(policy, B, k, s.prompt_len, s.repeats)
-        bench.record(f"bound/{fam}/b{B}", {"family": fam, "batch": B, "verify_tokens": k + 1},
+        ratio, verify_s, decode_s = policy_step_ratio(policy, B, k, s.prompt_len, s.repeats, backend)
+        bench.record(f"bound/{fam}/b{B}", {"family": fam, "batch": B, "verify_tokens": k + 1,
+                                           "step": "compiled" if backend else "static"},
                      extra={"verify_over_decode": ratio, "max_speedup_over_al": 1 / ratio,
                             "verify_ms": verify_s * 1e3, "decode_ms": decode_s * 1e3})
 

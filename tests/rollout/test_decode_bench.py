@@ -175,3 +175,28 @@ def test_an_interrupted_run_continues_where_it_stopped(tmp_path, monkeypatch):
     spec = next(r for r in bench["records"] if r["row"] == "suite-all/dspark/b2")["metrics"]
     assert spec["speedup"] > 0
     assert not (out / decode.STATE).exists() and not (out / "bench.partial.jsonl").exists()
+
+
+@pytest.mark.timeout(120)
+def test_bound_times_the_compiled_step_on_a_gpu_run_with_a_compiled_mode(monkeypatch):
+    import contextlib
+
+    from repro.models.policy import build_policy
+    policy = build_policy("qwen3", "tiny", head_dim=32)
+    assert decode.bound_step(policy, ["off", "all", "fused"]) is None          # a CPU: the static step
+    gpu = type("GpuPolicy", (), {"device": torch.device("cuda")})()
+    assert decode.bound_step(gpu, ["compiled"]) == "inductor"
+    assert decode.bound_step(gpu, ["off", "all"]) is None
+    entered = []
+
+    @contextlib.contextmanager
+    def layers(p, backend):                   # the engine's compiled_layers, recorded (its compile: test_cuda_graphs)
+        entered.append((p, backend))
+        yield
+
+    monkeypatch.setattr(decode, "compiled_layers", layers)
+    with torch.no_grad():
+        assert decode.policy_step_ratio(policy, 2, 3, 4, 1)[0] > 0 and not entered     # static: no compiled layers
+        ratio, verify_s, decode_s = decode.policy_step_ratio(policy, 2, 3, 4, 1, compile_backend="inductor")
+    assert ratio == pytest.approx(verify_s / decode_s) and verify_s > 0 and decode_s > 0
+    assert len(entered) >= 20 and set(entered) == {(policy, "inductor")}, "every step ran in the compiled layers"
