@@ -58,6 +58,22 @@ def batch_bucket(n: int) -> int:
 
 _COMPILE_ARGS = frozenset(inspect.signature(torch.compile).parameters)
 WHOLE_RECOMPILE_LIMIT = 64     # graphs of one whole-step function: a CPU compiles one per batch state
+# the integer arguments of the engine's whole-step functions that grow during a request: their attention views
+VIEW_ARGS = ("view", "draft_views")
+
+
+def _sources(names: tuple[str, ...]) -> str:
+    """dynamo's ``dynamic_sources`` pattern for the integer arguments ``names``."""
+    return ",".join(rf"L\['{name}'\].*" for name in names)
+
+
+@contextlib.contextmanager
+def symbolic_views():
+    """Inside the block, ``traced_whole``'s functions on a CPU see their ``VIEW_ARGS`` as symbolic without setting
+    dynamo's ``dynamic_sources`` around each call: a request's decode loop enters it once. (Changing that setting
+    at every call cost a fused step of the cpu-tiny decode policy its fast path: 0.06-0.17 ms of about 0.9.)"""
+    with torch.compiler.config.patch(dynamic_sources=_sources(VIEW_ARGS)):
+        yield
 
 
 def traced_whole(fn: Callable, backend: str = "inductor", *, device: torch.device | str,
@@ -70,25 +86,34 @@ def traced_whole(fn: Callable, backend: str = "inductor", *, device: torch.devic
     attention view. On a CPU with static sizes, every state its own compilation (inductor's C++ kernels vectorize
     only over static sizes and strides: with the batch symbolic, the grouped attention's inputs were gathered element
     by element), except the integer arguments named in ``dynamic_ints`` (the attention views, which grow during a
-    request: one compilation serves them all), in a recompile region of its own (dynamo's automatic dynamic sizes,
-    kept per function, would otherwise turn one engine's sizes symbolic after another engine's differed) and with
-    inductor's C++ wrapper (the Python one cost about as much as the kernels of a tiny policy's step). A torch
-    before 2.12 has no recompile regions: there dynamo's process-wide limit is raised to the same count per call."""
+    request: one compilation serves them all; ``symbolic_views`` sets this once for a whole request), in a recompile
+    region of its own (dynamo's automatic dynamic sizes, kept per function, would otherwise turn one engine's sizes
+    symbolic after another engine's differed) and with inductor's C++ wrapper (the Python one cost about as much as
+    the kernels of a tiny policy's step). A torch before 2.12 has no recompile regions: there dynamo's process-wide
+    limit is raised to the same count per call.
+
+    In its own recompile region on a CPU the function's graphs are not guarded on the modules they read (the
+    policy's and the draft's ``nn.Module`` attributes, parameters and hooks: about 2,500 checks before each call of
+    a fused step, a fifth of a cpu-tiny plain step): the engine owns those modules, updates their weights in place
+    (same tensors, read afresh at every call) and builds a new engine, so a new compilation, for any other change.
+    The guards on the function's own arguments (every state's tensors, the settings) stay."""
     cuda = torch.device(device).type == "cuda"
-    options = {"cpp_wrapper": True} if backend == "inductor" and not cuda else None
     native = "recompile_limit" in _COMPILE_ARGS         # torch.compile's own recompile region since torch 2.12
+    options = {"cpp_wrapper": True} if backend == "inductor" and not cuda else {}
+    if native and not cuda:
+        options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
     regions = {"recompile_limit": WHOLE_RECOMPILE_LIMIT, "isolate_recompiles": not cuda} if native else {}
-    compiled = torch.compile(fn, backend=backend, dynamic=cuda, fullgraph=True, options=options, **regions)
+    compiled = torch.compile(fn, backend=backend, dynamic=cuda, fullgraph=True, options=options or None, **regions)
     dynamic = not cuda and bool(dynamic_ints)
     if native and not dynamic:
         return compiled
-    sources = ",".join(rf"L\['{name}'\].*" for name in dynamic_ints)
+    sources = _sources(dynamic_ints)
 
     def call(*args, **settings):
         with contextlib.ExitStack() as scope:
             if not native:     # an older torch: dynamo's process-wide limit (8 graphs per function) raised for the call
                 scope.enter_context(torch._dynamo.config.patch(recompile_limit=WHOLE_RECOMPILE_LIMIT))
-            if dynamic:
+            if dynamic and torch.compiler.config.dynamic_sources != sources:    # not inside symbolic_views
                 scope.enter_context(torch.compiler.config.patch(dynamic_sources=sources))
             return compiled(*args, **settings)
     return call
@@ -282,7 +307,7 @@ class StaticProposerState:
 
     def _static_call(self, part: str, backend: str | None, device) -> Callable:
         fn = getattr(self, f"_{part}_static")
-        return traced_whole(fn, backend, device=device, dynamic_ints=("view",)) if backend else fn
+        return traced_whole(fn, backend, device=device, dynamic_ints=VIEW_ARGS) if backend else fn
 
     def observe_static(self, width: int, inputs: list[tuple[str, torch.Tensor, object]]) -> None:
         """One ``observe`` on the static caches: ``inputs`` are ``(buffer name, tensor, fill)`` in the order of

@@ -32,7 +32,7 @@ from kernels.attention.sdpa_choice import no_cudnn_sdpa
 from repro.decoding.kv import SlotTable, gather_hf_cache, select_hf_cache_rows, trim_hf_cache
 from repro.decoding.merged_projections import merged_projections
 from repro.decoding.sampling import verify
-from repro.decoding.static_kv import batch_bucket, bucketed, slots_needed
+from repro.decoding.static_kv import batch_bucket, bucketed, slots_needed, symbolic_views
 from repro.models.policy import Policy
 from repro.rollout.proposer import Proposer
 from repro.rollout.result import AcceptanceCounters, RolloutResult, check_request  # noqa: F401 (re-exported)
@@ -149,8 +149,9 @@ class RolloutEngine:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, greedy: bool = False,
                  temperature: float = 1.0, stop_tokens: Sequence[int] = (), seed: int = 0) -> RolloutResult:
-        # decoding changes shapes every step (no cuDNN); q/k/v and gate/up as one product each (merged_projections)
-        with no_cudnn_sdpa(self.policy.device), merged_projections(self.policy.model):
+        # decoding changes shapes every step (no cuDNN); q/k/v and gate/up as one product each (merged_projections);
+        # the compiled whole steps' attention views symbolic for the request (symbolic_views)
+        with no_cudnn_sdpa(self.policy.device), merged_projections(self.policy.model), symbolic_views():
             return self._generate(prompts, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
                                   stop_tokens=stop_tokens, seed=seed)
 

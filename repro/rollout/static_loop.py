@@ -10,7 +10,7 @@ import torch
 
 from repro.decoding.cuda_graph import GraphedCallable
 from repro.decoding.sampling import proposal_noise, sample_with_noise, verify_with_noise
-from repro.decoding.static_kv import StateCache, batch_bucket, traced_whole
+from repro.decoding.static_kv import VIEW_ARGS, StateCache, batch_bucket, traced_whole
 from repro.rollout.compiled_layers import compiled_layers
 from repro.rollout.result import AcceptanceCounters, RolloutResult
 
@@ -29,15 +29,14 @@ class StaticDecoder:
         # whole into one inductor graph: one compiled call, and on a GPU one CUDA graph, per speculative step
         self.proposer = proposer if fused else None
         step = self._fused_step if self.proposer is None else self._whole_step
-        views = ("view", "draft_views")
         backend = compile_backend or "inductor"
-        self.fused = traced_whole(step, backend, device=policy.device, dynamic_ints=views) if fused else None
+        self.fused = traced_whole(step, backend, device=policy.device, dynamic_ints=VIEW_ARGS) if fused else None
         # fused on a CPU: the prompt's forward with the first token (and the draft's first observe and propose)
         # compiled too, the prompt left-padded to a multiple of prompt_bucket (static shapes: one compilation per
         # bucket, not per prompt length). On a GPU the prefill, once per request, stays eager: compiling a whole
         # policy's forward takes minutes there, more than it would save
         on_cpu = policy.device.type != "cuda"
-        self.prefill = (traced_whole(self._prefill_step, backend, device=policy.device, dynamic_ints=views)
+        self.prefill = (traced_whole(self._prefill_step, backend, device=policy.device, dynamic_ints=VIEW_ARGS)
                         if fused and on_cpu else None)
         self.prompt_bucket = PROMPT_BUCKET if self.prefill is not None else 1
         self.graphed = ("fused",) if fused else ("step", "accept")

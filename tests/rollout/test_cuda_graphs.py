@@ -6,6 +6,7 @@ utility falls back to eager and keys graphs by shape; bad values fail clearly.
 
     .venv/bin/python -m pytest -q tests/rollout/test_cuda_graphs.py
 """
+import inspect
 import logging
 
 import pytest
@@ -646,8 +647,14 @@ def test_whole_step_sizes_are_dynamic_on_a_gpu(monkeypatch):
     monkeypatch.setattr(static_kv.torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
     for device in ("cuda", torch.device("cuda", 0)):
         assert static_kv.traced_whole(lambda x: x + 1, "eager", device=device, dynamic_ints=("view",))(1) == 2
-    # (isolate_recompiles: torch 2.12's; an older torch's compile is given none)
+    # (isolate_recompiles: torch 2.12's; an older torch's compile is given none); the modules stay guarded (steps
+    # replay as CUDA graphs there, past dynamo's guards)
     assert all(kw["dynamic"] is True and not kw.get("isolate_recompiles") and kw["fullgraph"] for kw in seen)
+    assert not any("guard_filter_fn" in (kw["options"] or {}) for kw in seen)
+    seen.clear()
+    static_kv.traced_whole(lambda x: x + 1, "inductor", device="cpu", dynamic_ints=("view",))
+    native = "recompile_limit" in static_kv._COMPILE_ARGS
+    assert ("guard_filter_fn" in seen[0]["options"]) is native and bool(seen[0].get("isolate_recompiles")) is native
 
 
 def test_whole_step_compiles_on_a_torch_without_recompile_regions(monkeypatch):
@@ -703,3 +710,40 @@ def test_whole_step_sizes_are_static_on_a_cpu_but_the_views():
     assert len(graphs) == 3 and not any(symbolic(g, torch.Tensor) for g in graphs)
 
 
+
+
+@pytest.mark.skipif("recompile_limit" not in inspect.signature(torch.compile).parameters,
+                    reason="recompile regions (and so the unguarded modules) need torch 2.12")
+@pytest.mark.timeout(120)
+def test_whole_step_on_a_cpu_reads_its_modules_unguarded_in_its_own_region():
+    """On a CPU, traced_whole's graphs carry no guards on the modules they read (thousands of checks a call), which
+    is safe as the engine uses them: each function its own recompile region (two engines' steps, the same code over
+    different modules, compile apart: a shared graph would run on the other module's shapes unchecked), weights
+    updated in place are read afresh at each call, and the views stay symbolic inside symbolic_views."""
+    from repro.decoding.static_kv import VIEW_ARGS, symbolic_views, traced_whole
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    class Engine:
+        def __init__(self, width):
+            self.lin = torch.nn.Linear(4, width)
+
+        def step(self, x, *, view):
+            return self.lin(x)[:, :view]
+
+    torch._dynamo.reset()
+    narrow, wide = Engine(4), Engine(8)
+    steps = [traced_whole(e.step, backend, device="cpu", dynamic_ints=VIEW_ARGS) for e in (narrow, wide)]
+    x = torch.randn(2, 4)
+    with torch.no_grad(), symbolic_views():
+        for e, step in zip((narrow, wide), steps):
+            assert torch.equal(step(x, view=3), e.lin(x)[:, :3])
+        assert len(graphs) == 2, "each engine's step compiled in its own region"
+        narrow.lin.weight.mul_(2)                                        # an in-place update (a draft's push)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            assert torch.equal(steps[0](x, view=4), narrow.lin(x)[:, :4])  # new weights, a new view, no recompile
+            assert torch.equal(steps[1](x, view=7), wide.lin(x)[:, :7])
+    assert len(graphs) == 2
