@@ -68,7 +68,8 @@ def readme(runs: list[Path], root: Path, label: str) -> str:
              f"{dates[-1] if dates else '?'}.", "",
              "| artifact | run folders |", "|---|---|",
              *[f"| {a} | {n} |" for a, n in sorted(artifacts.items())], "",
-             "Commit of the runs: " + ", ".join(f"`{s}` ({n} runs)" for s, n in shas.most_common()) + ".", "",
+             "Commit of the runs: " + ", ".join(f"`{s}` ({n} run{'s' * (n != 1)})" for s, n in shas.most_common())
+             + ".", "",
              "Reproduce on your machine (results land in `results/<your machine>/`, these stay as reference):", "",
              "```bash", f"snakemake -c all {targets} --config profile={profile}", "```", "",
              "Each folder holds env.json (provenance, config), metrics.jsonl (every logged row) and, for benchmarks, "
