@@ -27,7 +27,6 @@ the self-check's verdict and their rows from ``decode_state.pt``, the measured p
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import sys
@@ -194,9 +193,9 @@ def policy_step_ratio(policy, batch: int, k: int, prompt_len: int, repeats: int,
         qp = prompt_len + torch.arange(q, device=dev).expand(batch, -1)
         cache.next_col = prompt_len              # the same columns every call: a steady-state step
         cursor = cache.reserve(q)
+
         def step(qi, qp, cursor, view):
-            with (contextlib.nullcontext() if compile_backend is None
-                  else compiled_layers(policy, compile_backend)):
+            with compiled_layers(policy, compile_backend):
                 return policy.decode_step_static(qi, qp, cache, cursor=cursor, view=view).logits
         graph = GraphedCallable(step, f"bound.step[{q}]", enabled=dev.type == "cuda")
         steps[q] = functools.partial(graph, qi, qp, cursor, view=cache.used_view())

@@ -21,7 +21,6 @@ profile) computes in the parameters' dtype.
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from dataclasses import dataclass
@@ -229,8 +228,7 @@ class JointUpdate:
         """One microbatch's forward: (policy loss, total loss, log-probs, stats, (draft seconds, weighted
         draft loss) or None). With ``kept`` (a list) the draft does not run here: the microbatch's detached
         taps and logits are appended to it for ``_deferred_draft``."""
-        with (compiled_layers(self.policy, self.COMPILE_BACKEND, purpose="train") if self.compile_layers
-              else contextlib.nullcontext()):
+        with compiled_layers(self.policy, self.COMPILE_BACKEND if self.compile_layers else None, purpose="train"):
             out = self.policy.forward_train(ids[sl], want_taps=self.draft is not None, attention_mask=att[sl])
         logp = token_logprobs(out.logits, ids[sl], temperature)
         ref_lp = None

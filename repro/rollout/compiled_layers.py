@@ -28,8 +28,12 @@ def compiled_forward(layer_cls: type, backend: str, purpose: str = "decode"):
 
 
 @contextlib.contextmanager
-def compiled_layers(policy, backend: str = "inductor", purpose: str = "decode"):
-    """Inside the block, every decoder layer of ``policy`` runs its class's compiled ``forward``."""
+def compiled_layers(policy, backend: str | None = "inductor", purpose: str = "decode"):
+    """Inside the block, every decoder layer of ``policy`` runs its class's compiled ``forward``; with ``backend``
+    None the layers stay as they are (a caller's uncompiled path)."""
+    if backend is None:
+        yield
+        return
     layers = list(policy.decoder_layers())
     for layer in layers:
         if "forward" in vars(layer):

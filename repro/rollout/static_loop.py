@@ -3,7 +3,6 @@ on static caches, decisions on the device, one host wait per step read one step 
 verify step runs."""
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -100,8 +99,7 @@ class StaticDecoder:
     def _policy_step(self, st, last_tok, last_pos, drafts, cursor, *, want_taps: bool, view: int):
         inp = torch.cat([last_tok[:, None], drafts], dim=1)
         qpos = last_pos[:, None] + torch.arange(self.k + 1, device=last_pos.device)
-        with (contextlib.nullcontext() if self.compile_backend is None
-              else compiled_layers(self.policy, self.compile_backend)):
+        with compiled_layers(self.policy, self.compile_backend):
             out = self.policy.decode_step_static(inp, qpos, st["cache"], want_taps=want_taps, cursor=cursor, view=view)
         return out.logits, out.taps, qpos, st["cache"].cols
 

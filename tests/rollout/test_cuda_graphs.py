@@ -462,6 +462,8 @@ def test_compiled_static_step_is_the_static_step(trained, family, monkeypatch):
         assert pol.decoder_layers()[3].forward.func is compiled_forward(layer_cls, "eager")
         with pytest.raises(RuntimeError, match="already has its own forward"), compiled_layers(pol, "eager"):
             pass
+    with compiled_layers(pol, None):                 # no backend: the layers stay their own
+        assert all("forward" not in vars(layer) for layer in pol.decoder_layers())
 
 
 @pytest.mark.timeout(240)
@@ -708,8 +710,6 @@ def test_whole_step_sizes_are_static_on_a_cpu_but_the_views():
     one(torch.ones(3, 8), view=4)
     other(torch.ones(5, 8), view=4)
     assert len(graphs) == 3 and not any(symbolic(g, torch.Tensor) for g in graphs)
-
-
 
 
 @pytest.mark.skipif("recompile_limit" not in inspect.signature(torch.compile).parameters,
