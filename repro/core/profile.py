@@ -5,7 +5,8 @@ any job, naming the file, the section, the key, the value and what was expected.
 ``repro.core.specs`` (the run config is built from them); the benchmark sections (fig5, fig6, fig7, decode) hold
 what their programs run at this scale, so adding a profile needs no code. Rows are checked against what they name
 (policies, drafts, baselines, checkpoints) and every RL row's effective settings (the rl: section with the
-artifact's and the row's overrides) are built and validated.
+artifact's and the row's overrides) are built and validated. A profile may name another it ``extends:``: its
+sections are laid over that one's (mappings merged key by key, anything else replaced; null drops a section).
 
     profile = load_profile_model("cpu-tiny")     # the typed tree
     raw = load_profile("cpu-tiny")               # the same file as a plain dict, validated by the model
@@ -494,6 +495,35 @@ def load_yaml(path: Path) -> Any:
         raise ProfileError(f"{path}: not valid YAML ({exc})") from exc
 
 
+def merged(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` laid over ``base``: mappings merge key by key, anything else (lists, scalars, null) replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = (merged(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), Mapping)
+                    else value)
+    return out
+
+
+def _resolved(path: Path, chain: tuple[Path, ...] = ()) -> tuple[Any, tuple[Path, ...]]:
+    """A profile file's data with the profile it ``extends:`` merged under it (recursively), and the files read."""
+    data, chain = load_yaml(path), chain + (path.resolve(),)
+    if not isinstance(data, Mapping) or "extends" not in data:
+        return data, chain
+    base_name = data["extends"]
+    if not isinstance(base_name, str) or not base_name or base_name.endswith((".yaml", ".yml")):
+        raise ProfileError(f"{_shown(path)}: extends {base_name!r} is invalid: expected the name of a profile in "
+                           f"{_shown(PROFILE_DIR)} ({', '.join(available_profiles())})")
+    base_path = profile_path(base_name)
+    if base_path.resolve() in chain:
+        raise ProfileError(f"{_shown(path)}: extends {base_name!r} runs in a circle: "
+                           + " -> ".join(_shown(p) for p in chain + (base_path.resolve(),)))
+    base, chain = _resolved(base_path, chain)
+    if not isinstance(base, Mapping):
+        raise ProfileError(f"{_shown(base_path)} (extended by {_shown(path)}): expected a mapping of sections, got "
+                           f"{type(base).__name__}")
+    return merged(base, {k: v for k, v in data.items() if k != "extends"}), chain
+
+
 def _fields_of(tp) -> dict[str, Any] | None:
     """The keys a model or spec type accepts, with their types (None for anything else)."""
     if isinstance(tp, type) and issubclass(tp, BaseModel):
@@ -559,14 +589,14 @@ def parse_profile(data: Any, source: str) -> Profile:
         raise ProfileError(f"{source} is invalid: {exc}") from None
 
 
-_CACHE: dict[tuple[str, int], tuple[Profile, dict]] = {}
+_CACHE: dict[tuple[tuple[str, int], ...], tuple[Profile, dict]] = {}
 
 
 def _load(name_or_path: str | Path) -> tuple[Profile, dict]:
     path = profile_path(name_or_path)
-    key = (str(path.resolve()), path.stat().st_mtime_ns)
+    raw, chain = _resolved(path)
+    key = tuple((str(p), p.stat().st_mtime_ns) for p in chain)
     if key not in _CACHE:
-        raw = load_yaml(path)
         model = parse_profile(raw, f"profile file {_shown(path)}")
         if path.parent.resolve() == PROFILE_DIR.resolve() and model.name != path.stem:
             raise ProfileError(f"{_shown(path)}: name {model.name!r} does not match the file name {path.stem!r}")
