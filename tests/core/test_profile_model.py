@@ -101,3 +101,34 @@ def test_the_loaded_dict_is_a_fresh_copy():
     a["rl"]["grpo"]["lr"] = -1
     assert load_profile("cpu-tiny")["rl"]["grpo"]["lr"] > 0
     assert re.fullmatch(r"[a-z0-9-]+", load_profile_model("cpu-tiny").name)
+
+
+def test_a_profile_extends_another(tmp_path):
+    child = tmp_path / "cpu-tiny-wide.yaml"
+    child.write_text(yaml.safe_dump({
+        "extends": "cpu-tiny", "name": "cpu-tiny-wide",
+        "hardware": {"min_cpu_cores": 3},                     # one key of a mapping: the rest inherited
+        "decode": {"batch_sizes": [2]},                       # a list replaces the base's
+        "fig7": None,                                         # null drops the base's section
+    }))
+    base, got = load_profile("cpu-tiny"), load_profile(child)
+    assert "extends" not in got and got["name"] == "cpu-tiny-wide"
+    assert got["hardware"] == {**base["hardware"], "min_cpu_cores": 3}
+    assert got["decode"]["batch_sizes"] == [2] and got["decode"]["repeats"] == base["decode"]["repeats"]
+    assert load_profile_model(child).fig7 is None and load_profile_model("cpu-tiny").fig7 is not None
+    assert got["rl"] == base["rl"]
+    assert load_profile_model("h100").decode == load_profile_model("h200").decode
+
+
+def test_a_bad_or_circular_extends_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr("repro.core.profile.PROFILE_DIR", tmp_path)
+    (tmp_path / "a.yaml").write_text("extends: b\nname: a\n")
+    (tmp_path / "b.yaml").write_text("extends: a\nname: b\n")
+    (tmp_path / "c.yaml").write_text("extends: nowhere\nname: c\n")
+    (tmp_path / "d.yaml").write_text("extends: [a]\nname: d\n")
+    with pytest.raises(ProfileError, match=r"extends 'a' runs in a circle: .*a.yaml -> .*b.yaml -> .*a.yaml"):
+        load_profile("a")
+    with pytest.raises(ProfileError, match=r"unknown profile 'nowhere'; expected one of a, b, c, d"):
+        load_profile("c")
+    with pytest.raises(ProfileError, match=r"extends \['a'\] is invalid: expected the name of a profile"):
+        load_profile("d")
