@@ -56,7 +56,7 @@ from repro.models.policy import build_policy
 from repro.models.synthetic import MarkovLanguage, pretrain_policy
 from repro.models.train_draft import train_draft
 from repro.rollout.compiled_layers import compiled_layers
-from repro.rollout.engine import COMPILED_MODES, CUDA_GRAPH_MODES, RolloutEngine
+from repro.rollout.engine import COMPILED_MODES, CUDA_GRAPH_MODES, POLICY_COMPILED_MODES, RolloutEngine
 from repro.rollout.peers import PEERS, PeerUnavailable, make_peer
 from repro.rollout.samples import sample_sequences
 from repro.rollout.self_check import run_self_check, verdict_table
@@ -174,7 +174,7 @@ def bound_step(policy, modes) -> str | None:
     """The compile backend of the policy step the bound rows time: on a GPU the compiled layers where the run has a
     compiled mode (its fastest policy step), else None (the static step; a CPU's compiled mode is the fused one,
     whose step is traced whole, not layer by layer)."""
-    return "inductor" if policy.device.type == "cuda" and set(modes) & set(COMPILED_MODES) else None
+    return "inductor" if policy.device.type == "cuda" and set(modes) & set(POLICY_COMPILED_MODES) else None
 
 
 def policy_step_ratio(policy, batch: int, k: int, prompt_len: int, repeats: int,

@@ -64,6 +64,7 @@ class RunConfig:
     rollout_backend: str = "suite"     # "vllm": rollouts decoded by vLLM (own venv; README "vLLM backend")
     cuda_graphs: str = "off"           # suite engine: "draft" replays the draft's propose/observe as CUDA graphs,
                                        # "all" also the policy's static-cache decode/verify step (repro.rollout),
+                                       # "whole_drafts" the draft's static calls compiled whole,
                                        # "compiled"/"fused" its layers / the whole step compiled,
                                        # "compiled_drafts" its layers and the draft's calls whole (docs/engine.md)
     bucket_batch: bool = False         # ... and rounds the static batch up to a power of two (multi-turn)

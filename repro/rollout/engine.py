@@ -7,7 +7,8 @@ once, accepts a prefix by ``repro.decoding.sampling.verify`` and commits ``accep
 Without a proposer (k = 0) the same loop is the plain decoding baseline.
 
 ``cuda_graphs="draft"`` runs the proposer on static caches sized for the request, replayed as CUDA graphs on a GPU;
-``"all"``, ``"compiled"``, ``"compiled_drafts"`` and ``"fused"`` the policy too (docs/engine.md); ``"off"`` (default)
+``"all"``, ``"whole_drafts"``, ``"compiled"``, ``"compiled_drafts"`` and ``"fused"`` the policy too (docs/engine.md);
+``"off"`` (default)
 keeps growing, compacted caches. ``max_draft_slots`` caps the static cache (slots per row; a request that needs more
 fails before decoding); ``bucket_batch=True`` rounds the static batch up to a power of two (shrinking turns then
 share captured graphs).
@@ -39,10 +40,11 @@ from repro.rollout.result import AcceptanceCounters, RolloutResult, check_reques
 from repro.rollout.static_loop import StaticDecoder, generate_static
 
 log = logging.getLogger(__name__)
-CUDA_GRAPH_MODES = ("off", "draft", "all", "compiled", "compiled_drafts", "fused")
-STATIC_MODES = ("all", "compiled", "compiled_drafts", "fused")  # the policy on a static cache too (static_loop)
-COMPILED_MODES = ("compiled", "compiled_drafts", "fused")        # inductor compiles first (minutes on a GPU)
-WHOLE_DRAFT_MODES = ("compiled_drafts",)  # the proposer's static propose and observe each compiled whole
+CUDA_GRAPH_MODES = ("off", "draft", "all", "whole_drafts", "compiled", "compiled_drafts", "fused")
+STATIC_MODES = CUDA_GRAPH_MODES[2:]                           # the policy on a static cache too (static_loop)
+COMPILED_MODES = ("whole_drafts", "compiled", "compiled_drafts", "fused")   # inductor compiles first
+POLICY_COMPILED_MODES = ("compiled", "compiled_drafts", "fused")            # ... the policy's step among them
+WHOLE_DRAFT_MODES = ("whole_drafts", "compiled_drafts")  # the proposer's static propose and observe compiled whole
 # ("fused" traces them inside the policy's step instead)
 BUCKETED_STATES = 16      # static states a proposer keeps when batches are bucketed (every turn shape of a request)
 
@@ -90,9 +92,9 @@ class RolloutEngine:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         self.static_decoder = None
         if cuda_graphs in STATIC_MODES:
+            policy_backend = compile_backend if cuda_graphs in POLICY_COMPILED_MODES else None
             self.static_decoder = StaticDecoder(policy, self.k, keep_states=BUCKETED_STATES if self.bucket_batch
-                                                else 4,
-                                                compile_backend=compile_backend if cuda_graphs != "all" else None,
+                                                else 4, compile_backend=policy_backend,
                                                 fused=cuda_graphs == "fused", proposer=proposer)
             if proposer is not None:
                 proposer.check_steps = False      # its per-step check would be a second host sync

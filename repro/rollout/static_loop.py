@@ -1,6 +1,6 @@
-"""The engine's static decode loop (``cuda_graphs`` "all", "compiled", "compiled_drafts", "fused"): policy and draft
-on static caches, decisions on the device, one host wait per step read one step late; docs/engine.md says how a
-verify step runs."""
+"""The engine's static decode loop (``cuda_graphs`` "all", "whole_drafts", "compiled", "compiled_drafts", "fused"):
+policy and draft on static caches, decisions on the device, one host wait per step read one step late;
+docs/engine.md says how a verify step runs."""
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -275,8 +275,8 @@ def test_bad_values_fail_clearly(trained):
     d = drafts["eagle3"]
     pol.set_taps(d.tap_spec)
     with pytest.raises(ValueError,
-                       match=r"cuda_graphs='full' is invalid: expected one of \('off', 'draft', 'all', 'compiled', "
-                             r"'compiled_drafts', 'fused'\)"):
+                       match=r"cuda_graphs='full' is invalid: expected one of \('off', 'draft', 'all', 'whole_drafts', "
+                             r"'compiled', 'compiled_drafts', 'fused'\)"):
         RolloutEngine(pol, proposer(d), cuda_graphs="full")
     with pytest.raises(ValueError, match="OracleProposer has none"):
         RolloutEngine(pol, OracleProposer(pol, 2, prompts[:1]), cuda_graphs="draft")
@@ -294,7 +294,7 @@ def test_bad_values_fail_clearly(trained):
         cur.set(5, 4)
     with pytest.raises(ValueError, match="max_slots must be >= 1"):
         StaticSlots(2, 0, "cpu")
-    assert CUDA_GRAPH_MODES == ("off", "draft", "all", "compiled", "compiled_drafts", "fused")
+    assert CUDA_GRAPH_MODES == ("off", "draft", "all", "whole_drafts", "compiled", "compiled_drafts", "fused")
 
 
 def test_rl_config_switch():
@@ -537,12 +537,14 @@ def test_fused_step_after_an_eager_prefill_is_the_static_step(trained, monkeypat
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("family", ("eagle3", "dflash"))
-def test_compiled_drafts_step_is_the_static_step(trained, family, monkeypatch):
+@pytest.mark.parametrize("family,mode", [("eagle3", "compiled_drafts"), ("dflash", "compiled_drafts"),
+                                         ("dspark", "whole_drafts")])
+def test_compiled_drafts_step_is_the_static_step(trained, family, mode, monkeypatch):
     """cuda_graphs="compiled_drafts": the policy's decoder layers compiled one at a time (as "compiled") and the
-    draft's propose and observe each traced whole, dynamo's eager backend here, under replay emulation:
-    the tokens, log-probabilities and counters of the untraced static path, greedy and sampled."""
-    from repro.rollout.compiled_layers import _COMPILED
+    draft's propose and observe each traced whole; "whole_drafts": the same drafts, the policy's step uncompiled
+    (as "all"). Dynamo's eager backend here, under replay emulation: the tokens, log-probabilities and counters of
+    the untraced static path, greedy and sampled."""
+    from repro.rollout import compiled_layers as cl
     pol, prompts, drafts = trained
     pol.set_taps(drafts[family].tap_spec)
     ps = ragged(prompts)
@@ -551,12 +553,15 @@ def test_compiled_drafts_step_is_the_static_step(trained, family, monkeypatch):
     static = RolloutEngine(pol, proposer(drafts[family]), cuda_graphs="all")
     want = [static.generate(p, max_new_tokens=10, greedy=g, temperature=0.9, seed=s) for p, g, s in requests]
     torch._dynamo.reset()
-    eng = RolloutEngine(pol, proposer(drafts[family]), cuda_graphs="compiled_drafts", compile_backend="eager")
+    monkeypatch.setattr(cl, "_COMPILED", {})
+    eng = RolloutEngine(pol, proposer(drafts[family]), cuda_graphs=mode, compile_backend="eager")
     assert eng.proposer.compile_static == "eager" and eng.static_decoder.fused is None
     for (p, g, s), w in zip(requests, want):
         got = eng.generate(p, max_new_tokens=10, greedy=g, temperature=0.9, seed=s)
         assert_same_rollout(got, w)
-    assert (type(pol.decoder_layers()[0]), "eager", "decode") in _COMPILED           # the layers, one at a time
+    layers_compiled = (type(pol.decoder_layers()[0]), "eager", "decode") in cl._COMPILED   # one at a time
+    assert layers_compiled == (mode == "compiled_drafts")
+    assert eng.static_decoder.compile_backend == ("eager" if mode == "compiled_drafts" else None)
     assert set(eng.graph_status()) >= {"propose", "observe", f"policy.step[{len(ps)}x256]"}
 
 

@@ -48,8 +48,8 @@ def summary_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
-MODE_LINES = {"off": "-.", "draft": (0, (1, 1)), "all": "--", "compiled": (0, (5, 1, 1, 1)),
-              "compiled_drafts": (0, (3, 1, 1, 1, 1, 1)), "fused": "-"}
+MODE_LINES = {"off": "-.", "draft": (0, (1, 1)), "all": "--", "whole_drafts": (0, (5, 2)),
+              "compiled": (0, (5, 1, 1, 1)), "compiled_drafts": (0, (3, 1, 1, 1, 1, 1)), "fused": "-"}
 
 
 def _colors(names) -> dict[str, str]:
