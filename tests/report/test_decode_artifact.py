@@ -20,15 +20,17 @@ def test_decode_table_and_figure(tmp_path):
               ("suite-all/dspark/b1", "speedup_over_al", 0.6), ("suite-all/dspark/b1", "speedup_cpu_over_al", 0.62),
               ("peer/hf-dynamic/b1", "ms_per_step", 2.5), ("floor/b1", "ms_per_step", 0.1),
               ("bound/dspark/b1", "verify_over_decode", 1.25), ("suite-all/plain/b4", "ms_per_step", 2.2),
-              ("pretrain", "loss_last", 1.0)])
+              ("suite-whole_drafts/plain/b1", "ms_per_step", 2.0), ("suite-whole_drafts/eagle3/b1", "ms_per_step", 2.5),
+              ("suite-compiled_drafts/plain/b1", "ms_per_step", 1.0), ("pretrain", "loss_last", 1.0)])
     rows = decode.decode_rows(t)
-    assert set(rows["kind"]) == {"suite-all", "peer/hf-dynamic", "floor", "bound"}
+    assert set(rows["kind"]) == {"suite-all", "suite-whole_drafts", "suite-compiled_drafts", "peer/hf-dynamic", "floor",
+                                 "bound"}
     got = rows.set_index(["kind", "family", "batch"])
     assert got.loc[("suite-all", "dspark", 1), "speedup_cpu_over_al"] == 0.62
     assert got.loc[("floor", "plain", 1), "ms_per_step"] == 0.1
     paths = decode.build(t, pd.DataFrame(), tmp_path)
     assert sorted(p.suffix for p in paths) == [".csv", ".md", ".pdf", ".png"]
     md = (tmp_path / "decode.md").read_text()
-    assert "ours, cuda_graphs=all" in md and "peer/hf-dynamic" in md
+    assert "ours, cuda_graphs=all" in md and "peer/hf-dynamic" in md and "ours, cuda_graphs=whole_drafts" in md
     with pytest.raises(ValueError, match="no decode rows"):
         decode.build(tidy([("pretrain", "loss_last", 1.0)]), pd.DataFrame(), tmp_path)

@@ -22,7 +22,7 @@ import pandas as pd
 from repro.report.style import measured_label, measured_title, save_figure
 from repro.report.tables import latest, write_table
 
-ROW = re.compile(r"^(?P<kind>suite-[a-z]+|peer/[a-z0-9-]+|floor|bound)(?:/(?P<family>[a-z0-9]+))?/b(?P<batch>\d+)$")
+ROW = re.compile(r"^(?P<kind>suite-[a-z_]+|peer/[a-z0-9-]+|floor|bound)(?:/(?P<family>[a-z0-9]+))?/b(?P<batch>\d+)$")
 TABLE_METRICS = ("ms_per_step", "tokens_per_s", "acceptance_length", "speedup", "speedup_over_al",
                  "speedup_cpu_over_al", "occupancy", "verify_over_decode")
 
