@@ -172,8 +172,8 @@ class Timer:
 
 def bound_step(policy, modes) -> str | None:
     """The compile backend of the policy step the bound rows time: on a GPU the compiled layers where the run has a
-    compiled mode (its fastest policy step), else None (the static step; a CPU's compiled mode is the fused one,
-    whose step is traced whole, not layer by layer)."""
+    mode that compiles the policy (its fastest policy step), else None (the static step; a CPU's compiled mode is the
+    fused one, whose step is traced whole, not layer by layer)."""
     return "inductor" if policy.device.type == "cuda" and set(modes) & set(POLICY_COMPILED_MODES) else None
 
 

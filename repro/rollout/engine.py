@@ -8,10 +8,9 @@ Without a proposer (k = 0) the same loop is the plain decoding baseline.
 
 ``cuda_graphs="draft"`` runs the proposer on static caches sized for the request, replayed as CUDA graphs on a GPU;
 ``"all"``, ``"whole_drafts"``, ``"compiled"``, ``"compiled_drafts"`` and ``"fused"`` the policy too (docs/engine.md);
-``"off"`` (default)
-keeps growing, compacted caches. ``max_draft_slots`` caps the static cache (slots per row; a request that needs more
-fails before decoding); ``bucket_batch=True`` rounds the static batch up to a power of two (shrinking turns then
-share captured graphs).
+``"off"`` (default) keeps growing, compacted caches. ``max_draft_slots`` caps the static cache (slots per row; a
+request that needs more fails before decoding); ``bucket_batch=True`` rounds the static batch up to a power of two
+(shrinking turns then share captured graphs).
 
 Returned per row: generated tokens, the policy's log-probabilities of those tokens
 (``log_softmax(logits / temperature)``; temperature 1 in greedy mode), why it stopped; and counters
