@@ -589,20 +589,25 @@ def parse_profile(data: Any, source: str) -> Profile:
         raise ProfileError(f"{source} is invalid: {exc}") from None
 
 
-_CACHE: dict[tuple[tuple[str, int], ...], tuple[Profile, dict]] = {}
+# per profile file: the modification times of the files it was read from (itself and what it extends), its model
+# and data; a hit costs a stat per file, no parsing
+_CACHE: dict[str, tuple[tuple[tuple[str, int], ...], Profile, dict]] = {}
+
+
+def _stamps(files) -> tuple[tuple[str, int], ...]:
+    return tuple((str(p), Path(p).stat().st_mtime_ns) for p in files)
 
 
 def _load(name_or_path: str | Path) -> tuple[Profile, dict]:
     path = profile_path(name_or_path)
-    raw, chain = _resolved(path)
-    key = tuple((str(p), p.stat().st_mtime_ns) for p in chain)
-    if key not in _CACHE:
+    hit = _CACHE.get(str(path.resolve()))
+    if hit is None or _stamps(p for p, _ in hit[0]) != hit[0]:
+        raw, chain = _resolved(path)
         model = parse_profile(raw, f"profile file {_shown(path)}")
         if path.parent.resolve() == PROFILE_DIR.resolve() and model.name != path.stem:
             raise ProfileError(f"{_shown(path)}: name {model.name!r} does not match the file name {path.stem!r}")
-        _CACHE[key] = (model, raw)
-    model, raw = _CACHE[key]
-    return model, json.loads(json.dumps(raw))
+        hit = _CACHE[str(path.resolve())] = (_stamps(chain), model, raw)
+    return hit[1], json.loads(json.dumps(hit[2]))
 
 
 def load_profile_model(name_or_path: str | Path) -> Profile:

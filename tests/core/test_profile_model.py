@@ -4,6 +4,7 @@ a bad value fail before any job, naming the file, the key path, the value and wh
     .venv/bin/python -m pytest -q tests/core/test_profile_model.py
 """
 import copy
+import os
 import re
 
 import pytest
@@ -132,3 +133,15 @@ def test_a_bad_or_circular_extends_is_named(tmp_path, monkeypatch):
         load_profile("c")
     with pytest.raises(ProfileError, match=r"extends \['a'\] is invalid: expected the name of a profile"):
         load_profile("d")
+
+
+def test_an_edited_base_reaches_the_profiles_that_extend_it(tmp_path, monkeypatch):
+    base = load_profile("cpu-tiny")
+    monkeypatch.setattr("repro.core.profile.PROFILE_DIR", tmp_path)
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({**base, "name": "base"}))
+    (tmp_path / "child.yaml").write_text("extends: base\nname: child\n")
+    assert load_profile("child")["envcheck"]["copy_mb"] == base["envcheck"]["copy_mb"]
+    edited = {**base, "name": "base", "envcheck": {**base["envcheck"], "copy_mb": 7}}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(edited))
+    os.utime(tmp_path / "base.yaml", ns=(1, 1))          # a different modification time, whatever the clock
+    assert load_profile("child")["envcheck"]["copy_mb"] == 7
