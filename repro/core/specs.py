@@ -24,7 +24,7 @@ DRAFT_CHECKPOINT_FAMILIES = ("eagle3",)   # drafts that can start from a release
 WORKLOADS = ("math", "workplace")
 DTYPES = ("float32", "bfloat16", "float16")
 ARTIFACTS = ("table1", "table2", "fig3", "fig4")
-# repro.rollout.engine's modes
+# the engine's modes (repro.rollout.engine, docs/engine.md), here so that configs check them without importing it
 CUDA_GRAPH_MODES = ("off", "draft", "all", "whole_drafts", "compiled", "compiled_drafts", "fused")
 ROLLOUT_BACKENDS = ("suite", "vllm")   # repro.rollout.engine.RolloutEngine | integrations.vllm.engine (EAGLE-3)
 # DraftSpec.options keys per family; attn_backend (every family): the kernels.attention backend of the draft's

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from kernels.attention.sdpa_choice import no_cudnn_sdpa
+from repro.core.specs import CUDA_GRAPH_MODES
 from repro.decoding.kv import SlotTable, gather_hf_cache, select_hf_cache_rows, trim_hf_cache
 from repro.decoding.merged_projections import merged_projections
 from repro.decoding.sampling import verify
@@ -39,12 +40,11 @@ from repro.rollout.result import AcceptanceCounters, RolloutResult, check_reques
 from repro.rollout.static_loop import StaticDecoder, generate_static
 
 log = logging.getLogger(__name__)
-CUDA_GRAPH_MODES = ("off", "draft", "all", "whole_drafts", "compiled", "compiled_drafts", "fused")
-STATIC_MODES = CUDA_GRAPH_MODES[2:]                           # the policy on a static cache too (static_loop)
-COMPILED_MODES = ("whole_drafts", "compiled", "compiled_drafts", "fused")   # inductor compiles first
-POLICY_COMPILED_MODES = ("compiled", "compiled_drafts", "fused")            # ... the policy's step among them
+STATIC_MODES = CUDA_GRAPH_MODES[2:]                       # the policy on a static cache too (static_loop)
+POLICY_COMPILED_MODES = ("compiled", "compiled_drafts", "fused")        # the policy's step compiled
 WHOLE_DRAFT_MODES = ("whole_drafts", "compiled_drafts")  # the proposer's static propose and observe compiled whole
 # ("fused" traces them inside the policy's step instead)
+COMPILED_MODES = tuple(m for m in CUDA_GRAPH_MODES if m in POLICY_COMPILED_MODES + WHOLE_DRAFT_MODES)  # inductor first
 BUCKETED_STATES = 16      # static states a proposer keeps when batches are bucketed (every turn shape of a request)
 
 
