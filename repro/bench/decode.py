@@ -427,9 +427,12 @@ def sweep_batch(bench, timer: Timer, policy, drafts, s: Decode, prompts, B: int,
             bench.record(f"suite-{mode}/{fam}/b{B}", {"engine": "suite", "mode": mode, "family": fam, "batch": B,
                                                       "new_tokens": s.new_tokens}, samples, extra=extra)
     backend = bound_step(policy, s.engine_modes)
+    by_k: dict[int, tuple[float, float, float]] = {}         # families with the same chain length share the step
     for fam in s.families:
         k = proposer_for(fam, drafts[fam], s).num_proposals
-        ratio, verify_s, decode_s = policy_step_ratio(policy, B, k, s.prompt_len, s.repeats, backend)
+        if k not in by_k:
+            by_k[k] = policy_step_ratio(policy, B, k, s.prompt_len, s.repeats, backend)
+        ratio, verify_s, decode_s = by_k[k]
         bench.record(f"bound/{fam}/b{B}", {"family": fam, "batch": B, "verify_tokens": k + 1,
                                            "step": "compiled" if backend else "static"},
                      extra={"verify_over_decode": ratio, "max_speedup_over_al": 1 / ratio,

@@ -179,9 +179,11 @@ class Policy(nn.Module):
 
     # -- forwards ------------------------------------------------------------------------------------
     def _run(self, input_ids, mask, position_ids, cache, want_taps: bool, inline: bool = False,
-             static: StaticPolicyCache | None = None) -> StepOutput:
+             static: StaticPolicyCache | None = None, last_logits: bool = False) -> StepOutput:
         kwargs = {"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids, "use_cache": cache
                       is not None}
+        if last_logits:
+            kwargs["logits_to_keep"] = 1
         if cache is not None:
             kwargs[self._cache_kwarg] = cache
         if want_taps and self.recorder is None:
@@ -216,13 +218,16 @@ class Policy(nn.Module):
     @torch.no_grad()
     def decode_step_static(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: StaticPolicyCache,
                            live: torch.Tensor | None = None, want_taps: bool = False,
-                           cursor: torch.Tensor | None = None, view: int | None = None) -> StepOutput:
+                           cursor: torch.Tensor | None = None, view: int | None = None,
+                           last_logits: bool = False) -> StepOutput:
         """Run ``input_ids [B, q]`` at ``positions [B, q]`` on a static cache, writing the q columns at ``cursor``
         (a device scalar from ``cache.reserve``; None: reserve them here) and attending over the first ``view``
-        columns (``cache.used_view()``). Device work only: capturable."""
+        columns (``cache.used_view()``); ``last_logits``: the logits of the last column only (``[B, 1, V]``, a
+        prefill's). Device work only: capturable."""
         cache.begin(positions, live, cursor, view)
         masks = cache.additive_masks(positions, self._windows())
-        return self._run(input_ids, self._mask_arg(masks), positions, cache.hf, want_taps, cache.in_graph, cache)
+        return self._run(input_ids, self._mask_arg(masks), positions, cache.hf, want_taps, cache.in_graph, cache,
+                         last_logits=last_logits)
 
     def new_static_cache(self, batch: int, max_slots: int) -> StaticPolicyCache:
         """A static KV cache of ``max_slots`` columns for ``batch`` rows, in this policy's dtype and device."""

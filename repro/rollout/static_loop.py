@@ -3,6 +3,7 @@ policy and draft on static caches, decisions on the device, one host wait per st
 docs/engine.md says how a verify step runs."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -37,8 +38,10 @@ class StaticDecoder:
         on_cpu = policy.device.type != "cuda"
         self.prefill = (traced_whole(self._prefill_step, backend, device=policy.device, dynamic_ints=VIEW_ARGS)
                         if fused and on_cpu else None)
-        self.prompt_bucket = PROMPT_BUCKET if self.prefill is not None else 1
-        self.graphed = ("fused",) if fused else ("step", "accept")
+        # on a GPU (modes other than fused) the prefill is one captured graph per prompt bucket instead: a few
+        # thousand eager launches would take longer than the decoding of a short answer
+        self.prompt_bucket = PROMPT_BUCKET if self.prefill is not None or not (on_cpu or fused) else 1
+        self.graphed = ("fused",) if fused else ("prefill", "step", "accept")
 
     def state(self, rows: int, max_slots: int, cuda_graphs: bool) -> dict:
         st, _ = self.states.get((rows, max_slots), lambda: self._build(rows, max_slots))
@@ -51,9 +54,12 @@ class StaticDecoder:
         if self.fused is not None:
             st["cache"].in_graph = True
         calls = ({"fused": (self.fused, "policy.fused_step")} if self.fused is not None else
-                 {"step": (self._policy_step, "policy.step"), "accept": (self._accept_step, "engine.accept")})
+                 {"prefill": (self._prefill_policy, "policy.prefill"), "step": (self._policy_step, "policy.step"),
+                  "accept": (self._accept_step, "engine.accept")})
         for key, (fn, name) in calls.items():
-            st[key] = GraphedCallable(lambda *a, fn=fn, **kw: fn(st, *a, **kw), name, persistent_inputs=True)
+            # the prefill's inputs are new tensors every request: copied into the graph's own
+            st[key] = GraphedCallable(lambda *a, fn=fn, **kw: fn(st, *a, **kw), name,
+                                      persistent_inputs=key != "prefill")
         return st
 
     def outputs(self, st: dict, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +93,7 @@ class StaticDecoder:
         draft_cursor = opt.pop(0) if self.proposer is not None else None
         tok_noise = None if greedy else opt.pop(0)
         out = self.policy.decode_step_static(ids, pos, st["cache"], live, want_taps=want_taps, cursor=cursor,
-                                             view=view)
+                                             view=view, last_logits=True)
         tok0, lp0 = first_token(out.logits[:, -1], greedy=greedy, temperature=temperature, noise=tok_noise)
         if self.proposer is None:
             return tok0, lp0
@@ -95,6 +101,16 @@ class StaticDecoder:
         proposals = self.proposer._round_static(nxt, out.taps, pos, live, tok0, plen, draft_cursor, *opt,
                                                 views=draft_views, **dict(draft_settings))
         return tok0, lp0, *proposals
+
+    def _prefill_policy(self, st, ids, pos, live, cursor, *noise, want_taps: bool, view: int, greedy: bool,
+                        temperature: float):
+        """The prompt's forward on the static cache, its first token (argmax, or a draw with the uniform ``noise``)
+        and that token's log-probability, and the taps the proposer observes (empty without ``want_taps``)."""
+        out = self.policy.decode_step_static(ids, pos, st["cache"], live, want_taps=want_taps, cursor=cursor,
+                                             view=view, last_logits=True)
+        tok0, lp0 = first_token(out.logits[:, -1], greedy=greedy, temperature=temperature,
+                                noise=noise[0] if noise else None)
+        return tok0, lp0, list(out.taps or [])
 
     def _policy_step(self, st, last_tok, last_pos, drafts, cursor, *, want_taps: bool, view: int):
         inp = torch.cat([last_tok[:, None], drafts], dim=1)
@@ -269,11 +285,13 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         tok0, lp0, *prop = decoder.prefill(st, ids, pos, live, plen, cursor, *opt, want_taps=want_taps,
                                            view=cache.used_view(), greedy=bool(greedy), temperature=temp, **kw)
     else:
-        out = pol.decode_step_static(ids, pos, cache, live, want_taps=want_taps)
-        tok_noise = None if greedy else proposal_noise((R, out.logits.shape[-1]), gen, dev)
-        tok0, lp0 = first_token(out.logits[:, -1], greedy=greedy, temperature=temp, noise=tok_noise)
+        noise = [] if greedy else [proposal_noise((R, pol.vocab_size), gen, dev)]
+        cursor = cache.reserve(P)
+        prefill = st["prefill"] if "prefill" in st else functools.partial(decoder._prefill_policy, st)
+        tok0, lp0, taps = prefill(ids, pos, live, cursor, *noise, want_taps=want_taps, view=cache.used_view(),
+                                  greedy=bool(greedy), temperature=temp)
         if proposer is not None:
-            proposer.observe(torch.cat([ids[:, 1:], tok0[:, None]], dim=1), out.taps, pos, live)
+            proposer.observe(torch.cat([ids[:, 1:], tok0[:, None]], dim=1), taps, pos, live)
         if whole:
             prop = proposer.propose(tok0, plen, greedy=greedy, temperature=temp, generator=gen)
 
