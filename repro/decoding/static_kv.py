@@ -270,7 +270,8 @@ class StaticProposerState:
     needs_taps = True
     compact_min_waste = 64        # growing caches: squeeze dead slots out once this many columns would go
     check_steps = True            # host-side consistency checks per step (a device sync); the static engine skips them
-    compile_static: str | None = None   # a backend: the two static calls compiled whole (the engine's "fused" mode)
+    compile_static: str | None = None   # a backend: the two static calls compiled whole (whole-draft modes)
+    graph_prompt_observe = False  # the request's first observe graphed too (few prompt widths: bucketed prompts)
 
     def init_static_state(self) -> None:
         self.static = False
@@ -311,14 +312,17 @@ class StaticProposerState:
 
     def observe_static(self, width: int, inputs: list[tuple[str, torch.Tensor, object]]) -> None:
         """One ``observe`` on the static caches: ``inputs`` are ``(buffer name, tensor, fill)`` in the order of
-        ``_observe_static``'s arguments (then the cursor). The prefill (the request's first observe, as wide
-        as the prompt) runs eagerly; the per-verify-step ones (width k+1) replay the graph."""
+        ``_observe_static``'s arguments (then the cursor). The per-verify-step ones (width k+1) replay the graph.
+        The prefill (the request's first observe, as wide as the prompt) runs eagerly, or, with
+        ``graph_prompt_observe`` (set by an engine that pads prompts to a bucket and runs these calls uncompiled),
+        replays a graph per width."""
         cursor = self.cursor.set(self.next_col, width)
         view = self.view_after(width)
         if self.next_col == 0:       # rows idle from the start (a bucketed batch) take the fills, as later
             args = ([x for _, x, _ in inputs] if self.sb.full
                     else [self.sb.stage(f"prefill.{name}", x, fill=fill) for name, x, fill in inputs])
-            self._observe_static(*args, cursor, view=view)
+            observe = self._graphs["observe"] if self.graph_prompt_observe else self._observe_static
+            observe(*args, cursor, view=view)
         else:
             self._graphs["observe"](*(self.sb.stage(name, x, fill=fill) for name, x, fill in inputs), cursor,
                                     view=view)

@@ -98,6 +98,10 @@ class RolloutEngine:
             if proposer is not None:
                 proposer.check_steps = False      # its per-step check would be a second host sync
                 proposer.compile_static = compile_backend if cuda_graphs in WHOLE_DRAFT_MODES else None
+                # the prompt's observe captured per prompt width where prompts are padded to a bucket (on a GPU),
+                # its ops uncompiled (a capture is cheap, a compilation per width is not) and not traced in a step
+                proposer.graph_prompt_observe = (self.static_decoder.prompt_bucket > 1 and cuda_graphs != "fused"
+                                                 and proposer.compile_static is None)
         self.max_model_len = max_model_len
         self.compact_every = 16           # verify steps between checks for dead slots to squeeze out
         self.compact_min_waste = 64       # ... and the fewest columns worth a compaction

@@ -627,7 +627,8 @@ def test_all_static_under_replay_emulation(trained, family, monkeypatch):
     every call, warm-up runs first): the same tokens as the eager static path, over requests of two shapes,
     greedy and sampled. A buffer passed anew where a graph writes in place, or an output kept across steps,
     would diverge here as it would on a GPU. The emulated engine left-pads prompts to the prompt bucket as a GPU
-    does for its graphed prefill (one graph per bucket); the eager one does not pad."""
+    does for its graphed prefill and the draft's graphed observe of the prompt (one graph per bucket); the eager
+    one does not pad."""
     pol, prompts, drafts = trained
     if family != "plain":
         pol.set_taps(drafts[family].tap_spec)
@@ -642,6 +643,9 @@ def test_all_static_under_replay_emulation(trained, family, monkeypatch):
     eng = RolloutEngine(pol, make(), cuda_graphs="all")
     assert eager.static_decoder.prompt_bucket == 1           # a CPU's static path: no padding
     eng.static_decoder.prompt_bucket = PROMPT_BUCKET         # a GPU's
+    if family != "plain":
+        assert not eng.proposer.graph_prompt_observe
+        eng.proposer.graph_prompt_observe = True
     for (p, g, s), w in zip(requests, want):
         got = eng.generate(p, max_new_tokens=12, greedy=g, temperature=0.9, seed=s, stop_tokens=[stop])
         assert got.tokens == w.tokens and got.finish_reason == w.finish_reason
@@ -651,6 +655,9 @@ def test_all_static_under_replay_emulation(trained, family, monkeypatch):
     status = eng.graph_status()
     assert status and all(v["replays"] > 0 for k, v in status.items()
                           if k.startswith(("engine.accept", "policy.step", "policy.prefill[6x")))
+    if family != "plain":         # the last request's state: a graph for the prompt's observe (its tokens' width)
+        widths = {shapes[0][0][1] for shapes, _ in eng.proposer._graphs["observe"]._graphs}
+        assert widths == {PROMPT_BUCKET, eng.k + 1} and status["observe"]["eager_calls"] == 0
 
 
 def test_whole_step_sizes_are_dynamic_on_a_gpu(monkeypatch):
