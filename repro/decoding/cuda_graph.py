@@ -6,7 +6,8 @@ graph) warms ``fn`` up on a side stream (``capture_stream``), captures it into a
 static copies of the inputs, and keeps the outputs of the capture as static outputs; every call then copies its
 inputs into the static buffers and replays. With ``persistent_inputs=True`` the caller promises to pass its own
 long-lived buffers: the first call's tensors become the static inputs (no copies while the same tensors are passed
-again). The returned outputs are the static ones: they are overwritten by the next replay.
+again). The returned outputs are the static ones: they are overwritten by the next replay (with
+``shared_pool=True``, whose graphs share one memory pool, by the next call of any key).
 
 ``fn`` must be replay-safe: it may write into persistent tensors (caches), but the same inputs must give the same
 writes (the warm-up runs it for real before the replay runs it again); it must not synchronise with the host, copy
@@ -52,8 +53,9 @@ def capture_stream() -> torch.cuda.Stream:
 
 
 @contextlib.contextmanager
-def capture_into(graph: torch.cuda.CUDAGraph):
-    """Record the enclosed CUDA work into ``graph`` on ``capture_stream()`` (the graph gets its own memory pool).
+def capture_into(graph: torch.cuda.CUDAGraph, pool=None):
+    """Record the enclosed CUDA work into ``graph`` on ``capture_stream()`` (the graph gets its own memory pool, or
+    allocates from ``pool``, a ``torch.cuda.graph_pool_handle()`` other graphs share).
 
     Unlike ``torch.cuda.graph()``, this does not empty the caching allocator and the pinned-host cache before the
     capture, so the eager work after a capture (the next policy update) keeps its cached memory instead of
@@ -62,7 +64,7 @@ def capture_into(graph: torch.cuda.CUDAGraph):
     torch.cuda.synchronize()
     stream = capture_stream()
     with torch.cuda.stream(stream):
-        graph.capture_begin()
+        graph.capture_begin(pool=pool) if pool is not None else graph.capture_begin()
         try:
             yield graph
         except BaseException:
@@ -86,11 +88,16 @@ class GraphedCallable:
     emulate_replay = False   # tests: replay semantics on CPU (see the module docstring)
 
     def __init__(self, fn: Callable[..., Any], name: str, *, enabled: bool = True, warmup: int = 2,
-                 persistent_inputs: bool = False):
+                 persistent_inputs: bool = False, shared_pool: bool = False):
         if warmup < 1:
             raise ValueError(f"warmup must be >= 1 (lazy initialisation must happen before capture), got {warmup}")
         self.fn, self.name, self.enabled, self.warmup = fn, name, enabled, warmup
         self.persistent_inputs = persistent_inputs
+        # shared_pool: this callable's graphs (one per key) allocate from one memory pool, so its memory is the
+        # largest graph's, not their sum. Safe because they replay one at a time on one stream and a call's
+        # outputs are read before the next call (of any key) overwrites them
+        self.shared_pool = shared_pool
+        self._pool = None
         self.fallback_reason: str | None = None
         self.captures = 0
         self.replays = 0
@@ -180,9 +187,15 @@ class GraphedCallable:
                 self.fn(*static_in, **settings)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with capture_into(graph):
+        with capture_into(graph, self.capture_pool()):
             static_out = self.fn(*static_in, **settings)
         return graph, static_in, static_out
+
+    def capture_pool(self):
+        """The memory pool the next capture allocates from: this callable's shared one, or None (a pool of its own)."""
+        if self.shared_pool and self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool if self.shared_pool else None
 
     def status(self) -> dict:
         return {"enabled": self.enabled, "captures": self.captures, "replays": self.replays,

@@ -295,7 +295,8 @@ class StaticProposerState:
             "slots": StaticSlots(batch, max_slots, device), "sb": StaticBatch(batch, device),
             "cursor": Cursor(max_slots, device),
             "_graphs": {part: GraphedCallable(self._static_call(part, fused, device), f"{name}.{part}",
-                                              persistent_inputs=True) for part in ("propose", "observe")},
+                                              persistent_inputs=True, shared_pool=part == "observe")
+                        for part in ("propose", "observe")},     # observe: one graph a prompt width, no outputs
             **extra()})
         self.__dict__.update(st)
         if not new:

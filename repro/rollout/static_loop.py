@@ -57,9 +57,10 @@ class StaticDecoder:
                  {"prefill": (self._prefill_policy, "policy.prefill"), "step": (self._policy_step, "policy.step"),
                   "accept": (self._accept_step, "engine.accept")})
         for key, (fn, name) in calls.items():
-            # the prefill's inputs are new tensors every request: copied into the graph's own
+            # the prefill's inputs are new tensors every request: copied into the graph's own; its graphs (one per
+            # prompt bucket) share one memory pool, so they hold the largest prefill's activations, not their sum
             st[key] = GraphedCallable(lambda *a, fn=fn, **kw: fn(st, *a, **kw), name,
-                                      persistent_inputs=key != "prefill")
+                                      persistent_inputs=key != "prefill", shared_pool=key == "prefill")
         return st
 
     def outputs(self, st: dict, width: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -238,6 +238,24 @@ def test_graphed_callable_is_eager_on_cpu_and_keys_by_shape(caplog):
 
 
 @pytest.mark.timeout(30)
+def test_shared_pool_graphs_capture_into_one_pool(trained, monkeypatch):
+    """A callable with ``shared_pool`` hands every capture the same pool (made once); one without gets none (a pool
+    per graph). The engine's prefill and the draft's observe (one graph per prompt width) share theirs."""
+    handles = []
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: handles.append(object()) or handles[-1])
+    g = GraphedCallable(lambda x: x, "g", shared_pool=True)
+    assert g.capture_pool() is g.capture_pool() is handles[0] and len(handles) == 1
+    assert GraphedCallable(lambda x: x, "h").capture_pool() is None and len(handles) == 1
+    pol, prompts, drafts = trained
+    pol.set_taps(drafts["eagle3"].tap_spec)
+    eng = RolloutEngine(pol, proposer(drafts["eagle3"]), cuda_graphs="all")
+    eng.generate(prompts[:2], max_new_tokens=4, greedy=True)
+    st = next(iter(eng.static_decoder.states._states.values()))
+    assert [st[k].shared_pool for k in ("prefill", "step", "accept")] == [True, False, False]
+    assert [eng.proposer._graphs[k].shared_pool for k in ("observe", "propose")] == [True, False]
+
+
+@pytest.mark.timeout(30)
 def test_a_failed_capture_is_tried_once_more(caplog):
     """A capture that fails once and then succeeds replays (one retry, logged); one that always fails runs eagerly."""
     class Graph:
