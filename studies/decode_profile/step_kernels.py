@@ -2,8 +2,10 @@
 with the decode benchmark's policy (a profile's ``decode:`` section) and fresh drafts of each family (untrained:
 acceptance differs from the benchmark's, the step's work does not). Prints, per case, the wall time per policy
 forward (CUDA-synchronised, medians of 3 requests), the kernel time and kernel count per forward from
-torch.profiler, the kernels that take most of it, and the host's costliest calls (graph launches, waits). Writes
-nothing; the decode benchmark (``snakemake decode``) is where results come from.
+torch.profiler, the kernels that take most of it, the host's costliest calls (graph launches, waits), and each
+captured graph alone (``--graphs``: its replay's device time per shape and its replays in one request; what the
+request's time leaves beyond them is eager work and launch gaps). Writes nothing; the decode benchmark
+(``snakemake decode``) is where results come from.
 
     PYTHONPATH=. python studies/decode_profile/step_kernels.py --profile h200 --modes compiled --batches 1,64 \
         --families plain,eagle3,dspark
@@ -55,6 +57,43 @@ def report(eng, prompts, new_tokens, top: int):
     print("  host: " + ", ".join(f"{a.key} {a.self_cpu_time_total / n:.0f} us ({a.count / n:.1f}x)" for a in host))
 
 
+def graph_callables(eng):
+    """(name, GraphedCallable) of an engine's static decoder and proposer, every state kept."""
+    out = []
+    if eng.static_decoder is not None:
+        for st in eng.static_decoder.states._states.values():
+            out += [(v.name, v) for v in st.values() if hasattr(v, "_graphs") and hasattr(v, "replays")]
+    for st in getattr(eng.proposer, "_states", None) and eng.proposer._states._states.values() or ():
+        out += [(g.name, g) for g in st["_graphs"].values()]
+    return out
+
+
+def graph_breakdown(eng, prompts, new_tokens, replays: int = 20):
+    """Each captured graph replayed alone (device ms per replay, per shape), and its replays in one request."""
+    for g in (g for _, g in graph_callables(eng)):
+        g.replays = 0
+    wall, res = timed_forwards(eng, prompts, new_tokens)
+    request_ms = wall * res.policy_forwards * 1e3
+    for name, g in graph_callables(eng):
+        per_request = g.replays
+        for key, (graph, _, _) in g._graphs.items():
+            if graph is None:
+                continue
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(replays):
+                graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            ms = start.elapsed_time(end) / replays
+            shape = "x".join(str(d) for d in key[0][0][0]) if key[0] else "-"
+            print(f"    graph {name:18s} [{shape:>8s}] {ms:7.3f} ms / replay", flush=True)
+        if per_request:
+            print(f"    graph {name:18s} {per_request} replays this request", flush=True)
+    print(f"  request {request_ms:.2f} ms over {res.policy_forwards} forwards", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="h200", help="profile whose decode: section sizes the policy")
@@ -62,6 +101,7 @@ def main(argv=None):
     ap.add_argument("--batches", default="1,64", help="batch sizes, comma-separated")
     ap.add_argument("--families", default="plain,eagle3,dflash,dspark", help="plain and/or draft families")
     ap.add_argument("--top", type=int, default=12, help="kernels listed per case")
+    ap.add_argument("--graphs", action="store_true", help="also time each captured graph alone")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("step_kernels needs a CUDA device (it profiles GPU kernels)")
@@ -82,6 +122,8 @@ def main(argv=None):
                 prompts = [torch.randint(1, s.lang_tokens, (s.prompt_len,), generator=g).tolist() for _ in range(B)]
                 print(f"{fam} / {mode} / b{B}:", flush=True)
                 report(eng, prompts, s.new_tokens, a.top)
+                if a.graphs:
+                    graph_breakdown(eng, prompts, s.new_tokens)
 
 
 if __name__ == "__main__":
