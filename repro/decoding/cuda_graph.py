@@ -64,7 +64,7 @@ def capture_into(graph: torch.cuda.CUDAGraph, pool=None):
     torch.cuda.synchronize()
     stream = capture_stream()
     with torch.cuda.stream(stream):
-        graph.capture_begin(pool=pool) if pool is not None else graph.capture_begin()
+        graph.capture_begin(pool=pool)
         try:
             yield graph
         except BaseException:

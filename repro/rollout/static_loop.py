@@ -92,14 +92,13 @@ class StaticDecoder:
         ``opt``: the proposer's device cursor (with a proposer), the token's noise and the propose's (sampling)."""
         opt = list(opt)
         draft_cursor = opt.pop(0) if self.proposer is not None else None
-        tok_noise = None if greedy else opt.pop(0)
-        out = self.policy.decode_step_static(ids, pos, st["cache"], live, want_taps=want_taps, cursor=cursor,
-                                             view=view, last_logits=True)
-        tok0, lp0 = first_token(out.logits[:, -1], greedy=greedy, temperature=temperature, noise=tok_noise)
+        tok_noise = [] if greedy else [opt.pop(0)]
+        tok0, lp0, taps = self._prefill_policy(st, ids, pos, live, cursor, *tok_noise, want_taps=want_taps, view=view,
+                                               greedy=greedy, temperature=temperature)
         if self.proposer is None:
             return tok0, lp0
         nxt = torch.cat([ids[:, 1:], tok0[:, None]], dim=1)
-        proposals = self.proposer._round_static(nxt, out.taps, pos, live, tok0, plen, draft_cursor, *opt,
+        proposals = self.proposer._round_static(nxt, taps, pos, live, tok0, plen, draft_cursor, *opt,
                                                 views=draft_views, **dict(draft_settings))
         return tok0, lp0, *proposals
 

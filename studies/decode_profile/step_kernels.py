@@ -22,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from repro.bench.decode import decode_settings, make_draft, proposer_for
 from repro.core.profile import load_profile
+from repro.decoding.cuda_graph import GraphedCallable
 from repro.models.policy import build_policy
 from repro.rollout.engine import RolloutEngine
 
@@ -59,18 +60,15 @@ def report(eng, prompts, new_tokens, top: int):
 
 def graph_callables(eng):
     """(name, GraphedCallable) of an engine's static decoder and proposer, every state kept."""
-    out = []
-    if eng.static_decoder is not None:
-        for st in eng.static_decoder.states._states.values():
-            out += [(v.name, v) for v in st.values() if hasattr(v, "_graphs") and hasattr(v, "replays")]
-    for st in getattr(eng.proposer, "_states", None) and eng.proposer._states._states.values() or ():
-        out += [(g.name, g) for g in st["_graphs"].values()]
-    return out
+    states = list(eng.static_decoder.states._states.values()) if eng.static_decoder is not None else []
+    if hasattr(eng.proposer, "_states"):
+        states += [st["_graphs"] for st in eng.proposer._states._states.values()]
+    return [(v.name, v) for st in states for v in st.values() if isinstance(v, GraphedCallable)]
 
 
 def graph_breakdown(eng, prompts, new_tokens, replays: int = 20):
     """Each captured graph replayed alone (device ms per replay, per shape), and its replays in one request."""
-    for g in (g for _, g in graph_callables(eng)):
+    for _, g in graph_callables(eng):
         g.replays = 0
     wall, res = timed_forwards(eng, prompts, new_tokens)
     request_ms = wall * res.policy_forwards * 1e3
