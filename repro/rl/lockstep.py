@@ -8,7 +8,9 @@ same drift (the order rotates each step) and the same process state, so a row's 
 cost of its draft. Each row still trains exactly as alone (its own models, optimizers, seeds and run folder:
 metrics.jsonl, checkpoints, run.json as ``repro.rl.run`` writes them; tests/rl/test_lockstep.py checks a lockstep
 row's values equal its separate run's), resumes from its own last checkpoint, and runs its probe (``pp_probe``) after
-the last step.
+the last step. ``--replica-seeds`` adds the baseline row's sampling-seed replicas (profile key ``baseline_seeds``) to
+the same process: each trains as its separate ``repro.rl.run --sampling-seed k`` would, into its own folder, and the
+process compiles and captures once for all of them.
 
     python -m repro.rl.lockstep --artifact table1 --profile cpu-tiny --warm-start <sft folder> \\
         --rows "Qwen3-8B/no draft,Qwen3-8B/DFlash" --out-root /tmp/lockstep/table1
@@ -25,7 +27,7 @@ from pathlib import Path
 import torch
 
 from repro.core.io import write_json_atomic
-from repro.core.layout import run_dir_name
+from repro.core.layout import replica_run_name, run_dir_name
 from repro.core.profile import ProfileError
 from repro.core.specs import ARTIFACTS, ConfigError
 from repro.rl.config import ENGINES
@@ -50,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--restart-on-config-change", action="store_true", help=RESTART_HELP)
+    ap.add_argument("--replica-seeds", default="", help="comma-separated sampling seeds: the first of --rows again "
+                    "with each (its prompts stay --seed's), into <out-root>/<row folder>_sampling<k>")
     ap.add_argument("--record", default="", help="JSON file written last (atomically): the rows and their run "
                     "folders (the workflow's marker that the lockstep job finished)")
     args = ap.parse_args(argv)
@@ -58,14 +62,22 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--rows names no row: {args.rows!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    runs = []            # (row, profile, trainer, first step to run); every config checked before any training
     try:
-        for row in rows:
-            out = str(Path(args.out_root) / run_dir_name(row))
-            runs.append((row, *build_row(args.profile, args.artifact, row, out=out, seed=args.seed,
-                                         warm_start=args.warm_start, engine=args.engine,
-                                         checkpoint_root=args.checkpoint_root,
-                                         restart_on_config_change=args.restart_on_config_change)))
+        seeds = list(dict.fromkeys(int(k) for k in args.replica_seeds.split(",") if k.strip()))
+    except ValueError:
+        ap.error(f"--replica-seeds {args.replica_seeds!r} is invalid: expected comma-separated integers >= 0")
+    if any(k < 0 for k in seeds):
+        ap.error(f"--replica-seeds {args.replica_seeds!r} is invalid: expected integers >= 0")
+    # (run folder name, row, sampling seed): the rows, then the first row's replicas
+    plan = [(run_dir_name(r), r, None) for r in rows]
+    plan += [(replica_run_name(run_dir_name(rows[0]), k), rows[0], k) for k in seeds if k != args.seed]
+    runs = []            # (name, profile, trainer, first step to run); every config checked before any training
+    try:
+        for name, row, sampling in plan:
+            runs.append((name, *build_row(args.profile, args.artifact, row, out=str(Path(args.out_root) / name),
+                                          seed=args.seed, warm_start=args.warm_start, engine=args.engine,
+                                          checkpoint_root=args.checkpoint_root, sampling_seed=sampling,
+                                          restart_on_config_change=args.restart_on_config_change)))
     except (ConfigError, ProfileError, FileNotFoundError) as exc:
         print(f"lockstep: error: {exc}", file=sys.stderr)
         return 2
@@ -75,14 +87,14 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     n_steps = steps.pop()
-    logged: dict[str, list[dict]] = {row: [] for row in rows}
+    logged: dict[str, list[dict]] = {name: [] for name, *_ in runs}
     with contextlib.ExitStack() as stack:
-        logs = {row: stack.enter_context(row_logger(t, first)) for row, _, t, first in runs}
+        logs = {name: stack.enter_context(row_logger(t, first)) for name, _, t, first in runs}
         try:
             for step in range(min(first for *_, first in runs), n_steps):
-                for row, _, trainer, first in rotated(runs, step):
+                for name, _, trainer, first in rotated(runs, step):
                     if step >= first:
-                        logged[row].append(trainer.run_step(step, logs[row]))
+                        logged[name].append(trainer.run_step(step, logs[name]))
         finally:
             errors = []
             for _, _, trainer, _ in runs:      # every row closes (its last checkpoint lands) before an error
@@ -92,13 +104,14 @@ def main(argv: list[str] | None = None) -> int:
                     errors.append(exc)
             if errors:
                 raise errors[0]
-        for row, prof, trainer, _ in runs:
-            run_probes(prof, trainer, logs[row])
-    for row, _, trainer, first in runs:
-        write_run_record(trainer, first, logged[row], lockstep_rows=rows)
+        for name, prof, trainer, _ in runs:
+            run_probes(prof, trainer, logs[name])
+    names = [name for name, *_ in runs]
+    for name, _, trainer, first in runs:
+        write_run_record(trainer, first, logged[name], lockstep_rows=rows, lockstep_runs=names)
     if args.record:
         write_json_atomic(args.record, {"artifact": args.artifact, "rows": rows,
-                                        "runs": {row: t.cfg.out for row, _, t, _ in runs}})
+                                        "runs": {name: t.cfg.out for name, _, t, _ in runs}})
     return 0
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import yaml
 
-from repro.core.layout import run_dir_name
+from repro.core.layout import replica_run_name, run_dir_name
 from repro.core.profile import load_profile
 from repro.rl import lockstep, run
 
@@ -40,20 +40,36 @@ def varied_rewards(monkeypatch):
 
 @pytest.mark.timeout(600)
 def test_lockstep_rows_equal_their_separate_runs(tmp_path, profile_file, varied_rewards):
+    # the rows, and the baseline's sampling-seed replica (baseline_seeds), each alone and then in one lockstep process
+    replica = replica_run_name(run_dir_name(ROWS[0]), 1)
     for row in ROWS:
         assert run.main(["--artifact", "table1", "--row", row, "--profile", str(profile_file),
                          "--out", str(tmp_path / "alone" / run_dir_name(row))]) == 0
+    assert run.main(["--artifact", "table1", "--row", ROWS[0], "--profile", str(profile_file), "--sampling-seed", "1",
+                     "--out", str(tmp_path / "alone" / replica)]) == 0
     record = tmp_path / "lockstep_dense.json"
     assert lockstep.main(["--artifact", "table1", "--rows", ",".join(ROWS), "--profile", str(profile_file),
-                          "--out-root", str(tmp_path / "lockstep"), "--record", str(record)]) == 0
+                          "--out-root", str(tmp_path / "lockstep"), "--replica-seeds", "1",
+                          "--record", str(record)]) == 0
+    names = [run_dir_name(r) for r in ROWS] + [replica]
     assert json.loads(record.read_text())["rows"] == ROWS
-    for row in ROWS:
-        alone, together = tmp_path / "alone" / run_dir_name(row), tmp_path / "lockstep" / run_dir_name(row)
+    assert sorted(json.loads(record.read_text())["runs"]) == sorted(names)
+    for name, row in zip(names, ROWS + ROWS[:1]):
+        alone, together = tmp_path / "alone" / name, tmp_path / "lockstep" / name
         a, b = _values(alone), _values(together)
-        assert len(a) == len(b) == 2 and a == b, row
-        assert any(r["train/policy_grad_norm"] > 0 for r in a), row          # the policy did move
+        assert len(a) == len(b) == 2 and a == b, name
+        assert any(r["train/policy_grad_norm"] > 0 for r in a), name         # the policy did move
         rec = json.loads((together / "run.json").read_text())
         assert rec["row"] == row and rec["lockstep_rows"] == ROWS and rec["last"] is not None
+    # the replica sampled differently from the row it replicates (same prompts, another sampling seed)
+    assert _values(tmp_path / "alone" / replica) != _values(tmp_path / "alone" / names[0])
+
+
+def test_replica_seeds_are_checked(tmp_path, profile_file, capsys):
+    with pytest.raises(SystemExit):
+        lockstep.main(["--artifact", "table1", "--rows", ROWS[0], "--profile", str(profile_file),
+                       "--out-root", str(tmp_path), "--replica-seeds", "1,x"])
+    assert "--replica-seeds '1,x' is invalid" in capsys.readouterr().err
 
 
 def test_rotated_order():
