@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.profiler import record_function as phase  # named ranges for torch.profiler (studies/rl_profile)
 
 from kernels.attention.sdpa_choice import no_cudnn_sdpa
 from repro.core.specs import DraftSpec, GRPOSpec
@@ -143,13 +144,13 @@ class JointUpdate:
         kept = [] if self._defers_draft(mb) else None    # the microbatches' detached taps and logits
         for s in range(0, B, mb):
             sl = slice(s, min(B, s + mb))
-            with amp, no_cudnn_sdpa(dev):       # every batch brings new lengths (see kernels.attention.sdpa_choice)
+            with amp, no_cudnn_sdpa(dev), phase("update.policy_forward"):   # no cuDNN: new lengths every batch
                 loss, total, logp, st, d_mb = self._microbatch(ids, att, mask, old, adv, sl, n_tok, temperature,
                                                                gen, lam, B, kept)
             if d_mb is not None:
                 draft_time += d_mb[0]
                 d_loss += d_mb[1]
-            with no_cudnn_sdpa(dev):
+            with no_cudnn_sdpa(dev), phase("update.policy_backward"):
                 total.backward()
             p_loss += float(loss.detach())
             clip += float(st["clip_frac"])
@@ -157,17 +158,18 @@ class JointUpdate:
             kl_num += train_inference_kl(logp.detach(), old[sl], mask[sl]) * float(mask[sl].sum()) \
                 if float(mask[sl].sum()) else 0.0
         if kept is not None:
-            with no_cudnn_sdpa(dev):
+            with no_cudnn_sdpa(dev), phase("update.draft"):
                 draft_time, d_loss = self._deferred_draft(kept, ids, mask, gen, lam, B, amp)
-        p_norm = float(torch.nn.utils.clip_grad_norm_(self.policy_params, self.grpo.max_grad_norm))
-        d_norm = 0.0
-        if self.draft_params:
-            d_norm = float(torch.nn.utils.clip_grad_norm_(self.draft_params, self.draft_spec.max_grad_norm))
-        set_draft_lr(self.optimizer, self.draft_spec)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+        with phase("update.clip_and_step"):
+            p_norm = float(torch.nn.utils.clip_grad_norm_(self.policy_params, self.grpo.max_grad_norm))
+            d_norm = 0.0
+            if self.draft_params:
+                d_norm = float(torch.nn.utils.clip_grad_norm_(self.draft_params, self.draft_spec.max_grad_norm))
+            set_draft_lr(self.optimizer, self.draft_spec)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
         return UpdateStats(policy_loss=p_loss, draft_loss=d_loss, policy_grad_norm=p_norm, draft_grad_norm=d_norm,
                            train_inference_kl=kl_num / n_tok, clip_frac=clip / n_tok,
                            update_time_s=time.perf_counter() - t0, draft_time_s=draft_time,

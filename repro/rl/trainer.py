@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from torch.profiler import record_function as phase  # named ranges for torch.profiler (studies/rl_profile)
 
 from repro.core.handoffs import rollout_engine
 from repro.core.progress import Progress
@@ -208,14 +209,17 @@ class CoTrainer:
     def train_step(self, step: int) -> tuple[dict[str, float], RolloutBatch, UpdateStats]:
         graphs0 = _compiled_graphs()
         t0, c0 = time.perf_counter(), time.process_time()
-        batch = self.rollout(step)
+        with phase("step.rollout"):
+            batch = self.rollout(step)
         c1 = time.process_time()
         adv = group_advantages(batch.rewards, self.cfg.grpo.generations_per_prompt, self.cfg.grpo.normalize_std)
         allocs0 = _device_alloc_calls()
-        stats = self.update.step(batch, adv, anchor_seed=self.cfg.rollout_seed * 7919 + step,
-                                 temperature=self.cfg.grpo.temperature)
+        with phase("step.update"):
+            stats = self.update.step(batch, adv, anchor_seed=self.cfg.rollout_seed * 7919 + step,
+                                     temperature=self.cfg.grpo.temperature)
         c2 = time.process_time()
-        push_s, _ = self.push()
+        with phase("step.push"):
+            push_s, _ = self.push()
         gc_s = self._manual_gc(step)
         step_time = time.perf_counter() - t0
         # CPU seconds of this process (plus the tools' latency, which is wall time by design): on a

@@ -1,0 +1,92 @@
+"""Where an RL step's time goes, per row: the rollout, the update's phases (the policy's forward and backward over
+its microbatches, the draft's deferred pass, clipping and the optimizer step) and the weight push, each as host
+time, device (kernel) time and kernel count from torch.profiler, for one step of each row after warm-up steps.
+
+The tables report a drafted row's update overhead over its no-draft row (Table 1 on one H100: 13-27% for the dense
+rows); this study says which phase holds it. Rows are built as ``repro.rl.run`` builds them (a profile's RL section,
+random init unless ``--warm-start`` names an SFT folder: the work per step is the same, the acceptance is not).
+Prints one table; the workflow's ``table1`` is where results come from.
+
+    PYTHONPATH=. python studies/rl_profile/step_phases.py --profile h200 --artifact table1 \
+        --rows "Qwen3-8B/no draft,Qwen3-8B/EAGLE-3,Qwen3-8B/DFlash" --warm-steps 3
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from repro.rl.run import build_row
+
+PHASES = ("step.rollout", "step.update", "update.policy_forward", "update.policy_backward", "update.draft",
+          "update.clip_and_step", "step.push")
+
+
+def phase_times(prof) -> dict[str, dict[str, float]]:
+    """{phase: host ms, device ms, kernels} of one profiled step: host time is the range's own span; device time
+    and kernels are those of the kernels launched inside it (matched through their launch's correlation id)."""
+    events = list(prof.events())
+    ranges = {name: [] for name in PHASES}
+    for e in events:
+        if e.name in ranges and e.device_type == torch.autograd.DeviceType.CPU:
+            ranges[e.name].append((e.time_range.start, e.time_range.end))
+    launches = {}                 # correlation id -> host start time of the launch
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith(("cudaLaunch", "cuLaunch",
+                                                                                 "cudaGraphLaunch")):
+            launches[e.correlation_id] = e.time_range.start
+    out = {}
+    for name, spans in ranges.items():
+        host = sum(b - a for a, b in spans) / 1e3
+        dev, n = 0.0, 0
+        for e in events:
+            if e.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            t = launches.get(e.correlation_id)
+            if t is not None and any(a <= t <= b for a, b in spans):
+                dev += e.device_time_total / 1e3
+                n += 1
+        out[name] = {"host_ms": host, "device_ms": dev, "kernels": n}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="cpu-tiny", help="profile name, or a path to a profile .yaml file")
+    ap.add_argument("--artifact", default="table1", choices=("table1", "table2", "fig3", "fig4"))
+    ap.add_argument("--rows", default="", help="comma-separated row labels (default: every row of the artifact)")
+    ap.add_argument("--warm-start", default="", help="SFT warm-start folder (repro.rl.sft); empty: random init")
+    ap.add_argument("--warm-steps", type=int, default=2, help="steps run before the profiled one (compiles, captures)")
+    args = ap.parse_args(argv)
+    if args.warm_steps < 1:
+        ap.error(f"--warm-steps {args.warm_steps} is invalid: expected at least 1 (the first step compiles)")
+    from repro.rl.config import load_run_profile
+    section = load_run_profile(args.profile).get(args.artifact) or {}
+    rows = [r.strip() for r in args.rows.split(",") if r.strip()] or list(section.get("rows", {}))
+    if not rows:
+        ap.error(f"profile {args.profile!r} has no {args.artifact} rows")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    print(f"{'row':<28} {'phase':<24} {'host ms':>9} {'device ms':>10} {'kernels':>8}")
+    for row in rows:
+        with tempfile.TemporaryDirectory() as out:
+            _, trainer, _ = build_row(args.profile, args.artifact, row, out=out, warm_start=args.warm_start)
+            try:
+                for step in range(args.warm_steps):
+                    trainer.train_step(step)
+                with profile(activities=activities) as prof:
+                    metrics, *_ = trainer.train_step(args.warm_steps)
+            finally:
+                trainer.close()
+        for name, t in phase_times(prof).items():
+            if t["host_ms"]:
+                print(f"{row:<28} {name:<24} {t['host_ms']:9.2f} {t['device_ms']:10.2f} {t['kernels']:8d}")
+        print(f"{row:<28} {'(as logged)':<24} update {metrics['train/update_time_s'] * 1e3:.1f} ms, draft's "
+              f"forward and loss {metrics.get('train/draft_time_s', 0.0) * 1e3:.1f} ms", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

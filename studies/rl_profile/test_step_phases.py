@@ -1,0 +1,20 @@
+"""studies/rl_profile: the phase table reads the named ranges the trainer and the joint update open."""
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from studies.rl_profile.step_phases import phase_times
+
+
+def test_phase_times_reads_each_named_range():
+    x = torch.randn(64, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("step.update"):
+            with record_function("update.policy_forward"):
+                for _ in range(20):
+                    x = x @ x.T / 64
+            with record_function("update.policy_backward"):
+                x = x + 1
+    t = phase_times(prof)
+    assert t["step.update"]["host_ms"] >= t["update.policy_forward"]["host_ms"] > 0
+    assert t["update.policy_backward"]["host_ms"] > 0
+    assert t["update.draft"]["host_ms"] == 0 and t["step.rollout"]["kernels"] == 0
