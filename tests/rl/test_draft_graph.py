@@ -5,7 +5,8 @@ padded to the length bucket, loss + autograd.grad, gradients added times the wei
 check everything but the capture itself: fp64 loss and gradients equal ``(w * draft_loss).backward()``
 with and without padding and with accumulation into existing gradients; in a co-training update the
 policy stays the baseline's bit for bit and the draft's update equals the eager deferred path's.
-The capture is checked on a GPU by ``python -m repro.rl.draft_graph --check``.
+The capture itself happens on a GPU only: the GPU profiles' RL runs record it (``train/graph_captures``), and a
+failed capture logs a warning in the job's log and runs the step eagerly (``repro.decoding.cuda_graph``).
 
     .venv/bin/python -m pytest -q tests/rl/test_draft_graph.py
 """
