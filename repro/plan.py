@@ -204,15 +204,16 @@ class Plan:
         groups = self._lockstep_groups(a)
         markers = []
         in_group = {r for g in groups.values() for r in g}
-        # a lockstep group whose first row is the baseline trains its seed replicas too: one process's compilations
-        heads = {g[0] for g in groups.values()}
-        replicas = {h: [k for r, k in runs.values() if r == h and k is not None] for h in heads}
         for policy, group in groups.items():
-            markers.append(self._lockstep_job(a, policy, group, replicas[group[0]]))
+            markers.append(self._lockstep_job(a, policy, group))
+            # the baseline's seed replicas in one more lockstep process (one process's compilations instead of one
+            # per replica; a process of its own keeps the rows held on one device at the group's size)
+            seeds = [f"{r}@{k}" for r, k in runs.values() if k is not None and r in group]
+            if seeds:
+                markers.append(self._lockstep_job(a, f"{policy}_seeds", seeds, sft_policy=policy))
         for run, (row, sampling) in runs.items():
-            if row in in_group and (sampling is None or row in heads):
-                continue
-            markers.append(self._row_job(a, run, row, sampling))
+            if row not in in_group:
+                markers.append(self._row_job(a, run, row, sampling))
         summary = f"{self.runs}/{a}/summary/summary.json"
         self._add(Job("summary", a, (summary,), f"{self.runs}/{a}/summary.log",
                       self._py("repro.rl.summary", "--artifact", a, "--profile", shlex.quote(self.profile_arg),
@@ -308,19 +309,20 @@ class Plan:
                       settings=_digest([self._row_settings(a, row), sampling]), what=f"{a} {row}"))
         return out
 
-    def _lockstep_job(self, a: str, policy: str, rows: list[str], replica_seeds: list[int]) -> str:
-        sft = self._sft(a, policy)
-        out = f"{self.runs}/{a}/lockstep_{policy}.json"
-        seeds = ["--replica-seeds", ",".join(map(str, replica_seeds))] if replica_seeds else []
+    def _lockstep_job(self, a: str, name: str, rows: list[str], sft_policy: str | None = None) -> str:
+        """One repro.rl.lockstep job over ``rows`` (labels, or label@k for a sampling-seed replica)."""
+        sft = self._sft(a, sft_policy or name)
+        out = f"{self.runs}/{a}/lockstep_{name}.json"
         cmd = self._py("repro.rl.lockstep", "--artifact", a, "--rows", shlex.quote(",".join(rows)), "--profile",
                        shlex.quote(self.profile_arg), "--warm-start", sft.rsplit("/", 1)[0], "--out-root",
-                       f"{self.runs}/{a}", "--seed", str(self.seed), *seeds, "--threads", "1", "--record", out,
+                       f"{self.runs}/{a}", "--seed", str(self.seed), "--threads", "1", "--record", out,
                        "--restart-on-config-change")
-        settings = [self._row_settings(a, r) for r in rows] + ([replica_seeds] if replica_seeds else [])
-        self._add(Job("lockstep", a, (out,), f"{self.runs}/{a}/lockstep_{policy}.log", cmd, inputs=(sft,),
+        settings = [[self._row_settings(a, r.rpartition("@")[0]), r] if "@" in r else self._row_settings(a, r)
+                    for r in rows]
+        self._add(Job("lockstep", a, (out,), f"{self.runs}/{a}/lockstep_{name}.log", cmd, inputs=(sft,),
                       gpus=int(self.gpu), settings=_digest(settings),
-                      what=f"{a} rows of {policy} in lockstep" + (" with the baseline's seed replicas"
-                                                                  if replica_seeds else "")))
+                      what=f"{a} rows of {sft_policy or name} in lockstep"
+                           + (" (the baseline's seed replicas)" if sft_policy else "")))
         return out
 
     def gpus_per_node(self) -> int:

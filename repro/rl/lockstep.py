@@ -8,14 +8,14 @@ same drift (the order rotates each step) and the same process state, so a row's 
 cost of its draft. Each row still trains exactly as alone (its own models, optimizers, seeds and run folder:
 metrics.jsonl, checkpoints, run.json as ``repro.rl.run`` writes them; tests/rl/test_lockstep.py checks a lockstep
 row's values equal its separate run's), resumes from its own last checkpoint, and runs its probe (``pp_probe``) after
-the last step. ``--replica-seeds`` adds the baseline row's sampling-seed replicas (profile key ``baseline_seeds``) to
-the same process: each trains as its separate ``repro.rl.run --sampling-seed k`` would, into its own folder, and the
-process compiles and captures once for all of them.
+the last step. A row written ``label@k`` is the row's sampling-seed replica k (profile key ``baseline_seeds``):
+it trains as its separate ``repro.rl.run --sampling-seed k`` would, into ``<row folder>_sampling<k>``.
 
     python -m repro.rl.lockstep --artifact table1 --profile cpu-tiny --warm-start <sft folder> \\
         --rows "Qwen3-8B/no draft,Qwen3-8B/DFlash" --out-root /tmp/lockstep/table1
     (each row in <out-root>/<run_dir_name(row)>, as the workflow names them; an artifact section with
-    ``lockstep: true`` makes the workflow run its rows this way, one job per policy)
+    ``lockstep: true`` makes the workflow run its rows this way, one job per policy, and the baseline's seed
+    replicas, ``--rows "no draft@1,no draft@2"``, in one more)
 """
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def rotated(items: list, k: int) -> list:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--artifact", required=True, choices=ARTIFACTS)
-    ap.add_argument("--rows", required=True, help="comma-separated row labels (keys of <artifact>.rows)")
+    ap.add_argument("--rows", required=True, help="comma-separated row labels (keys of <artifact>.rows); label@k: "
+                    "the row with sampling seed k (its prompts stay --seed's), into <row folder>_sampling<k>")
     ap.add_argument("--profile", default="cpu-tiny", help="profile name, or a path to a profile .yaml file")
     ap.add_argument("--engine", choices=ENGINES, default=None)
     ap.add_argument("--checkpoint-root", default="")
@@ -52,8 +53,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--restart-on-config-change", action="store_true", help=RESTART_HELP)
-    ap.add_argument("--replica-seeds", default="", help="comma-separated sampling seeds: the first of --rows again "
-                    "with each (its prompts stay --seed's), into <out-root>/<row folder>_sampling<k>")
     ap.add_argument("--record", default="", help="JSON file written last (atomically): the rows and their run "
                     "folders (the workflow's marker that the lockstep job finished)")
     args = ap.parse_args(argv)
@@ -62,15 +61,15 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--rows names no row: {args.rows!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:
-        seeds = list(dict.fromkeys(int(k) for k in args.replica_seeds.split(",") if k.strip()))
-    except ValueError:
-        ap.error(f"--replica-seeds {args.replica_seeds!r} is invalid: expected comma-separated integers >= 0")
-    if any(k < 0 for k in seeds):
-        ap.error(f"--replica-seeds {args.replica_seeds!r} is invalid: expected integers >= 0")
-    # (run folder name, row, sampling seed): the rows, then the first row's replicas
-    plan = [(run_dir_name(r), r, None) for r in rows]
-    plan += [(replica_run_name(run_dir_name(rows[0]), k), rows[0], k) for k in seeds if k != args.seed]
+    plan = []            # (run folder name, row, sampling seed)
+    for entry in rows:
+        row, at, k = entry.rpartition("@")
+        if not at:
+            plan.append((run_dir_name(entry), entry, None))
+        elif row and k.isdigit():
+            plan.append((replica_run_name(run_dir_name(row), int(k)), row, int(k)))
+        else:
+            ap.error(f"--rows entry {entry!r} is invalid: expected a row label, or label@k with k an integer >= 0")
     runs = []            # (name, profile, trainer, first step to run); every config checked before any training
     try:
         for name, row, sampling in plan:

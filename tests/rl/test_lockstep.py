@@ -48,11 +48,11 @@ def test_lockstep_rows_equal_their_separate_runs(tmp_path, profile_file, varied_
     assert run.main(["--artifact", "table1", "--row", ROWS[0], "--profile", str(profile_file), "--sampling-seed", "1",
                      "--out", str(tmp_path / "alone" / replica)]) == 0
     record = tmp_path / "lockstep_dense.json"
-    assert lockstep.main(["--artifact", "table1", "--rows", ",".join(ROWS), "--profile", str(profile_file),
-                          "--out-root", str(tmp_path / "lockstep"), "--replica-seeds", "1",
-                          "--record", str(record)]) == 0
+    entries = ROWS + [f"{ROWS[0]}@1"]
+    assert lockstep.main(["--artifact", "table1", "--rows", ",".join(entries), "--profile", str(profile_file),
+                          "--out-root", str(tmp_path / "lockstep"), "--record", str(record)]) == 0
     names = [run_dir_name(r) for r in ROWS] + [replica]
-    assert json.loads(record.read_text())["rows"] == ROWS
+    assert json.loads(record.read_text())["rows"] == entries
     assert sorted(json.loads(record.read_text())["runs"]) == sorted(names)
     for name, row in zip(names, ROWS + ROWS[:1]):
         alone, together = tmp_path / "alone" / name, tmp_path / "lockstep" / name
@@ -60,16 +60,18 @@ def test_lockstep_rows_equal_their_separate_runs(tmp_path, profile_file, varied_
         assert len(a) == len(b) == 2 and a == b, name
         assert any(r["train/policy_grad_norm"] > 0 for r in a), name         # the policy did move
         rec = json.loads((together / "run.json").read_text())
-        assert rec["row"] == row and rec["lockstep_rows"] == ROWS and rec["last"] is not None
+        assert rec["row"] == row and rec["lockstep_rows"] == entries and rec["last"] is not None
     # the replica sampled differently from the row it replicates (same prompts, another sampling seed)
     assert _values(tmp_path / "alone" / replica) != _values(tmp_path / "alone" / names[0])
 
 
-def test_replica_seeds_are_checked(tmp_path, profile_file, capsys):
+@pytest.mark.parametrize("entry", ["no draft@x", "no draft@", "@1", "no draft@-1"])
+def test_bad_replica_entries_are_refused(tmp_path, profile_file, capsys, entry):
     with pytest.raises(SystemExit):
-        lockstep.main(["--artifact", "table1", "--rows", ROWS[0], "--profile", str(profile_file),
-                       "--out-root", str(tmp_path), "--replica-seeds", "1,x"])
-    assert "--replica-seeds '1,x' is invalid" in capsys.readouterr().err
+        lockstep.main(["--artifact", "table1", "--rows", entry, "--profile", str(profile_file),
+                       "--out-root", str(tmp_path / "out")])
+    assert f"--rows entry {entry!r} is invalid" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_rotated_order():

@@ -111,12 +111,14 @@ def test_lockstep_sections_plan_one_job_per_policy():
 
 
 def test_lockstep_sections_train_the_baseline_seed_replicas_in_their_process():
-    # h200's fig3 runs in lockstep and asks for baseline_seeds [1, 2, 3, 4]: the replicas join the no-draft row's
-    # lockstep job (one process's compilations) instead of a process each
+    # h200's fig3 runs in lockstep and asks for baseline_seeds [1, 2, 3, 4]: the replicas train in one more lockstep
+    # job (one process's compilations) instead of a process each
     jobs = [j for j in Plan(load_profile_model("h200"), {}, machine="m").jobs.values() if j.artifact == "fig3"]
-    lock = [j.cmd for j in jobs if j.kind == "lockstep"]
-    assert len(lock) == 1 and not [j for j in jobs if j.kind == "rl"], [j.cmd for j in jobs]
-    assert re.search(r"--rows 'no draft,EAGLE-3,DFlash,DSpark' .*--replica-seeds 1,2,3,4 ", lock[0]), lock
+    lock = sorted(j.cmd for j in jobs if j.kind == "lockstep")
+    assert len(lock) == 2 and not [j for j in jobs if j.kind == "rl"], [j.cmd for j in jobs]
+    assert re.search(r"--rows 'no draft,EAGLE-3,DFlash,DSpark' .*--record \S+/fig3/lockstep_dense\.json", lock[0])
+    assert re.search(r"--rows 'no draft@1,no draft@2,no draft@3,no draft@4' .*--warm-start \S+/sft/dense-math "
+                     r".*--record \S+/fig3/lockstep_dense_seeds\.json", lock[1]), lock
 
 
 def test_a_profile_edit_reruns_only_the_jobs_that_read_it():
