@@ -125,8 +125,8 @@ class DraftSpec:
     # Larger: the microbatches' detached taps are kept and the draft runs after the policy's backward over
     # chunks of this many rows (fewer, larger draft calls: the draft's host cost per update falls).
     microbatch: StrictInt = 0
-    # The block drafts' deferred training step (loss + backward) replayed as a CUDA graph per batch shape
-    # (repro.rl.draft_graph); needs microbatch > grpo.microbatch. Eager on CPU.
+    # The draft's deferred training step (loss + backward, on its padded route) replayed as a CUDA graph per batch
+    # shape (repro.rl.draft_graph); needs microbatch > grpo.microbatch. Eager on CPU.
     cuda_graph: StrictBool = False
     # The draft group's learning rate rises linearly over its first this many updates (0: constant). Adam's first
     # step moves every parameter by about lr whatever the gradient's size, which undoes much of a warm-started
@@ -147,8 +147,6 @@ class DraftSpec:
         _check(isinstance(self.lr_warmup_steps, int) and not isinstance(self.lr_warmup_steps, bool)
                and self.lr_warmup_steps >= 0, f"{key}.lr_warmup_steps", self.lr_warmup_steps,
                "an integer >= 0 (0: no warm-up)")
-        _check(not self.cuda_graph or self.family in ("dflash", "dspark"), f"{key}.cuda_graph", self.cuda_graph,
-               f"false for family {self.family!r} (only the block drafts dflash and dspark graph their training step)")
         self._validate_options(key)
         if self.checkpoint:
             self._validate_checkpoint(key, paths)

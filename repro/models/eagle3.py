@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import dense_attention, eagle3_ttt_attention, eagle3_ttt_mask
+from kernels.attention.padded_ttt import padded_ttt_attention, padded_ttt_mask
 from repro.decoding.kv import SlotTable
 from repro.decoding.sampling import probs_from_logits, proposal_noise, sample_with_noise
 from repro.decoding.static_kv import StaticKV, StaticProposerState
@@ -48,7 +49,7 @@ from repro.models.taps import TapSpec, TapSpecFromConfig
 from repro.models.vocab import check_vocab_maps, draft_to_target_ids, full_draft_vocab
 from repro.parallel.cp_batch import PackedShard
 
-ATTN_IMPLS = ("kernels", "dense")
+ATTN_IMPLS = ("kernels", "dense", "padded")
 
 
 @dataclass
@@ -187,6 +188,10 @@ class Eagle3Draft(TapSpecFromConfig, nn.Module):
             raise ValueError(f"attn_impl {attn_impl!r} is not one of {ATTN_IMPLS}")
         B, S = input_ids.shape
         dev = input_ids.device
+        if attn_impl == "padded":
+            if cp is not None:
+                raise ValueError("attn_impl 'padded' has no CP path: expected 'kernels' with a PackedShard")
+            return self._ttt_forward_padded(input_ids, taps)
         group = None
         if cp is None:
             if taps.shape[:2] != (B, S):
@@ -220,6 +225,26 @@ class Eagle3Draft(TapSpecFromConfig, nn.Module):
             out.append(self.logits(g).view(B, S, -1) if cp is None else self.logits(g))
         return out
 
+    def _ttt_forward_padded(self, input_ids: torch.Tensor, taps: torch.Tensor) -> list[torch.Tensor]:
+        """``ttt_forward`` of a right-padded batch with each pass's attention one masked SDPA over its rows
+        (kernels.attention.padded_ttt): no host work, so the RL update's training step can replay as a CUDA
+        graph (repro.rl.draft_graph)."""
+        B, S = input_ids.shape
+        if taps.shape[:2] != (B, S):
+            raise ValueError(f"taps are {tuple(taps.shape[:2])}, expected [batch, seq] = {(B, S)}")
+        pos = torch.arange(S, device=input_ids.device)
+        mask = [padded_ttt_mask(S, k, input_ids.device) for k in range(self.cfg.ttt_steps)]
+        g = self.fuse(taps)                                              # [B, S, H]
+        ks, vs, out = [], [], []
+        for k in range(self.cfg.ttt_steps):
+            e = self.embed_tokens(F.pad(input_ids[:, k + 1:], (0, k + 1))).to(g.dtype)   # x_{i+k+1}
+            q, kk, v = self.qkv(e, g, pos + k)
+            ks.append(kk)
+            vs.append(v)
+            g = self.finish(g, padded_ttt_attention(q, ks, vs, mask=mask[k]))
+            out.append(self.logits(g))
+        return out
+
     def ttt_loss(self, input_ids, taps, policy_logits, loss_mask, attn_impl: str = "kernels",
                  backend: str = "auto", cp: PackedShard | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Weighted sum over passes of the masked soft cross-entropy; also returns the per-pass losses.
@@ -234,7 +259,8 @@ class Eagle3Draft(TapSpecFromConfig, nn.Module):
                              f"{(B, S, self.cfg.vocab_size)}")
         acc = torch.promote_types(policy_logits.dtype, torch.float32)     # fp32, or fp64 in the oracle
         teacher = policy_logits.detach().to(acc)
-        target_p = torch.softmax(teacher[..., self.t2d], dim=-1)                       # [B, S, Vd]
+        # the draft vocabulary's columns by index, not by the bool mask t2d: no host sync (CUDA-graph safe)
+        target_p = torch.softmax(teacher.index_select(-1, draft_to_target_ids(self.d2t)), dim=-1)    # [B, S, Vd]
         in_vocab = self.t2d[teacher.argmax(-1)].float()
         mask = loss_mask.float() * in_vocab
         per_pass = []
@@ -259,7 +285,7 @@ class Eagle3Draft(TapSpecFromConfig, nn.Module):
         teacher = teacher.detach().to(acc)
         # the teacher of pass k at (b, t) sits at (b, t + k + 1), maybe on another rank: ship the
         # renormalised draft-vocabulary target and the in-vocabulary flag of those rows
-        here = torch.cat([torch.softmax(teacher[..., self.t2d], dim=-1),
+        here = torch.cat([torch.softmax(teacher.index_select(-1, draft_to_target_ids(self.d2t)), dim=-1),
                           self.t2d[teacher.argmax(-1)].to(acc)[:, None]], dim=-1)
         b = cp.b.repeat(K)
         t = torch.cat([torch.where(cp.real, cp.t + k + 1, cp.t) for k in range(K)])

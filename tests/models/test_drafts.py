@@ -64,8 +64,7 @@ def test_loss_and_grads_match_fp64_dense_reference(policy64, family):
     anchors[0, 0], valid[0, 0] = 4, True                     # an anchor at the start of the response
     valid[1, -1] = False                                     # and a padded (invalid) block
     grads = {}
-    impls = ("kernels", "dense") if family == "eagle3" else ("kernels", "dense", "padded")
-    for impl in impls:
+    for impl in ("kernels", "dense", "padded"):
         d.zero_grad(set_to_none=True)
         loss = loss_of(family, d, feats, batch, anchors, valid, impl)
         loss.backward()
@@ -76,12 +75,11 @@ def test_loss_and_grads_match_fp64_dense_reference(policy64, family):
     assert gk.keys() == gd.keys() and len(gk) > 5
     for n in gk:
         torch.testing.assert_close(gk[n], gd[n], rtol=0, atol=1e-10, msg=n)
-    if "padded" in grads:                                    # the one-SDPA route of right-padded RL batches
-        lp, gp = grads["padded"]
-        torch.testing.assert_close(lp, ld, rtol=0, atol=1e-10)
-        assert gp.keys() == gd.keys()
-        for n in gp:
-            torch.testing.assert_close(gp[n], gd[n], rtol=0, atol=1e-10, msg=n)
+    lp, gp = grads["padded"]                                 # the one-SDPA route of right-padded RL batches
+    torch.testing.assert_close(lp, ld, rtol=0, atol=1e-10)
+    assert gp.keys() == gd.keys()
+    for n in gp:
+        torch.testing.assert_close(gp[n], gd[n], rtol=0, atol=1e-10, msg=n)
 
 
 @pytest.mark.timeout(60)
@@ -270,3 +268,13 @@ def test_sample_anchors_is_a_uniform_subset_of_the_candidates():
     for r, cand, p in ((0, range(2, 10), 0.5), (1, range(5, 11), 4 / 6), (2, range(3, 5), 1.0)):
         freq = counts[r, list(cand)] / draws
         assert torch.all((freq - p).abs() < 0.05), (r, freq)
+
+
+def test_eagle3_draft_columns_by_index_equal_the_vocabulary_mask():
+    """The TTT loss picks the draft vocabulary's columns with an index (no host sync, CUDA-graph safe): the same
+    columns, in the same order, as the bool mask t2d."""
+    from repro.models.vocab import build_draft_vocab, draft_to_target_ids
+    counts = torch.randint(0, 100, (512,), generator=torch.Generator().manual_seed(0)).float()
+    d2t, t2d = build_draft_vocab(counts, 128)
+    x = torch.randn(3, 5, 512)
+    assert torch.equal(x.index_select(-1, draft_to_target_ids(d2t)), x[..., t2d])
