@@ -16,6 +16,8 @@ fp64, computed from the same (rounded) inputs, as max |x - oracle| / max |oracle
               through block_draft_attention; flash4 also as prefix_full[flash4] and the one-call route
     padded    the drafts' right-padded block attention: SDPA default / deterministic / math, and flash4's call
               (how far two backward passes of the same inputs differ is recorded beside it)
+    padded_ttt  EAGLE-3's right-padded TTT passes 2 and 3 (one masked SDPA each, the graphed training step's route):
+              SDPA default / deterministic / math
     ring      the same trunk/TTT/block cases through a process group (kernels.launch.spawn) of 1 rank and, where
               there are enough devices (CPU: gloo), of 2 ranks
 Rows without keys must come back as out = 0 and lse = -inf exactly (an lse of another sign or a NaN fails).
@@ -41,7 +43,7 @@ import torch
 
 from kernels.attention import backends
 from kernels.attention.merge import merge
-from kernels.attention.reference import block_mask, dense_attention
+from kernels.attention.reference import block_mask, dense_attention, eagle3_ttt_mask
 from kernels.attention.selfcheck import (
     Case,
     case_inputs,
@@ -216,6 +218,66 @@ def check_padded(p: dict, cfg: dict, mode: str, oracles: dict) -> dict:
     return {**{("d" + n if n != "out" else n): e for n, e in worst.items()}, "rerun_max_abs_diff": spread}
 
 
+def padded_ttt_case(p: dict, cfg: dict, length: int, passes: int, seed: int) -> dict:
+    """Pass ``passes``' queries and the keys/values of passes 0..passes over ``rows`` right-padded rows."""
+    g = torch.Generator().manual_seed(seed)
+    R, H, G, D = p["rows"], cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
+    dt = getattr(torch, cfg["dtype"])
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dt).double()
+    return {"q": r(R, length, H, D), **{f"k{i}": r(R, length, G, D) for i in range(passes + 1)},
+            **{f"v{i}": r(R, length, G, D) for i in range(passes + 1)}, "grad_out": r(R, length, H, D)}
+
+
+def _ttt_leaves(case: dict) -> list[str]:
+    return [n for n in case if n != "grad_out"]
+
+
+def _passes(case: dict) -> int:
+    """The branch passes of a padded TTT case (its keys are passes 0..P)."""
+    return sum(n.startswith("k") for n in case) - 1
+
+
+def padded_ttt_oracle(case: dict, device) -> dict:
+    """Output and gradients row by row from the fp64 dense oracle and its TTT mask."""
+    leaves = {n: case[n].to(device, copy=True).requires_grad_(True) for n in _ttt_leaves(case)}
+    P, (R, L) = _passes(case), case["q"].shape[:2]
+    mask = eagle3_ttt_mask(torch.tensor([0, L]), P).to(device)
+    outs = [dense_attention(leaves["q"][r], torch.cat([leaves[f"k{i}"][r] for i in range(P + 1)]),
+                            torch.cat([leaves[f"v{i}"][r] for i in range(P + 1)]), mask,
+                            case["q"].shape[-1] ** -0.5)[0] for r in range(R)]
+    out = torch.stack(outs)
+    out.backward(case["grad_out"].to(device))
+    return {"out": out.detach(), **{n: leaves[n].grad for n in leaves}}
+
+
+def run_padded_ttt(case: dict, mode: str, dtype: torch.dtype, device) -> dict:
+    """kernels.attention.padded_ttt under SDPA ``mode`` ("default", "deterministic" or "math")."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from kernels.attention.padded_ttt import padded_ttt_attention
+    from repro.rl.sft import deterministic_algorithms
+    leaves = {n: case[n].to(device, dtype, copy=True).requires_grad_(True) for n in _ttt_leaves(case)}
+    P = _passes(case)
+    ctx = sdpa_kernel([SDPBackend.MATH]) if mode == "math" else contextlib.nullcontext()
+    with deterministic_algorithms(mode == "deterministic"), ctx:
+        out = padded_ttt_attention(leaves["q"], [leaves[f"k{i}"] for i in range(P + 1)],
+                                   [leaves[f"v{i}"] for i in range(P + 1)])
+        out.backward(case["grad_out"].to(device, dtype))
+    return {"out": out.detach(), **{n: leaves[n].grad for n in leaves}}
+
+
+def check_padded_ttt(p: dict, cfg: dict, mode: str) -> dict:
+    dev, dt = torch.device(cfg["device"]), getattr(torch, cfg["dtype"])
+    worst = {}
+    for i, (length, passes) in enumerate(itertools.product(p["lengths"], (1, 2))):
+        case = padded_ttt_case(p, cfg, length, passes, seed=100 + i)
+        ref, got = padded_ttt_oracle(case, dev), run_padded_ttt(case, mode, dt, dev)
+        for n, x in ref.items():
+            key = f"ttt{passes + 1}." + (n if n == "out" else "d" + n)
+            worst[key] = max(worst.get(key, 0.0), rel(got[n], x))
+    return worst
+
+
 def check_ring(world: int, cases: dict, backend: str) -> dict:
     import dataclasses
 
@@ -310,6 +372,11 @@ def run_check(profile: str, cfg: dict, only: set | None = None) -> dict:
         for mode in modes:
             row("padded", "flash4" if mode == "flash4" else f"sdpa:{mode}", f"{len(p['lengths'])} lengths",
                 lambda mode=mode: check_padded(p, cfg, mode, oracles))
+    if want("padded_ttt"):
+        p = cfg["padded"]
+        for mode in p["modes"]:
+            row("padded_ttt", f"sdpa:{mode}", f"{len(p['lengths'])} lengths",
+                lambda mode=mode: check_padded_ttt(p, cfg, mode))
     if want("ring"):
         ring_backend = "flash4" if "flash4" in names else (names[0] if names else "torch")
         n_dev = torch.cuda.device_count() if dev.type == "cuda" else 2
@@ -342,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", required=True, help="profile name, or a path to a profile .yaml file")
     ap.add_argument("--out", type=Path, required=True, help="folder for attention_check.json")
     ap.add_argument("--paths", default=None, help="comma list of paths to run (default all): kernel,trunk,ttt2,"
-                                                  "ttt3,block,padded,ring")
+                                                  "ttt3,block,padded,padded_ttt,ring")
     ap.add_argument("--backends", default=None, help="comma list overriding the profile's backends")
     ap.add_argument("--ring-world", default=None, help="comma list overriding the profile's process-group sizes")
     args = ap.parse_args(argv)
@@ -360,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"--backends {bad} are unknown: expected names from {backends.NAMES}")
     only = None if args.paths is None else {p for p in args.paths.split(",") if p}
-    known = {"kernel", "trunk", "ttt2", "ttt3", "block", "padded", "ring"}
+    known = {"kernel", "trunk", "ttt2", "ttt3", "block", "padded", "padded_ttt", "ring"}
     if only is not None and not only <= known:
         ap.error(f"--paths {sorted(only - known)} are unknown: expected some of {sorted(known)}")
     if cfg["device"] == "cuda" and not torch.cuda.is_available():

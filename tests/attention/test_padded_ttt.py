@@ -67,3 +67,16 @@ def test_mask_shape_and_bad_inputs_are_refused():
         padded_ttt_attention(q, ks, vs, mask=padded_ttt_mask(4, 2))
     with pytest.raises(ValueError, match="seq_len"):
         padded_ttt_mask(0, 1)
+
+
+def test_the_attention_check_runs_the_padded_ttt_route_against_the_oracle(tmp_path):
+    import json
+
+    from repro.bench import attention_check as ac
+    assert ac.main(["--profile", "cpu-tiny", "--out", str(tmp_path), "--paths", "padded_ttt"]) == 0
+    rows = json.loads((tmp_path / "attention_check.json").read_text())["rows"]
+    rows = [r for r in rows if r["path"] == "padded_ttt"]
+    assert {r["backend"] for r in rows} == {"sdpa:default", "sdpa:math"}
+    for r in rows:
+        assert r["status"] == "PASS" and {"ttt2.out", "ttt3.out", "ttt3.dk2", "ttt3.dv0"} <= set(r["err"])
+        assert 0 < r["worst"] < 1e-4                  # float32 against fp64: rounding, not zero
