@@ -82,15 +82,20 @@ def test_step_equals_eager_loss_and_backward(policy64, family, bucket):
 
 
 @pytest.mark.timeout(60)
-def test_step_under_autocast_equals_eager_autocast(policy64):
+@pytest.mark.parametrize("family", ["dspark", "eagle3"])
+def test_step_under_autocast_equals_eager_autocast(policy64, family):
     """bf16 autocast (the GPU profiles' update) is a setting of the call: same loss and grads as the eager
-    loss under the same autocast."""
-    d, feats, batch = _draft_and_batch(policy64, "dspark")
+    loss (on the same padded route) under the same autocast."""
+    d, feats, batch = _draft_and_batch(policy64, family)
     d = d.float()
     taps = feats.concat(d.tap_layers).float()
     logits = batch.policy_logits.float()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        eager = d.loss(batch.input_ids, taps, logits, batch.loss_mask, generator=torch.Generator().manual_seed(3))[0]
+        if family == "eagle3":
+            eager = d.ttt_loss(batch.input_ids, taps, logits, batch.loss_mask, attn_impl="padded")[0]
+        else:
+            eager = d.loss(batch.input_ids, taps, logits, batch.loss_mask,
+                           generator=torch.Generator().manual_seed(3))[0]
     eager.backward()
     want = _grads(d)
     step = DraftTrainStep(d, cuda_graphs=True)
