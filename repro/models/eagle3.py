@@ -245,6 +245,11 @@ class Eagle3Draft(TapSpecFromConfig, nn.Module):
             out.append(self.logits(g))
         return out
 
+    def _draft_vocab_probs(self, teacher: torch.Tensor) -> torch.Tensor:
+        """The teacher's softmax over the draft vocabulary's columns, taken by index rather than by the bool mask
+        ``t2d`` (same columns, same order; no host sync, so CUDA-graph safe)."""
+        return torch.softmax(teacher.index_select(-1, draft_to_target_ids(self.d2t)), dim=-1)
+
     def ttt_loss(self, input_ids, taps, policy_logits, loss_mask, attn_impl: str = "kernels",
                  backend: str = "auto", cp: PackedShard | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Weighted sum over passes of the masked soft cross-entropy; also returns the per-pass losses.
@@ -259,8 +264,7 @@ class Eagle3Draft(TapSpecFromConfig, nn.Module):
                              f"{(B, S, self.cfg.vocab_size)}")
         acc = torch.promote_types(policy_logits.dtype, torch.float32)     # fp32, or fp64 in the oracle
         teacher = policy_logits.detach().to(acc)
-        # the draft vocabulary's columns by index, not by the bool mask t2d: no host sync (CUDA-graph safe)
-        target_p = torch.softmax(teacher.index_select(-1, draft_to_target_ids(self.d2t)), dim=-1)    # [B, S, Vd]
+        target_p = self._draft_vocab_probs(teacher)                                     # [B, S, Vd]
         in_vocab = self.t2d[teacher.argmax(-1)].float()
         mask = loss_mask.float() * in_vocab
         per_pass = []
@@ -285,7 +289,7 @@ class Eagle3Draft(TapSpecFromConfig, nn.Module):
         teacher = teacher.detach().to(acc)
         # the teacher of pass k at (b, t) sits at (b, t + k + 1), maybe on another rank: ship the
         # renormalised draft-vocabulary target and the in-vocabulary flag of those rows
-        here = torch.cat([torch.softmax(teacher.index_select(-1, draft_to_target_ids(self.d2t)), dim=-1),
+        here = torch.cat([self._draft_vocab_probs(teacher),
                           self.t2d[teacher.argmax(-1)].to(acc)[:, None]], dim=-1)
         b = cp.b.repeat(K)
         t = torch.cat([torch.where(cp.real, cp.t + k + 1, cp.t) for k in range(K)])

@@ -105,9 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise errors[0]
         for name, prof, trainer, _ in runs:
             run_probes(prof, trainer, logs[name])
-    names = [name for name, *_ in runs]
     for name, _, trainer, first in runs:
-        write_run_record(trainer, first, logged[name], lockstep_rows=rows, lockstep_runs=names)
+        write_run_record(trainer, first, logged[name], lockstep_rows=rows)
     if args.record:
         write_json_atomic(args.record, {"artifact": args.artifact, "rows": rows,
                                         "runs": {name: t.cfg.out for name, _, t, _ in runs}})

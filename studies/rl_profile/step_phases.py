@@ -19,6 +19,7 @@ import tempfile
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from repro.rl.config import load_run_profile
 from repro.rl.run import build_row
 
 PHASES = ("step.rollout", "step.update", "update.policy_forward", "update.policy_backward", "update.draft",
@@ -38,18 +39,13 @@ def phase_times(prof) -> dict[str, dict[str, float]]:
         if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith(("cudaLaunch", "cuLaunch",
                                                                                  "cudaGraphLaunch")):
             launches[e.correlation_id] = e.time_range.start
+    kernels = [(launches[e.correlation_id], e.device_time_total / 1e3) for e in events
+               if e.device_type == torch.autograd.DeviceType.CUDA and e.correlation_id in launches]
     out = {}
     for name, spans in ranges.items():
-        host = sum(b - a for a, b in spans) / 1e3
-        dev, n = 0.0, 0
-        for e in events:
-            if e.device_type != torch.autograd.DeviceType.CUDA:
-                continue
-            t = launches.get(e.correlation_id)
-            if t is not None and any(a <= t <= b for a, b in spans):
-                dev += e.device_time_total / 1e3
-                n += 1
-        out[name] = {"host_ms": host, "device_ms": dev, "kernels": n}
+        inside = [ms for t, ms in kernels if any(a <= t <= b for a, b in spans)]
+        out[name] = {"host_ms": sum(b - a for a, b in spans) / 1e3, "device_ms": sum(inside),
+                     "kernels": len(inside)}
     return out
 
 
@@ -63,7 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.warm_steps < 1:
         ap.error(f"--warm-steps {args.warm_steps} is invalid: expected at least 1 (the first step compiles)")
-    from repro.rl.config import load_run_profile
     section = load_run_profile(args.profile).get(args.artifact) or {}
     rows = [r.strip() for r in args.rows.split(",") if r.strip()] or list(section.get("rows", {}))
     if not rows:
