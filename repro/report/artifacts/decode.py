@@ -3,6 +3,11 @@
 Reads only collected tidy rows of repro.bench.decode: ``suite-<mode>/<family>/b<B>`` (ms_per_step,
 tokens_per_s, acceptance_length, speedup, speedup_over_al, speedup_cpu_over_al, occupancy), ``peer/<peer>/b<B>``
 (ms_per_step, tokens_per_s), ``floor/b<B>`` (ms_per_step) and ``bound/<family>/b<B>`` (verify_over_decode).
+Two columns are derived from them, per family row of our engine: ``over_fastest_plain``, its tokens/s over the
+fastest plain decoding of the same machine and batch (any mode of ours or a peer: a speedup measured against a
+slow mode's own plain row says little about decoding faster), and ``ceiling_over_al``, occupancy over the family's
+``verify_over_decode``: the most speedup / AL can reach at that batch with a free draft (rows that finish early
+idle while the batch steps on, and each step verifies k+1 tokens).
 Writes decode.pdf/.png (one row of panels per machine; left: ms per step of plain decoding for each engine mode,
 each peer and the floor against batch; right: speedup / acceptance length of each family (a colour) and mode (a line
 style) against batch, with the bound ``1 / verify_over_decode`` dotted) and decode.csv/.md (one line per batch and
@@ -24,7 +29,8 @@ from repro.report.tables import latest, write_table
 
 ROW = re.compile(r"^(?P<kind>suite-[a-z_]+|peer/[a-z0-9-]+|floor|bound)(?:/(?P<family>[a-z0-9]+))?/b(?P<batch>\d+)$")
 TABLE_METRICS = ("ms_per_step", "tokens_per_s", "acceptance_length", "speedup", "speedup_over_al",
-                 "speedup_cpu_over_al", "occupancy", "verify_over_decode")
+                 "speedup_cpu_over_al", "occupancy", "verify_over_decode", "ceiling_over_al", "over_fastest_plain")
+KEY = ["hardware", "hardware_label", "batch"]      # one machine's run (a reference and a local run may share a tag)
 
 
 def decode_rows(tidy: pd.DataFrame) -> pd.DataFrame:
@@ -36,7 +42,24 @@ def decode_rows(tidy: pd.DataFrame) -> pd.DataFrame:
     t["batch"] = t["batch"].astype(int)
     wide = t.pivot_table(index=["hardware", "hardware_label", "kind", "family", "batch"], columns="metric",
                          values="value").reset_index()
-    return wide.sort_values(["hardware", "batch", "kind", "family"], kind="stable").reset_index(drop=True)
+    return derived(wide).sort_values(["hardware", "batch", "kind", "family"], kind="stable").reset_index(drop=True)
+
+
+def derived(wide: pd.DataFrame) -> pd.DataFrame:
+    """``over_fastest_plain`` and ``ceiling_over_al`` on our engine's family rows (module docstring)."""
+    ours = wide["kind"].str.startswith("suite-")
+    spec = ours & (wide["family"] != "plain")
+    if "tokens_per_s" in wide:
+        plain = wide[(wide["family"] == "plain") & (ours | wide["kind"].str.startswith("peer/"))]
+        fastest = plain.groupby(KEY)["tokens_per_s"].max().rename("fastest_plain")
+        got = wide.join(fastest, on=KEY)
+        wide.loc[spec, "over_fastest_plain"] = got.loc[spec, "tokens_per_s"] / got.loc[spec, "fastest_plain"]
+    if "verify_over_decode" in wide and "occupancy" in wide:
+        bound = (wide[wide["kind"] == "bound"].set_index(KEY + ["family"])["verify_over_decode"]
+                 .rename("bound_ratio"))
+        got = wide.join(bound, on=KEY + ["family"])
+        wide.loc[spec, "ceiling_over_al"] = got.loc[spec, "occupancy"] / got.loc[spec, "bound_ratio"]
+    return wide
 
 
 def summary_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -124,6 +147,11 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
               "draft and the engine cost nothing beyond the policy's verify step."),
              ("bound: the policy's verify step over k+1 tokens against its one-token step; speedup / AL cannot "
               "pass its inverse however cheap the draft (on a CPU the verify step is compute-bound)."),
+             ("ceiling_over_al: occupancy over that ratio, the most speedup / AL can reach at the batch with a free "
+              "draft (occupancy: the share of a batch's row-steps still generating; a batch steps until its "
+              "slowest row is done)."),
+             ("over_fastest_plain: the family's tokens/s over the fastest plain decoding of the machine and batch, "
+              "any mode of ours or a peer: above 1, speculative decoding beats every plain engine of the run."),
              "CPU runs are cpu-emulated: compare ratios only; their speedups are also given from process CPU time."]
     paths += write_table(summary_table(rows), out_dir / "decode",
                          title="Decode benchmark: ours, the peers and the floor", notes=notes)
