@@ -48,6 +48,7 @@ def test_table2_summary_by_hand(tmp_path):
     assert d["rollout_time_s"] == pytest.approx(2.0)
     assert d["update_overhead_pct"] == pytest.approx(25.0)
     assert d["e2e_speedup"] == pytest.approx(5.0 / 3.25)
+    assert d["e2e_speedup_free_draft_update"] == pytest.approx(5.0 / 3.0)    # its update at the no-draft 1.0 s
     # first 10 updates after the skipped warm-up step: AL = 2 + (1..10) -> mean 7.5
     assert d["acceptance_length"] == pytest.approx(7.5)
     assert s["no draft"]["rollout_speedup"] == 1.0 and s["no draft"]["rollout_share_of_step_pct"] == pytest.approx(80)
@@ -73,6 +74,7 @@ def test_table1_summary_normalises_per_token(tmp_path):
     c = summarize("table1", rows, tmp_path, basis="cpu")["A/DSpark"]
     assert c["rollout_speedup"] == pytest.approx(2.0) and c["rollout_speedup_wall"] == pytest.approx(3.0)
     assert c["e2e_speedup"] == pytest.approx(3.0 * 3 / 4)
+    assert c["e2e_speedup_free_draft_update"] == pytest.approx(c["e2e_speedup"])    # the same update time
     with pytest.raises(FileNotFoundError, match="metrics.jsonl: missing"):
         summarize("table1", {"B/x": {}}, tmp_path)
     with pytest.raises(ValueError, match="no steps left"):

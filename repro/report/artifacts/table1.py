@@ -17,6 +17,7 @@ import pandas as pd
 from repro.report.tables import compiling_notes, latest, write_table
 
 METRICS = (("acceptance_length", "AL"), ("rollout_speedup", "rollout"), ("e2e_speedup", "E2E"),
+           ("e2e_speedup_free_draft_update", "E2E, draft update free"),     # what the rollout alone gives
            ("rollout_share_of_step_pct", "rollout share of step %"))   # no-draft rows: the part a draft speeds up
 
 
@@ -82,6 +83,9 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
              "co-trained run over its no-draft run of the same configuration (repro.rl.summary); time is wall "
              "time on GPUs and process CPU time plus tool latency on CPU profiles (shared cores make wall time "
              "noisy; the wall ratios are in the collected data as *_wall).",
+             "E2E, draft update free: the E2E speedup had every step of the row updated in the no-draft row's "
+             "mean update time, i.e. with co-training free; its gap to E2E is the draft's training cost, its gap "
+             "to the paper's E2E is the rollout's (its speedup and its share of the step).",
              "On cpu-tiny and h200 the rows are played by scaled-down policies (dense for Qwen3-8B, MoE for "
              "Qwen3.5-35B-A3B); absolute behaviour is not the paper's, the comparison is of mechanisms."]
     if df["measured on"].str.endswith(", lockstep").any():
