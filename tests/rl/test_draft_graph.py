@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from repro.core.specs import ConfigError
-from repro.models.block_draft import BlockDraftConfig
+from repro.models import block_draft
+from repro.models.block_draft import BlockDraftConfig, sample_anchors
 from repro.models.dflash import DFlashDraft
 from repro.models.dspark import DSparkDraft
 from repro.models.eagle3 import Eagle3Config, Eagle3Draft
@@ -157,3 +158,30 @@ def test_cuda_graph_option_is_checked(tmp_path):
         cfg.validate()
     with pytest.raises(ValueError, match="cuda_graph"):          # a wrong type is refused when the spec is built
         dataclasses.replace(cfg.draft, cuda_graph="yes")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_graphed_loss_has_no_host_sync(policy64, family, monkeypatch):
+    """What a CUDA graph records must not wait on the device: the padded loss each family's step runs traces whole
+    under dynamo's fullgraph as it runs during a capture (the anchors' bounds check, a read-back, is skipped there;
+    a ``.item()``, a bool of a tensor or a boolean-mask index would break the graph and fail here), and the traced
+    loss equals the eager one."""
+    d, feats, batch = _draft_and_batch(policy64, family)
+    step = DraftTrainStep(d, cuda_graphs=True)
+    taps = feats.concat(d.tap_layers)
+    anchors = () if family == "eagle3" else sample_anchors(batch.loss_mask, d.cfg.num_anchors,
+                                                           torch.Generator().manual_seed(2))
+    monkeypatch.setattr(block_draft, "capturing", lambda: True)
+
+    def loss(ids, mask, logits, taps, *anchors):
+        step.rope.forget()
+        if family == "eagle3":
+            return d.ttt_loss(ids, taps, logits, mask, attn_impl="padded")[0]
+        return d.anchored_loss(ids, taps, logits, mask, *anchors)
+
+    torch._dynamo.reset()
+    traced = torch.compile(loss, fullgraph=True, backend="eager", dynamic=False)
+    args = (batch.input_ids, batch.loss_mask, batch.policy_logits, taps, *anchors)
+    with torch.no_grad():
+        torch.testing.assert_close(traced(*args), loss(*args), rtol=0, atol=1e-12)
