@@ -77,20 +77,15 @@ def _col(steps: list[dict], key: str) -> list[float]:
     return [float(s[key]) for s in steps if key in s]
 
 
-def _per_token(steps: list[dict], time_key: str) -> float:
-    """Generated tokens per second of ``time_key``; steps per second when tokens are not logged."""
+def _per_token(steps: list[dict], time_key: str, update: tuple[str, float] | None = None) -> float:
+    """Generated tokens per second of ``time_key``; steps per second when tokens are not logged. ``update``
+    (an update-time key, seconds): as if every step's update had taken those seconds instead of its own."""
     t = sum(_col(steps, time_key))
+    if update is not None:
+        key, seconds = update
+        t += seconds * len(steps) - sum(_col(steps, key))
     if t <= 0:
         raise ValueError(f"no {time_key} logged")
-    tokens = _col(steps, "train/gen_tokens")
-    return (sum(tokens) if len(tokens) == len(steps) else len(steps)) / t
-
-
-def _per_token_with_update(steps: list[dict], step_key: str, update_key: str, update_s: float) -> float:
-    """``_per_token`` of ``step_key`` had every step's update taken ``update_s`` instead of its own."""
-    t = sum(_col(steps, step_key)) - sum(_col(steps, update_key)) + update_s * len(steps)
-    if t <= 0:
-        raise ValueError(f"no {step_key} left once {update_key} is replaced")
     tokens = _col(steps, "train/gen_tokens")
     return (sum(tokens) if len(tokens) == len(steps) else len(steps)) / t
 
@@ -187,7 +182,7 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
                 m["rollout_speedup" + suffix] = _per_token(s, r_key) / _per_token(b, r_key)
                 m["e2e_speedup" + suffix] = _per_token(s, s_key) / _per_token(b, s_key)
                 m["e2e_speedup_free_draft_update" + suffix] = (
-                    _per_token_with_update(s, s_key, u_key, _mean(_col(b, u_key))) / _per_token(b, s_key))
+                    _per_token(s, s_key, update=(u_key, _mean(_col(b, u_key)))) / _per_token(b, s_key))
                 m["update_overhead_pct" + suffix] = 100.0 * (_mean(_col(s, u_key)) / _mean(_col(b, u_key)) - 1)
                 if not suffix:
                     low, high = overhead_interval_pct(_col(b, u_key), _col(s, u_key))
