@@ -61,15 +61,20 @@ class DraftTrainStep:
     def status(self) -> dict:
         return self.graph.status()
 
-    def _loss_and_grads(self, ids, loss_mask, policy_logits, taps, *anchors, autocast: str):
+    def loss(self, ids, loss_mask, policy_logits, taps, *anchors) -> torch.Tensor:
+        """The draft's loss on its padded route over padded rows: the forward the graph records."""
         self.rope.forget()                       # no cos/sin memo across calls (a replay must recompute them)
+        if self.anchored:
+            return self.draft.anchored_loss(ids, taps, policy_logits, loss_mask, *anchors)
+        return self.draft.ttt_loss(ids, taps, policy_logits, loss_mask, attn_impl="padded")[0]
+
+    def _loss_and_grads(self, ids, loss_mask, policy_logits, taps, *anchors, autocast: str):
         # the autocast dtype is a setting of the call, so each dtype gets its own graph
         amp = (torch.autocast(ids.device.type, dtype=getattr(torch, autocast), cache_enabled=False)
                if autocast else contextlib.nullcontext())
         with torch.enable_grad():
             with amp:
-                loss = (self.draft.anchored_loss(ids, taps, policy_logits, loss_mask, *anchors) if self.anchored
-                        else self.draft.ttt_loss(ids, taps, policy_logits, loss_mask, attn_impl="padded")[0])
+                loss = self.loss(ids, loss_mask, policy_logits, taps, *anchors)
             grads = torch.autograd.grad(loss, self.params, allow_unused=True)
         return (loss.detach(), *grads)
 

@@ -173,15 +173,8 @@ def test_the_graphed_loss_has_no_host_sync(policy64, family, monkeypatch):
     anchors = () if family == "eagle3" else sample_anchors(batch.loss_mask, d.cfg.num_anchors,
                                                            torch.Generator().manual_seed(2))
     monkeypatch.setattr(block_draft, "capturing", lambda: True)
-
-    def loss(ids, mask, logits, taps, *anchors):
-        step.rope.forget()
-        if family == "eagle3":
-            return d.ttt_loss(ids, taps, logits, mask, attn_impl="padded")[0]
-        return d.anchored_loss(ids, taps, logits, mask, *anchors)
-
     torch._dynamo.reset()
-    traced = torch.compile(loss, fullgraph=True, backend="eager", dynamic=False)
+    traced = torch.compile(step.loss, fullgraph=True, backend="eager", dynamic=False)
     args = (batch.input_ids, batch.loss_mask, batch.policy_logits, taps, *anchors)
     with torch.no_grad():
-        torch.testing.assert_close(traced(*args), loss(*args), rtol=0, atol=1e-12)
+        torch.testing.assert_close(traced(*args), step.loss(*args), rtol=0, atol=1e-12)
