@@ -26,6 +26,7 @@ from repro.core.handoffs import NEMO_RL_RUN
 from repro.core.layout import replica_run_name, run_dir_name
 from repro.core.profile import BENCH_ARTIFACTS, Profile, ProfileError, effective_specs
 from repro.core.specs import ARTIFACTS as RL_ARTIFACTS
+from repro.core.specs import MATH_OPS, sft_spec
 
 PAPER_ARTIFACTS = ("table1", "table2", "fig3", "fig4", "fig5", "fig6", "fig7")
 ARTIFACTS = PAPER_ARTIFACTS + ("decode",)     # what a target can name (decode: the suite's own benchmark)
@@ -255,6 +256,9 @@ class Plan:
         rl = self.profile.rl
         settings = [rl.policies[policy], {d: asdict(rl.drafts[d]) for d in drafts}, rl.sft.model_dump(),
                     rl.vocab_size, self.profile.dtype, workload, self.seed]
+        reads_math = "math" in (workload, sft_spec({"sft": rl.sft.model_dump()}, workload).draft_workload)
+        if reads_math and tuple(rl.workload.math_ops) != MATH_OPS:   # the default leaves the digests as they were
+            settings.append(list(rl.workload.math_ops))
         self._add(Job("sft", "sft", (out,), f"{folder}.log",
                       self._py("repro.rl.sft", "--profile", shlex.quote(self.profile_arg), "--policy", policy,
                                "--workload", workload, "--drafts", shlex.quote(",".join(drafts)), "--seed",

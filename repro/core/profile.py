@@ -385,6 +385,9 @@ class Profile(Section):
             raise ValueError(f"{key}={name!r} is invalid: expected one of {sorted(self.checkpoints)} (checkpoints:)")
 
     def _check_rows(self, artifact: str, section: RLArtifact) -> None:
+        if "math_ops" in section.workload:
+            raise ValueError(f"{artifact}.workload.math_ops={section.workload['math_ops']!r} is invalid here: set "
+                             "rl.workload.math_ops (the SFT warm start every math artifact shares is trained on it)")
         policies = set(self.rl.policies) if self.rl is not None else set()
         if self.nemo_rl is not None:
             policies |= set(self.nemo_rl.models)

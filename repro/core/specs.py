@@ -22,6 +22,8 @@ POLICY_SCALES = ("tiny", "gpu")
 DRAFT_FAMILIES = ("eagle3", "dflash", "dspark")
 DRAFT_CHECKPOINT_FAMILIES = ("eagle3",)   # drafts that can start from a released checkpoint (DraftSpec.checkpoint)
 WORKLOADS = ("math", "workplace")
+MATH_OPS = (2, 3)          # operations per math problem: training problems lo..hi, held-out problems hi
+MAX_MATH_OPS = 16
 DTYPES = ("float32", "bfloat16", "float16")
 ARTIFACTS = ("table1", "table2", "fig3", "fig4")
 # the engine's modes (repro.rollout.engine, docs/engine.md), here so that configs check them without importing it
@@ -234,6 +236,9 @@ class WorkloadSpec:
     max_tool_calls: StrictInt = 4
     val_every: StrictInt = 5                 # validation accuracy every N steps (and at the last step)
     val_size: StrictInt = 30
+    # math: each training problem has lo..hi operations, each held-out problem hi (the worked solution writes a line
+    # per operation, so this sets the response length and with it the rollout's share of a step)
+    math_ops: tuple[StrictInt, StrictInt] = MATH_OPS
 
     def validate(self, key: str = "workload") -> None:
         _check(self.name in WORKLOADS, f"{key}.name", self.name, f"one of {WORKLOADS}")
@@ -244,6 +249,9 @@ class WorkloadSpec:
                "a positive integer")
         _check(isinstance(self.val_size, int) and 1 <= self.val_size <= 30, f"{key}.val_size", self.val_size,
                "an integer in [1, 30] (the held-out split has 30 problems, like AIME 2024)")
+        lo, hi = self.math_ops
+        _check(1 <= lo <= hi <= MAX_MATH_OPS, f"{key}.math_ops", list(self.math_ops),
+               f"[lo, hi] with 1 <= lo <= hi <= {MAX_MATH_OPS} (operations per math problem)")
 
 
 @dataclass(config=SPEC_CONFIG)

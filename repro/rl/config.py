@@ -26,6 +26,7 @@ from repro.core.specs import (
     ARTIFACTS,
     CUDA_GRAPH_MODES,
     DTYPES,
+    MATH_OPS,
     ROLLOUT_BACKENDS,
     ConfigError,
     DraftSpec,
@@ -150,6 +151,8 @@ class RunConfig:
             del d["manual_gc_interval"]
         if d["sampling_seed"] is None:
             del d["sampling_seed"]
+        if tuple(d["workload"]["math_ops"]) == MATH_OPS:
+            del d["workload"]["math_ops"]
         for k in ("checkpoint", "path", "tokens"):   # likewise the checkpoint keys of random-init policies
             if not d["policy"][k]:
                 del d["policy"][k]

@@ -36,13 +36,13 @@ import torch
 from repro.core.io import write_atomic, write_json_atomic
 from repro.core.progress import Progress
 from repro.core.provenance import provenance
-from repro.core.specs import WORKLOADS, ConfigError, DraftSpec, PolicySpec, SFTSpec, require_device, sft_spec
+from repro.core.specs import MATH_OPS, WORKLOADS, ConfigError, DraftSpec, PolicySpec, SFTSpec, require_device, sft_spec
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.rl.drafts import build_draft, trainable_parameters
 from repro.rl.episodes import chat_prompt, math_rollout, workplace_rollout
 from repro.rl.grpo import token_logprobs
 from repro.rl.joint import draft_loss_mask
-from repro.rl.tasks.math import MathTaskSet
+from repro.rl.tasks.math import math_tasks
 from repro.rl.tasks.workplace import WorkplaceTaskSet
 from repro.rl.tokenizer import WorkloadTokenizer, build_workload_tokenizer
 from repro.rl.warmstart import draft_file, make_policy
@@ -78,26 +78,30 @@ def demo_batch(tok: WorkloadTokenizer, items, device) -> tuple[torch.Tensor, tor
     return ids.to(device), att.to(device), mask.to(device)
 
 
-def _items(workload: str, seed: int, n: int, draw: int):
+def _items(workload: str, seed: int, n: int, draw: int, math_ops: tuple[int, int] = MATH_OPS):
     if workload == "math":
-        return MathTaskSet(seed).problems("train", n, draw=draw)
+        return math_tasks(seed, math_ops).problems("train", n, draw=draw)
     return WorkplaceTaskSet(seed).tasks("train", n, draw=draw)
 
 
 def heldout_accuracy(policy, tok: WorkloadTokenizer, workload: str, seed: int, n: int = 30,
-                     max_new_tokens: int = 64) -> float:
-    eng = RolloutEngine(policy, max_model_len=512)
+                     max_new_tokens: int = 64, math_ops: tuple[int, int] = MATH_OPS) -> float:
+    """Greedy accuracy on the held-out split; math answers get room for the longest worked solution."""
     if workload == "math":
-        b = math_rollout(eng, tok, MathTaskSet(seed).problems("heldout", n), group_size=1,
-                         max_new_tokens=max_new_tokens, temperature=1.0, seed=0, greedy=True)
+        problems = math_tasks(seed, math_ops).problems("heldout", n)
+        longest = max(len(tok.encode(p.solution_text)) for p in problems) + 8
+        eng = RolloutEngine(policy, max_model_len=512 + longest)
+        b = math_rollout(eng, tok, problems, group_size=1, max_new_tokens=max(max_new_tokens, longest),
+                         temperature=1.0, seed=0, greedy=True)
     else:
+        eng = RolloutEngine(policy, max_model_len=512)
         b = workplace_rollout(eng, tok, WorkplaceTaskSet(seed).tasks("heldout", n), group_size=1,
                               max_new_tokens=max_new_tokens, temperature=1.0, seed=0, greedy=True)
     return float(b.rewards.mean())
 
 
 def sft_policy(policy, tok, workload: str, spec: SFTSpec, seed: int, log_every: int = 50, heldout_every: int = 0,
-               heldout_curve: list | None = None) -> list[float]:
+               heldout_curve: list | None = None, math_ops: tuple[int, int] = MATH_OPS) -> list[float]:
     """Supervise ``policy`` for ``spec.steps``; with ``heldout_every``, (step, held-out accuracy) pairs after every
     that many steps are appended to ``heldout_curve``."""
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -106,7 +110,8 @@ def sft_policy(policy, tok, workload: str, spec: SFTSpec, seed: int, log_every: 
     losses = []
     bar = Progress(spec.steps, f"[sft {workload}] policy")
     for step in range(spec.steps):
-        ids, att, mask = demo_batch(tok, _items(workload, seed, spec.batch, draw=10_000 + step), policy.device)
+        ids, att, mask = demo_batch(tok, _items(workload, seed, spec.batch, draw=10_000 + step, math_ops=math_ops),
+                                    policy.device)
         out = policy.forward_train(ids, want_taps=False, attention_mask=att)
         lp = token_logprobs(out.logits, ids)
         loss = -(lp * mask).sum() / mask.sum()
@@ -121,17 +126,18 @@ def sft_policy(policy, tok, workload: str, spec: SFTSpec, seed: int, log_every: 
             print(f"[sft] step {step}: loss {losses[-1]:.4f}", flush=True)
         if heldout_every and (step + 1) % heldout_every == 0 and heldout_curve is not None:
             with torch.no_grad():
-                heldout_curve.append((step + 1, heldout_accuracy(policy, tok, workload, seed)))
+                heldout_curve.append((step + 1, heldout_accuracy(policy, tok, workload, seed, math_ops=math_ops)))
             print(f"[sft] step {step + 1}: held-out accuracy {heldout_curve[-1][1]:.3f}", flush=True)
     return losses
 
 
-def draft_token_counts(spec: DraftSpec, tok, workload: str, seed: int, vocab_size: int) -> torch.Tensor | None:
+def draft_token_counts(spec: DraftSpec, tok, workload: str, seed: int, vocab_size: int,
+                       math_ops: tuple[int, int] = MATH_OPS) -> torch.Tensor | None:
     """How often each token is written in 512 of the workload's demonstrations: the counts an EAGLE-3 draft with
     ``options.draft_vocab_size`` keeps its vocabulary from (SpecForge's rule); None for other drafts."""
     if spec.family != "eagle3" or not spec.options.get("draft_vocab_size"):
         return None
-    ids, _, mask = demo_batch(tok, _items(workload, seed, 512, draw=19_999), "cpu")
+    ids, _, mask = demo_batch(tok, _items(workload, seed, 512, draw=19_999, math_ops=math_ops), "cpu")
     return torch.bincount(ids[mask.bool()], minlength=vocab_size)
 
 
@@ -140,8 +146,8 @@ def draft_seed(seed: int, family: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(family.encode())) % 2**63
 
 
-def warm_start_drafts(policy, tok, workload: str, specs: list[DraftSpec], spec: SFTSpec, seed: int
-                      ) -> dict[str, list[float]]:
+def warm_start_drafts(policy, tok, workload: str, specs: list[DraftSpec], spec: SFTSpec, seed: int,
+                      math_ops: tuple[int, int] = MATH_OPS) -> dict[str, list[float]]:
     """Train each draft on the frozen SFT policy's taps and logits (one policy forward per batch).
 
     Each draft draws its initial weights and its anchors from its own seed (``draft_seed``), so a draft's warm start
@@ -151,7 +157,7 @@ def warm_start_drafts(policy, tok, workload: str, specs: list[DraftSpec], spec: 
         own = draft_seed(seed, ds.family)
         torch.manual_seed(own)
         d = build_draft(ds, policy, mask_token_id=tok.mask_id, train=True,
-                        token_counts=draft_token_counts(ds, tok, workload, seed, policy.vocab_size))
+                        token_counts=draft_token_counts(ds, tok, workload, seed, policy.vocab_size, math_ops))
         drafts[ds.family] = d
         opts[ds.family] = torch.optim.AdamW(trainable_parameters(d), lr=ds.lr, weight_decay=0.0)
         gens[ds.family] = torch.Generator().manual_seed(own)
@@ -162,7 +168,8 @@ def warm_start_drafts(policy, tok, workload: str, specs: list[DraftSpec], spec: 
     losses: dict[str, list[float]] = {f: [] for f in drafts}
     bar = Progress(spec.draft_steps, f"[sft {workload}] drafts {','.join(drafts)}")
     for step in range(spec.draft_steps):
-        ids, att, mask = demo_batch(tok, _items(workload, seed, spec.batch, draw=20_000 + step), policy.device)
+        ids, att, mask = demo_batch(tok, _items(workload, seed, spec.batch, draw=20_000 + step, math_ops=math_ops),
+                                    policy.device)
         with torch.no_grad():
             out = policy.forward_train(ids, want_taps=True, attention_mask=att)
         feats = TargetFeatures(dict(zip(layers, out.taps)))
@@ -204,7 +211,7 @@ def _save_atomic(obj, path: Path) -> None:
 
 def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sft: SFTSpec,
                      drafts: list[DraftSpec], *, vocab_size: int, seed: int = 0, device: str = "cpu",
-                     heldout_every: int = 0) -> dict:
+                     heldout_every: int = 0, math_ops: tuple[int, int] = MATH_OPS) -> dict:
     if workload not in WORKLOADS:
         raise ConfigError(f"config workload={workload!r} is invalid: expected one of {WORKLOADS}")
     policy_spec.validate()
@@ -219,21 +226,23 @@ def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sf
     torch.manual_seed(seed)
     policy = make_policy(policy_spec, tok.vocab_size, seed=seed, dtype=torch.float32, device=device)
     curve: list[tuple[int, float]] = []
-    losses = sft_policy(policy, tok, workload, sft, seed, heldout_every=heldout_every, heldout_curve=curve)
+    losses = sft_policy(policy, tok, workload, sft, seed, heldout_every=heldout_every, heldout_curve=curve,
+                        math_ops=math_ops)
     t_sft = time.perf_counter() - t0
-    acc = heldout_accuracy(policy, tok, workload, seed)
+    acc = heldout_accuracy(policy, tok, workload, seed, math_ops=math_ops)
     print(f"[sft] held-out greedy accuracy {acc:.3f}", flush=True)
     policy.requires_grad_(False)
     with deterministic_algorithms(sft.deterministic):
-        models, dlosses = (warm_start_drafts(policy, tok, sft.draft_workload or workload, drafts, sft, seed) if drafts
-                           else ({}, {}))
+        models, dlosses = (warm_start_drafts(policy, tok, sft.draft_workload or workload, drafts, sft, seed,
+                                             math_ops) if drafts else ({}, {}))
     for ds in drafts:
         _save_atomic({"family": ds.family, "options": dict(ds.options),
                       "state_dict": models[ds.family].state_dict()}, draft_file(out, ds.family))
     # policy.pt last: the workflow's marker that the warm start is complete
     _save_atomic({"family": policy_spec.family, "scale": policy_spec.scale, "overrides": dict(policy_spec.overrides),
                   "vocab_size": tok.vocab_size, "state_dict": policy.model.state_dict()}, out / "policy.pt")
-    summary = {"workload": workload, "policy": vars(policy_spec), "sft": vars(sft), "seed": seed,
+    summary = {"workload": workload, "math_ops": list(math_ops), "policy": vars(policy_spec), "sft": vars(sft),
+               "seed": seed,
                "sft_loss_first": losses[0], "sft_loss_last": losses[-1], "sft_losses": losses,
                "heldout_accuracy": acc,
                "drafts": {f: {"loss_first": l[0], "loss_last": l[-1], "losses": l} for f, l in dlosses.items()},
@@ -277,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         require_device(device, prof["name"])
         build_warm_start(args.out, PolicySpec(**rl["policies"][args.policy]), args.workload,
                          sft_spec(rl, args.workload), drafts, vocab_size=int(rl.get("vocab_size", 512)),
-                         seed=args.seed, device=device, heldout_every=args.heldout_every)
+                         seed=args.seed, device=device, heldout_every=args.heldout_every,
+                         math_ops=tuple((rl.get("workload") or {}).get("math_ops", MATH_OPS)))
     except (ConfigError, ProfileError, FileNotFoundError) as exc:
         print(f"sft: error: {exc}", file=sys.stderr)
         return 2

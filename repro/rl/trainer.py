@@ -40,7 +40,7 @@ from repro.rl.episodes import RolloutBatch, math_rollout, workplace_rollout
 from repro.rl.grpo import group_advantages
 from repro.rl.joint import JointUpdate, UpdateStats
 from repro.rl.sft import draft_token_counts
-from repro.rl.tasks.math import MathTaskSet
+from repro.rl.tasks.math import math_tasks
 from repro.rl.tasks.workplace import WorkplaceTaskSet
 from repro.rl.tokenizer import WorkloadTokenizer
 from repro.rl.warmstart import DTYPES, draft_file, load_draft_weights, make_policy, update_autocast_dtype
@@ -160,7 +160,7 @@ class CoTrainer:
         else:
             self.engine = RolloutEngine(self.rollout_policy, proposer, max_model_len=max_len,
                                         cuda_graphs=cfg.cuda_graphs, bucket_batch=cfg.bucket_batch)
-        self.math = MathTaskSet(cfg.seed) if cfg.workload.name == "math" else None
+        self.math = math_tasks(cfg.seed, cfg.workload.math_ops) if cfg.workload.name == "math" else None
         self.workplace = WorkplaceTaskSet(cfg.seed) if cfg.workload.name == "workplace" else None
         self._pool: ThreadPoolExecutor | None = None      # the workplace tools' thread pool, made on first use
         self.start_step = 0

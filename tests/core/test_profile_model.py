@@ -89,6 +89,10 @@ def test_a_typo_and_a_wrong_type_are_named(tmp_path, name, section, key, bad):
     (lambda p: p["rl"]["drafts"]["eagle3"]["options"].update(block_size=4),
      r"rl.drafts.eagle3.options=\['block_size'\] is invalid"),
     (lambda p: p.update(tabel1={}), r"tabel1: unknown key 'tabel1'; expected one of .*table1"),
+    (lambda p: p["rl"]["workload"].update(math_ops=[4, 2]), r"rl.workload.math_ops=\[4, 2\] is invalid: expected "
+     r"\[lo, hi\] with 1 <= lo <= hi"),
+    (lambda p: p["fig3"].update(workload={"math_ops": [6, 8]}), r"fig3.workload.math_ops=\[6, 8\] is invalid here: "
+     r"set rl.workload.math_ops"),
 ])
 def test_bad_values_and_references_are_named(edit, message):
     prof = load_profile("cpu-tiny")

@@ -59,11 +59,15 @@ def test_drafts_can_be_warm_started_on_another_workload(tmp_path, monkeypatch):
     seen = []
     real = sft._items
 
-    def spy(workload, seed, n, draw):
+    def spy(workload, seed, n, draw, math_ops):
         seen.append((workload, "draft" if draw >= 20_000 else "policy"))
-        return real(workload, seed, n, draw)
+        items = real(workload, seed, n, draw, math_ops)
+        if workload == "math":     # the profile's rl.workload.math_ops reach the drafts' math demonstrations
+            assert {len(p.ops) for p in items} <= {5, 6}, items
+        return items
     monkeypatch.setattr(sft, "_items", spy)
     prof = load_profile("cpu-tiny")
+    prof["rl"]["workload"]["math_ops"] = [5, 6]
     prof["rl"]["sft"] = {**prof["rl"]["sft"], "steps": 2, "draft_steps": 2, "workloads": {
         "workplace": {"draft_workload": "math"}}}
     path = tmp_path / "p.yaml"

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from repro.rl.tasks.math import HELDOUT_SIZE, MathTaskSet, dapo_reward
+from repro.rl.tasks.math import HELDOUT_SIZE, MathTaskSet, dapo_reward, math_tasks
 from repro.rl.tasks.workplace import ToolError, WorkplaceEnv, WorkplaceTaskSet, execute, parse_call
 from repro.rl.tokenizer import SPECIAL_TOKENS, WorkloadTokenizer
 
@@ -36,6 +36,20 @@ def test_heldout_split_is_fixed_and_never_drawn_for_training():
         ts.problems("heldout", 31)
     with pytest.raises(ValueError, match="split 'test'"):
         ts.problems("test", 1)
+
+
+def test_math_ops_set_the_chain_length_and_the_default_is_the_original_split():
+    long = math_tasks(seed=3, ops=(8, 12))
+    train = long.problems("train", 64, draw=1)
+    assert {len(p.ops) for p in train} <= set(range(8, 13)) and len({len(p.ops) for p in train}) > 1
+    assert all(dapo_reward(p.solution_text, p.answer) == 1.0 and 0 <= p.answer <= 99 for p in train)
+    held = long.problems("heldout", HELDOUT_SIZE)
+    assert all(len(p.ops) == 12 for p in held)                 # the held-out split is the range's longest chain
+    assert not {p.key for p in held} & {p.key for p in train}
+    default = [p.key for p in math_tasks(seed=3).problems("heldout", HELDOUT_SIZE)]
+    assert default == [p.key for p in MathTaskSet(seed=3).problems("heldout", HELDOUT_SIZE)]
+    assert [p.key for p in math_tasks(3).problems("train", 8, draw=2)] == \
+        [p.key for p in MathTaskSet(3).problems("train", 8, draw=2)]
 
 
 def test_every_seed_validates_on_the_same_heldout_split_and_never_trains_on_it():

@@ -133,6 +133,18 @@ def test_a_profile_edit_reruns_only_the_jobs_that_read_it():
     assert not any("qwen3-8b_no_draft" in o or "eagle-3" in o or "fig7" in o for o in changed)
 
 
+def test_longer_math_problems_retrain_the_math_warm_starts_only():
+    base = Plan(load_profile_model("cpu-tiny"), {}, machine="m")
+    prof = load_profile("cpu-tiny")
+    prof["rl"]["workload"]["math_ops"] = [6, 9]
+    from repro.core.profile import parse_profile
+    edited = Plan(parse_profile(prof, "edited"), {}, machine="m")
+    sft = {o: j.settings != edited.jobs[o].settings for o, j in base.jobs.items() if j.kind == "sft"}
+    assert sft and all(changed == ("-math/" in o) for o, changed in sft.items()), sft
+    same = Plan(parse_profile(load_profile("cpu-tiny"), "again"), {}, machine="m")
+    assert all(j.settings == same.jobs[o].settings for o, j in base.jobs.items())
+
+
 def test_gpu_jobs_ask_the_slurm_scheduler_for_their_gpus():
     """A dry run with the SLURM executor shows every GPU job's request: the paper rows 8 GPUs on one node, the
     one-GPU profile one GPU per job."""

@@ -1,19 +1,21 @@
 """Single-turn math in the DAPO-Math-17K format, generated from a seed, with a verifiable integer reward.
 
-Each problem is a chain of 2-3 integer operations on small numbers ("Start with 7. Add 5. Multiply by
-3. Subtract 4. What is the number now?"); the worked solution writes one line per operation and ends
-with ``Answer: <int>``. The final answer cannot be produced without the intermediate results, so the
-policy needs reasoning tokens, yet the task is learnable by a tiny policy. Records follow the DAPO
-schema (``data_source``, ``prompt`` as a chat list with DAPO's instruction, ``ability``,
-``reward_model.ground_truth``, ``extra_info.index``). The reward is DAPO's rule: the last
+Each problem is a chain of 2-3 integer operations on small numbers ("Start with 7. Add 5. Multiply by 3.
+Subtract 4. What is the number now?"; ``workload.math_ops`` sets the range); the worked solution writes one
+line per operation and ends with ``Answer: <int>``. The final answer cannot be produced without the
+intermediate results, so the policy needs reasoning tokens, yet the task is learnable by a tiny policy.
+Records follow the DAPO schema (``data_source``, ``prompt`` as a chat list with DAPO's instruction,
+``ability``, ``reward_model.ground_truth``, ``extra_info.index``). The reward is DAPO's rule: the last
 ``Answer:`` line within the last 300 characters, compared as an integer; 1.0 or 0.0.
 
-Splits: ``train`` (DAPO-Math-17K's role) and ``heldout`` (AIME 2024's role): 30 fixed problems of
-three operations, never drawn for training. The seed picks the training stream only: the held-out
-split is the same for every seed (one fixed evaluation set, as AIME 2024 is), so runs of different
-seeds are validated on the same problems and none of them, nor the SFT warm start, trains on them.
+Splits: ``train`` (DAPO-Math-17K's role) and ``heldout`` (AIME 2024's role): 30 fixed problems of the
+range's longest chain (three operations by default), never drawn for training. The seed picks the training
+stream only: the held-out split is the same for every seed (one fixed evaluation set, as AIME 2024 is), so
+runs of different seeds are validated on the same problems and none of them, nor the SFT warm start, trains
+on them.
 
     python -m repro.rl.tasks.math --n 3          # print three DAPO-format records and their solutions
+    python -m repro.rl.tasks.math --n 3 --ops 8 12   # longer chains (rl.workload.math_ops)
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import json
 import random
 import re
 from dataclasses import dataclass
+
+from repro.core.specs import MATH_OPS
 
 DAPO_INSTRUCTION = ("Solve the following math problem step by step. The last line of your response should "
                     "be of the form Answer: $Answer where $Answer is the answer to the problem.\n\n{problem}"
@@ -111,7 +115,7 @@ class MathTaskSet:
     """Seeded problem source; ``problems(split, n, draw)`` is a pure function of (seed, split, n, draw), and
     the held-out split does not depend on the seed."""
 
-    def __init__(self, seed: int = 0, train_ops: tuple[int, int] = (2, 3), heldout_ops: int = 3):
+    def __init__(self, seed: int = 0, train_ops: tuple[int, int] = MATH_OPS, heldout_ops: int = MATH_OPS[1]):
         if not 1 <= train_ops[0] <= train_ops[1]:
             raise ValueError(f"train_ops must be (lo, hi) with 1 <= lo <= hi, got {train_ops}")
         if heldout_ops < 1:
@@ -144,12 +148,21 @@ class MathTaskSet:
         return out
 
 
+def math_tasks(seed: int, ops: tuple[int, int] = MATH_OPS) -> MathTaskSet:
+    """The task set of a run whose problems have ``ops = (lo, hi)`` operations (``workload.math_ops``): training
+    problems draw lo..hi, the held-out ones have hi (the hardest, as AIME's are)."""
+    lo, hi = ops
+    return MathTaskSet(seed, train_ops=(lo, hi), heldout_ops=hi)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ops", type=int, nargs=2, default=list(MATH_OPS), metavar=("LO", "HI"),
+                    help="operations per problem (a profile's rl.workload.math_ops)")
     args = ap.parse_args(argv)
-    for p in MathTaskSet(args.seed).problems("train", args.n):
+    for p in math_tasks(args.seed, tuple(args.ops)).problems("train", args.n):
         print(json.dumps(p.to_dapo()))
         print(p.solution_text, "\n")
 
