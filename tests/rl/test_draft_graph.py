@@ -147,8 +147,12 @@ def test_graphed_deferred_update_keeps_the_policy_and_equals_eager(tmp_path, tok
     base = trainers["base"].policy.model.state_dict()
     for k, v in trainers["graph"].policy.model.state_dict().items():
         assert torch.equal(v, base[k]), f"{draft} graphed: policy parameter {k} differs from the baseline"
+    # Adam divides each gradient element by its own running norm: where an element is near Adam's eps, the two paths'
+    # rounding (summation orders differ) moves its update by a visible fraction of lr (3.4e-6 of lr 1e-3 for one of
+    # EAGLE-3's v_proj elements on an AMD EPYC); a path that differs moves every element by up to lr
+    atol = 0.01 * trainers["graph"].cfg.draft.lr
     for (k, v), w in zip(trainers["graph"].draft.state_dict().items(), trainers["eager"].draft.state_dict().values()):
-        torch.testing.assert_close(v, w, rtol=1e-5, atol=1e-6, msg=f"{draft} graphed vs eager: draft {k}")
+        torch.testing.assert_close(v, w, rtol=1e-5, atol=atol, msg=f"{draft} graphed vs eager: draft {k}")
 
 
 def test_cuda_graph_option_is_checked(tmp_path):
