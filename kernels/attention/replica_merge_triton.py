@@ -25,7 +25,7 @@ TILE_ELEMS = 4096          # heads * D fp32 elements per program
 @triton.jit
 def _merge(o_r, l_r, ptr, pos, out, lse, H, so_n, so_h, sl_n, sl_h, sout_t, sout_h, slse_t, slse_h,
            D: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr):
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)            # t x stride passes 2**31 past 512K tokens of 32 x 128
     heads = tl.program_id(1) * BH + tl.arange(0, BH)
     dims = tl.arange(0, BD)
     m_h = heads < H
@@ -53,7 +53,7 @@ def _merge(o_r, l_r, ptr, pos, out, lse, H, so_n, so_h, sl_n, sl_h, sout_t, sout
 
 @triton.jit
 def _sum(g_r, ptr, pos, dq, H, sg_n, sg_h, sdq_t, sdq_h, D: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr):
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)            # t x stride passes 2**31 past 512K tokens of 32 x 128
     heads = tl.program_id(1) * BH + tl.arange(0, BH)
     dims = tl.arange(0, BD)
     m_2 = (heads < H)[:, None] & (dims < D)[None, :]

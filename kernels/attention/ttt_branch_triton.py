@@ -31,7 +31,7 @@ TILE_ELEMS = 4096          # BT * heads-per-group * D elements per fp32 tile: 16
 def _tile(T, HG: tl.constexpr, D: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr):
     """This program's rows, K/V head g, query heads and dims, and the masks of its [BT, BH], [BT, BH, BD] and
     [BT, BD] (key) tiles."""
-    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    rows = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)      # row x stride passes 2**31 past 512K tokens
     g = tl.program_id(1)
     heads = g * HG + tl.arange(0, BH)
     dims = tl.arange(0, BD)
