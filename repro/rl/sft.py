@@ -242,8 +242,7 @@ def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sf
     _save_atomic({"family": policy_spec.family, "scale": policy_spec.scale, "overrides": dict(policy_spec.overrides),
                   "vocab_size": tok.vocab_size, "state_dict": policy.model.state_dict()}, out / "policy.pt")
     summary = {"workload": workload, "math_ops": list(math_ops), "policy": vars(policy_spec), "sft": vars(sft),
-               "seed": seed,
-               "sft_loss_first": losses[0], "sft_loss_last": losses[-1], "sft_losses": losses,
+               "seed": seed, "sft_loss_first": losses[0], "sft_loss_last": losses[-1], "sft_losses": losses,
                "heldout_accuracy": acc,
                "drafts": {f: {"loss_first": l[0], "loss_last": l[-1], "losses": l} for f, l in dlosses.items()},
                "sft_time_s": t_sft, "total_time_s": time.perf_counter() - t0, "provenance": provenance()}

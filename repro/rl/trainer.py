@@ -139,7 +139,7 @@ class CoTrainer:
             # a warm-started draft brings its vocabulary maps; a cold one draws them from the demonstrations
             warm = cfg.warm_start and draft_file(cfg.warm_start, cfg.draft.family).is_file()
             counts = None if warm else draft_token_counts(cfg.draft, tok, cfg.workload.name, cfg.seed,
-                                                          self.policy.vocab_size)
+                                                          self.policy.vocab_size, cfg.workload.math_ops)
             self.draft = build_draft(cfg.draft, self.policy, mask_token_id=tok.mask_id, train=True, token_counts=counts)
             self.draft_warm = load_draft_weights(self.draft, cfg.draft, cfg.warm_start)
             self.rollout_draft = build_draft(cfg.draft, self.rollout_policy, mask_token_id=tok.mask_id)
