@@ -36,7 +36,8 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, kn_ptr, vn_ptr, 
                              WRITE: tl.constexpr, BLOCK_Q: tl.constexpr):
     pid = tl.program_id(0)
     # 64-bit row offsets: a static cache stacks every layer's columns, so b * s_kb passes 2**31 elements at sizes a
-    # GPU rollout reaches (64 rows x 8 heads x 28 layers x 2048 columns x 128), and Triton multiplies i32 by i32
+    # GPU rollout reaches (64 rows x 8 heads x 28 layers x 1280 columns x 128: k = 7, 144 new tokens), and Triton
+    # multiplies i32 by i32
     b, g = (pid // G).to(tl.int64), pid % G
     d = tl.arange(0, D)
     k_base, v_base = k_ptr + b * s_kb + g * s_kg, v_ptr + b * s_vb + g * s_vg

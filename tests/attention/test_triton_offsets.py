@@ -1,5 +1,5 @@
 """The suite's Triton kernels address rows in 64 bits: a row index times its stride passes 2**31 elements at sizes
-the suite runs (the decode kernel's stacked static cache at 64 rows x 2048 columns x 28 layers; the TTT branch and
+the suite runs (the decode kernel's stacked static cache at 64 rows x 1280 columns x 28 layers; the TTT branch and
 the replica merge past 512K tokens of 32 x 128), and Triton multiplies an i32 by an i32 stride in i32. Checked in
 each kernel's IR for an sm90 target (no GPU needed): every row stride meets the row index as i64, never in an i32
 product.
