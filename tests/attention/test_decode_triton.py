@@ -135,4 +135,3 @@ def test_kernel_builds_when_inductor_passes_the_scale_as_fp64(scale_type, varian
                    {"scale": scale_type, "m_ptr": "*fp32", "c_ptr": "*i64"})
     assert run.returncode == 0, run.stderr[-3000:]
     assert "tt.dot" in run.stdout
-
