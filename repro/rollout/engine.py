@@ -10,7 +10,8 @@ Without a proposer (k = 0) the same loop is the plain decoding baseline.
 ``"all"``, ``"whole_drafts"``, ``"compiled"``, ``"compiled_drafts"`` and ``"fused"`` the policy too (docs/engine.md);
 ``"off"`` (default) keeps growing, compacted caches. ``max_draft_slots`` caps the static cache (slots per row; a
 request that needs more fails before decoding); ``bucket_batch=True`` rounds the static batch up to a power of two
-(shrinking turns then share captured graphs).
+(shrinking turns then share captured graphs); ``min_static_rows`` runs smaller requests on a static batch of that
+many rows (a trainer's held-out rollouts on its training batch's caches).
 
 Returned per row: generated tokens, the policy's log-probabilities of those tokens
 (``log_softmax(logits / temperature)``; temperature 1 in greedy mode), why it stopped; and counters
@@ -53,7 +54,7 @@ class RolloutEngine:
 
     def __init__(self, policy: Policy, proposer: Proposer | None = None, *, max_model_len: int = 4096,
                  cuda_graphs: str = "off", max_draft_slots: int | None = None, bucket_batch: bool = False,
-                 compile_backend: str = "inductor"):
+                 min_static_rows: int | None = None, compile_backend: str = "inductor"):
         if cuda_graphs not in CUDA_GRAPH_MODES:
             raise ValueError(f"cuda_graphs={cuda_graphs!r} is invalid: expected one of {CUDA_GRAPH_MODES}")
         if bucket_batch and cuda_graphs == "off":
@@ -65,6 +66,12 @@ class RolloutEngine:
         if cuda_graphs != "off" and proposer is not None and not hasattr(proposer, "prepare"):
             raise ValueError(f"cuda_graphs={cuda_graphs!r} needs a proposer with a static-cache path (prepare()); "
                              f"{type(proposer).__name__} has none")
+        if min_static_rows is not None and (isinstance(min_static_rows, bool) or not isinstance(min_static_rows, int)
+                                            or min_static_rows < 1):
+            raise ValueError(f"min_static_rows must be an int >= 1 or None, got {min_static_rows!r}")
+        if min_static_rows is not None and cuda_graphs == "off":
+            raise ValueError(f"min_static_rows={min_static_rows} needs a cuda_graphs mode other than 'off' (one of "
+                             f"{CUDA_GRAPH_MODES[1:]}): it sizes the static batch")
         if max_draft_slots is not None and max_draft_slots < 1:
             raise ValueError(f"max_draft_slots must be >= 1 or None, got {max_draft_slots}")
         self.cuda_graphs = cuda_graphs
@@ -74,6 +81,9 @@ class RolloutEngine:
         self.bucket_batch = bucket_batch and (proposer is not None or cuda_graphs in STATIC_MODES)
         if self.bucket_batch and proposer is not None:
             proposer.keep_states(BUCKETED_STATES)
+        # a request of fewer rows runs on a static batch of min_static_rows (the rows past it idle): a trainer's
+        # held-out rollouts then share its training batch's caches and graphs instead of holding a second set
+        self.min_static_rows = min_static_rows
         self._said_cpu = False
         self.policy = policy
         self.proposer = proposer
@@ -122,6 +132,12 @@ class RolloutEngine:
             return 0
         return getattr(self.proposer, "propose_width", 0)
 
+    def static_rows(self, B: int) -> int:
+        """Rows of the static batch a request of ``B`` rows runs on: ``B`` (a power of two with ``bucket_batch``),
+        at least ``min_static_rows``."""
+        rows = batch_bucket(B) if self.bucket_batch else B
+        return max(rows, self.min_static_rows or 0)
+
     def slots_for(self, P: int, max_new_tokens: int) -> int:
         """Columns per row a request writes (longest prompt ``P``)."""
         return slots_needed(P, max_new_tokens, self.k) + self.last_round_slots
@@ -146,7 +162,7 @@ class RolloutEngine:
             log.warning("cuda_graphs=%r on device %s: the draft runs eagerly on its static caches",
                         self.cuda_graphs, self.policy.device)
             self._said_cpu = True
-        rows = batch_bucket(B) if self.bucket_batch else B
+        rows = self.static_rows(B)
         self.proposer.prepare(rows, size, cuda_graphs=on_gpu)
         if rows > B:                 # the rows past the request's idle from the start, as finished rows do
             self.proposer.select(torch.arange(B, device=self.policy.device))

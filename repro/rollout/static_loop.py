@@ -10,11 +10,12 @@ import torch
 
 from repro.decoding.cuda_graph import GraphedCallable
 from repro.decoding.sampling import proposal_noise, sample_with_noise, verify_with_noise
-from repro.decoding.static_kv import VIEW_ARGS, StateCache, batch_bucket, traced_whole
+from repro.decoding.static_kv import VIEW_ARGS, StateCache, traced_whole
 from repro.rollout.compiled_layers import compiled_layers
 from repro.rollout.result import AcceptanceCounters, RolloutResult
 
 PROMPT_BUCKET = 16     # fused mode with static compiled shapes: prompts are left-padded to a multiple of this
+SHARED_POOL_CALLS = ("prefill", "step")     # a state's graphed calls whose graphs share one memory pool
 
 
 class StaticDecoder:
@@ -57,10 +58,12 @@ class StaticDecoder:
                  {"prefill": (self._prefill_policy, "policy.prefill"), "step": (self._policy_step, "policy.step"),
                   "accept": (self._accept_step, "engine.accept")})
         for key, (fn, name) in calls.items():
-            # the prefill's inputs are new tensors every request: copied into the graph's own; its graphs (one per
-            # prompt bucket) share one memory pool, so they hold the largest prefill's activations, not their sum
+            # the prefill's inputs are new tensors every request: copied into the graph's own. The prefill's graphs
+            # (one per prompt bucket) and the step's (one per attention view) each share one memory pool, so a
+            # state holds its largest graph's activations, not their sum (the step's outputs are read by the
+            # accept and the proposer's observe before the next step replays any of them)
             st[key] = GraphedCallable(lambda *a, fn=fn, **kw: fn(st, *a, **kw), name,
-                                      persistent_inputs=key != "prefill", shared_pool=key == "prefill")
+                                      persistent_inputs=key != "prefill", shared_pool=key in SHARED_POOL_CALLS)
         return st
 
     def outputs(self, st: dict, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,7 +249,7 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     B = len(prompts)
     lens = [len(p) for p in prompts]
     P = max(lens)
-    R = batch_bucket(B) if engine.bucket_batch else B
+    R = engine.static_rows(B)
     decoder = engine.static_decoder
     padded = decoder.prompt_columns(P)
     cap = engine.max_draft_slots      # padding never makes a request that fits the cap fail it

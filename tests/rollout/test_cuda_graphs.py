@@ -240,7 +240,8 @@ def test_graphed_callable_is_eager_on_cpu_and_keys_by_shape(caplog):
 @pytest.mark.timeout(30)
 def test_shared_pool_graphs_capture_into_one_pool(trained, monkeypatch):
     """A callable with ``shared_pool`` hands every capture the same pool (made once); one without gets none (a pool
-    per graph). The engine's prefill and the draft's observe (one graph per prompt width) share theirs."""
+    per graph). The engine's prefill (one graph per prompt width), its step (one per attention view) and the draft's
+    observe share theirs."""
     handles = []
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: handles.append(object()) or handles[-1])
     g = GraphedCallable(lambda x: x, "g", shared_pool=True)
@@ -251,7 +252,7 @@ def test_shared_pool_graphs_capture_into_one_pool(trained, monkeypatch):
     eng = RolloutEngine(pol, proposer(drafts["eagle3"]), cuda_graphs="all")
     eng.generate(prompts[:2], max_new_tokens=4, greedy=True)
     st = next(iter(eng.static_decoder.states._states.values()))
-    assert [st[k].shared_pool for k in ("prefill", "step", "accept")] == [True, False, False]
+    assert [st[k].shared_pool for k in ("prefill", "step", "accept")] == [True, True, False]
     assert [eng.proposer._graphs[k].shared_pool for k in ("observe", "propose")] == [True, False]
 
 
@@ -323,7 +324,7 @@ def test_rl_config_switch():
     assert CFG_MODES == CUDA_GRAPH_MODES
     h200 = run_config_from_profile(load_run_profile("h200"), "table1", "Qwen3-8B/EAGLE-3", out="o")
     tiny = run_config_from_profile(load_run_profile("cpu-tiny"), "table1", "Qwen3-8B/EAGLE-3", out="o")
-    assert h200.cuda_graphs == "compiled" and h200.to_dict()["cuda_graphs"] == "compiled"
+    assert h200.cuda_graphs == "compiled_drafts" and h200.to_dict()["cuda_graphs"] == "compiled_drafts"
     assert tiny.cuda_graphs == "off" and "cuda_graphs" not in tiny.to_dict()
     tiny.cuda_graphs = "all"
     assert tiny.validate().to_dict()["cuda_graphs"] == "all"
@@ -340,7 +341,7 @@ def test_rl_config_switch():
     prof = load_run_profile("h200")
     prof["fig4"]["rollout"] = {"bucket_batch": True}
     fig4 = run_config_from_profile(prof, "fig4", "DSpark", out="o")
-    assert fig4.bucket_batch and fig4.cuda_graphs == "compiled" and fig4.to_dict()["bucket_batch"] is True
+    assert fig4.bucket_batch and fig4.cuda_graphs == "compiled_drafts" and fig4.to_dict()["bucket_batch"] is True
     prof = load_run_profile("cpu-tiny")
     prof["rl"]["rollout"] = {"bucket_batch": True}
     with pytest.raises(ConfigError, match=r"bucket_batch=True is invalid: expected false, or true with rl.rollout"):
@@ -388,6 +389,42 @@ def test_bucket_batch_is_checked(trained):
         RolloutEngine(pol, proposer(d), bucket_batch=True)
     with pytest.raises(ValueError, match="bucket_batch=True needs a proposer with static states"):
         RolloutEngine(pol, OracleProposer(pol, 2, prompts[:1]), cuda_graphs="draft", bucket_batch=True)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("family", ("plain", *FAMILIES))
+def test_min_static_rows_runs_small_requests_on_the_larger_state(trained, family):
+    """min_static_rows=8: requests of 6 and 3 rows run on the policy's (and the proposer's) static state of 8 rows,
+    the rows past the request idle; greedy tokens and counters equal the exact batch's, log-probabilities to fp32
+    rounding, and no state of another row count is built."""
+    pol, prompts, drafts = trained
+    prop = (lambda: None) if family == "plain" else (lambda: proposer(drafts[family]))
+    if family != "plain":
+        pol.set_taps(drafts[family].tap_spec)
+    ps = ragged(prompts)
+    exact = RolloutEngine(pol, prop(), cuda_graphs="all")
+    padded = RolloutEngine(pol, prop(), cuda_graphs="all", min_static_rows=8)
+    assert [padded.static_rows(n) for n in (3, 6, 8, 9)] == [8, 8, 8, 9]
+    for rows in (ps, ps[1:4]):
+        kw = {"max_new_tokens": 12, "greedy": True, "stop_tokens": [5]}
+        a, b = exact.generate(rows, **kw), padded.generate(rows, **kw)
+        assert b.tokens == a.tokens and b.finish_reason == a.finish_reason
+        assert b.counters.as_dict() == a.counters.as_dict()
+        for x, y in zip(b.logprobs, a.logprobs):    # fp32 products over 8 rows round apart from those over 6 or 3
+            torch.testing.assert_close(torch.tensor(x), torch.tensor(y), rtol=0, atol=1e-4)
+    assert {k[0] for k in padded.static_decoder.states._states} == {8}
+    if family != "plain":
+        assert {k[0] for k in padded.proposer._states._states} == {8}
+
+
+def test_min_static_rows_is_checked(trained):
+    pol, _, drafts = trained
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match=rf"min_static_rows must be an int >= 1 or None, got {bad!r}"):
+            RolloutEngine(pol, cuda_graphs="all", min_static_rows=bad)
+    with pytest.raises(ValueError, match=r"min_static_rows=4 needs a cuda_graphs mode other than 'off'"):
+        RolloutEngine(pol, min_static_rows=4)
+    assert RolloutEngine(pol, cuda_graphs="all").static_rows(3) == 3
 
 
 # -- cuda_graphs="all": the policy on its static cache too, decisions on the device (eager on CPU) -------------
