@@ -3,9 +3,13 @@ projection shapes for one row, then the few-rows kernel's configs for 5 and 16 r
 prefill), timed as CUDA-graph replays (what the decode engine runs) and checked against an fp32 product; then the op
 with its chosen tiles. Prints the best config per shape and its copy rate; writes nothing. ``--gated``: only the
 gated gate/up kernel (silu(gate) * up in the product's launch) against the unfused op and its gate, 1 and 8 rows.
+``--fma``: only the candidate CUDA-core few-row kernel (``rows_fma.py``) at 2, 5 and 8 rows against the op (the
+tensor-core kernel) at those rows and the op at one row (what a verify step's products would cost if k + 1 rows
+were as cheap as one).
 
     PYTHONPATH=. python studies/gemv/gemv_configs.py        # on a CUDA machine with Triton
     PYTHONPATH=. python studies/gemv/gemv_configs.py --gated
+    PYTHONPATH=. python studies/gemv/gemv_configs.py --fma
 """
 import itertools
 import sys
@@ -107,7 +111,37 @@ def gated_sweep():
               f"(block_n, block_k, warps, stages) {best[1]} {best[0]:6.2f} us", flush=True)
 
 
+FMA_CONFIGS = list(itertools.product((2, 4, 8), (128, 256, 512), (4, 8)))    # block_n, block_k, warps
+
+
+def fma_sweep():
+    from studies.gemv.rows_fma import launch_fma
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        x1 = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        t_one = graph_time_us(lambda: gemv(x1, w))
+        for rows in (2, 5, 8):
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            ref = x.float() @ w.float().T
+            y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+            best = None
+            for bn, bk, warps in FMA_CONFIGS:
+                run = lambda: launch_fma(x, w, None, y, block_n=bn, block_k=bk, num_warps=warps)
+                run()
+                err = excess_error(y, ref)
+                assert err <= 1, f"{name} rows {rows} {(bn, bk, warps)}: error {err:.3g} of the tolerance"
+                t = graph_time_us(run)
+                if best is None or t < best[0]:
+                    best = (t, (bn, bk, warps))
+            t_op = graph_time_us(lambda: gemv(x, w))
+            print(f"{name:8s} rows {rows}: op at one row {t_one:6.2f} us  op (tensor cores) {t_op:6.2f} us  fma best "
+                  f"(block_n, block_k, warps) {best[1]} {best[0]:6.2f} us", flush=True)
+
+
 if __name__ == "__main__":
+    if "--fma" in sys.argv[1:]:
+        fma_sweep()
+        sys.exit(0)
     if "--gated" in sys.argv[1:]:
         gated_sweep()
         sys.exit(0)
