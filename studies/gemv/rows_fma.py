@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.decoding.gemv_triton import _silu_gate
+from repro.decoding.gemv_triton import _silu_gate, launch_rows
 
 MAX_FMA_ROWS = 8
 
@@ -54,15 +54,11 @@ def _rows_fma_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, 
 
 def launch_fma(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, *, block_n: int,
                block_k: int, num_warps: int, num_stages: int = 3, gated: bool = False) -> torch.Tensor:
-    """Run the kernel into ``y`` ``[M, N]`` for ``x`` ``[M, K]`` of 1 to ``MAX_FMA_ROWS`` unit-strided rows;
-    ``gated``: ``w`` is ``[2N, K]`` and ``y`` gets ``silu(gate) * up``."""
+    """Run the kernel into ``y`` ``[M, N]`` for ``x`` ``[M, K]`` of 1 to ``MAX_FMA_ROWS`` unit-strided rows (the
+    op's few-row launch with this kernel, the rows rounded up to a power of two); ``gated``: ``w`` is ``[2N, K]``
+    and ``y`` gets ``silu(gate) * up``."""
     m = x.shape[0]
     if not 1 <= m <= MAX_FMA_ROWS:
         raise ValueError(f"launch_fma takes 1 to {MAX_FMA_ROWS} rows, got x of shape {tuple(x.shape)}")
-    n, k = w.shape
-    n = n // 2 if gated else n
-    _rows_fma_kernel[(triton.cdiv(n, block_n),)](
-        x, w, bias if bias is not None else w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k,
-        GATED=gated, num_warps=num_warps, num_stages=num_stages)
-    return y
+    return launch_rows(x, w, bias, y, block_m=triton.next_power_of_2(m), block_n=block_n, block_k=block_k,
+                       num_warps=num_warps, num_stages=num_stages, kernel=_rows_fma_kernel, gated=gated)
