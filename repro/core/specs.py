@@ -216,6 +216,11 @@ class GRPOSpec:
     # compilation for every layer (repro.rollout.compiled_layers); the single-process update only
     compile_layers: StrictBool = False
 
+    @property
+    def rows_per_step(self) -> int:
+        """Sequences a step rolls out and updates on: every prompt's group."""
+        return self.prompts_per_step * self.generations_per_prompt
+
     def validate(self, key: str = "grpo") -> None:
         for name in ("prompts_per_step", "generations_per_prompt", "max_new_tokens", "microbatch"):
             v = getattr(self, name)

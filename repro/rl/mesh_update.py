@@ -93,7 +93,7 @@ class MeshShape:
             raise ConfigError(f"config draft.microbatch={cfg.draft.microbatch} is invalid under the PP x CP "
                               "update: expected 0 (the draft runs in the last stage's microbatches; the "
                               "deferred draft pass is the single-process update's, repro.rl.joint)")
-        B = cfg.grpo.prompts_per_step * cfg.grpo.generations_per_prompt
+        B = cfg.grpo.rows_per_step
         n_mb = -(-B // cfg.grpo.microbatch)
         if self.pp > 1 and n_mb < self.pp:
             raise ConfigError(f"config grpo.microbatch={cfg.grpo.microbatch} is invalid with pp={self.pp}: "

@@ -164,8 +164,7 @@ class CoTrainer:
             static = cfg.cuda_graphs != "off" and cfg.device.startswith("cuda")
             self.engine = RolloutEngine(self.rollout_policy, proposer, max_model_len=max_len,
                                         cuda_graphs=cfg.cuda_graphs, bucket_batch=cfg.bucket_batch,
-                                        min_static_rows=(cfg.grpo.prompts_per_step * cfg.grpo.generations_per_prompt
-                                                         if static else None))
+                                        min_static_rows=cfg.grpo.rows_per_step if static else None)
         self.math = math_tasks(cfg.seed, cfg.workload.math_ops) if cfg.workload.name == "math" else None
         self.workplace = WorkplaceTaskSet(cfg.seed) if cfg.workload.name == "workplace" else None
         self._pool: ThreadPoolExecutor | None = None      # the workplace tools' thread pool, made on first use
