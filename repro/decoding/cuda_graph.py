@@ -24,6 +24,7 @@ wrong on the CPU as on a GPU.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -60,18 +61,28 @@ def capture_into(graph: torch.cuda.CUDAGraph, pool=None):
     Unlike ``torch.cuda.graph()``, this does not empty the caching allocator and the pinned-host cache before the
     capture, so the eager work after a capture (the next policy update) keeps its cached memory instead of
     allocating it again with ``cudaMalloc``.
+
+    Python's cyclic garbage collector is off during the capture: a collection there frees whatever dead cycles
+    hold, among them other engines' ``CUDAGraph`` objects, and destroying a graph is not permitted while a stream
+    captures (the capture is invalidated: "operation not permitted when stream is capturing").
     """
     torch.cuda.synchronize()
     stream = capture_stream()
-    with torch.cuda.stream(stream):
-        graph.capture_begin(pool=pool)
-        try:
-            yield graph
-        except BaseException:
-            with contextlib.suppress(Exception):     # the capture is already broken: keep the original error
-                graph.capture_end()
-            raise
-        graph.capture_end()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=pool)
+            try:
+                yield graph
+            except BaseException:
+                with contextlib.suppress(Exception):     # the capture is already broken: keep the original error
+                    graph.capture_end()
+                raise
+            graph.capture_end()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _copy_into(dst: Any, src: Any) -> None:
@@ -152,6 +163,9 @@ class GraphedCallable:
                 reason = f"{type(exc).__name__}: {exc}"
                 with contextlib.suppress(Exception):  # let a broken capture's pending work finish first
                     torch.cuda.synchronize()
+                # a broken capture can leave the allocator recording into its pool: capturing into that pool again
+                # fails ("beginAllocateToPool: already recording to mempool_id"), so the retry takes a fresh one
+                self._pool = None
                 if attempt < CAPTURE_ATTEMPTS:
                     log.warning("CUDA graph capture of %s did not succeed (attempt %d of %d), trying again: %s",
                                 self.name, attempt, CAPTURE_ATTEMPTS, reason)

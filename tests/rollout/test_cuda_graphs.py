@@ -6,6 +6,7 @@ utility falls back to eager and keys graphs by shape; bad values fail clearly.
 
     .venv/bin/python -m pytest -q tests/rollout/test_cuda_graphs.py
 """
+import contextlib
 import inspect
 import logging
 
@@ -287,6 +288,68 @@ def test_a_failed_capture_is_tried_once_more(caplog):
     h._capture = lambda inputs, settings: capture(inputs, settings, fail=5)
     assert torch.equal(h(x), 2 * x) and len(attempts) == 2 and h.captures == 0 and h.eager_calls == 1
     assert "previous error during capture" in h.fallback_reason
+
+
+@pytest.mark.timeout(30)
+def test_a_retried_capture_takes_a_fresh_shared_pool(monkeypatch):
+    """A broken capture can leave the allocator recording into its pool; the retry of a ``shared_pool`` callable
+    captures into a new pool, which later captures share."""
+    handles = []
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: handles.append(object()) or handles[-1])
+    pools = []
+
+    class Graph:
+        def replay(self):
+            pass
+
+    def capture(inputs, settings):
+        pools.append(g.capture_pool())
+        if len(pools) == 1:
+            raise RuntimeError("operation failed due to a previous error during capture")
+        return Graph(), list(inputs), inputs[0]
+
+    g = GraphedCallable(lambda t: t, "t", enabled=True, shared_pool=True)
+    g.would_capture = lambda inputs: g.fallback_reason is None
+    g._capture = capture
+    g(torch.ones(3))
+    g(torch.ones(4))
+    assert pools == [handles[0], handles[1], handles[1]] and g.captures == 2
+
+
+@pytest.mark.timeout(30)
+def test_capture_runs_without_the_cyclic_collector(monkeypatch):
+    """No garbage collection inside a capture (it could destroy another graph, which breaks the capture); the
+    collector's state is restored afterwards, also when the captured work raises."""
+    import gc
+
+    from repro.decoding import cuda_graph
+
+    monkeypatch.setattr(cuda_graph.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(cuda_graph.torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(cuda_graph, "capture_stream", lambda: None)
+    seen = []
+
+    class Graph:
+        def capture_begin(self, pool=None):
+            seen.append(("begin", gc.isenabled()))
+
+        def capture_end(self):
+            seen.append(("end", gc.isenabled()))
+
+    assert gc.isenabled()
+    with cuda_graph.capture_into(Graph()):
+        seen.append(("body", gc.isenabled()))
+    assert seen == [("begin", False), ("body", False), ("end", False)] and gc.isenabled()
+    with pytest.raises(RuntimeError, match="broken"), cuda_graph.capture_into(Graph()):
+        raise RuntimeError("broken")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with cuda_graph.capture_into(Graph()):
+            pass
+        assert not gc.isenabled()          # a caller that had it off keeps it off
+    finally:
+        gc.enable()
 
 
 @pytest.mark.timeout(30)
