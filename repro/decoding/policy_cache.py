@@ -4,6 +4,7 @@
     cache = StaticPolicyCache(2, 256, num_layers=8, kv_heads=2, head_dim=16, dtype=torch.float32, device="cpu")
     cache.start()                                     # a new request: every slot dead, cursor at column 0
     cols = cache.begin(positions, live)               # the forward of positions [B, q] writes these columns
+    cache.compact()                                   # live slots to the front of each row (reserve does it when full)
     masks = cache.additive_masks(positions, {"full_attention": None})
 """
 from __future__ import annotations
@@ -69,7 +70,7 @@ class StaticPolicyCache:
                         ("kv_heads", kv_heads), ("head_dim", head_dim)):
             if int(v) < 1:
                 raise ValueError(f"StaticPolicyCache needs {name} >= 1, got {v}")
-        self.batch, self.max_slots, self.dtype = batch, max_slots, dtype
+        self.batch, self.max_slots, self.num_layers, self.dtype = batch, max_slots, num_layers, dtype
         self.device = torch.device(device)
         self.slots = StaticSlots(batch, max_slots, self.device)
         self.cursor = Cursor(max_slots, self.device)
@@ -82,6 +83,7 @@ class StaticPolicyCache:
         self.layer_cols: torch.Tensor | None = None   # [layers, q]: where each layer's keys of the forward go
         self.view = max_slots                     # the columns the running forward's attention reads
         self.next_col = 0                         # host copy of the cursor: the next free column
+        self.compactions = 0                      # ``compact`` calls so far
         self.in_graph = False                     # whole forwards are traced (the write and attention inline)
         # set for a forward whose attention function takes this cache (``slot_cache=``) and writes each layer's
         # keys/values itself, in the attention kernel's launch where it can: ``update`` then hands them through
@@ -116,7 +118,10 @@ class StaticPolicyCache:
         self.next_col = 0
 
     def reserve(self, width: int) -> torch.Tensor:
-        """Point the device cursor at the next ``width`` free columns (host-side check, no device sync)."""
+        """Point the device cursor at the next ``width`` free columns (host-side check, no device sync); when they
+        would pass the cache's end, ``compact`` first."""
+        if self.next_col + width > self.max_slots:
+            self.compact()
         cur = self.cursor.set(self.next_col, width)
         self.next_col += width
         return cur
@@ -137,6 +142,25 @@ class StaticPolicyCache:
         # every layer's columns at once (one kernel a forward, not one a layer): layer l writes cols + l * max_slots
         self.layer_cols = self.cols + self.layer_offsets[:, None]
         return self.cols
+
+    def compact(self) -> int:
+        """Move every row's live slots (their positions, keys and values, in order) to its first columns and the
+        cursor to the longest row's live count; returns that count. Dead columns (rejected proposals, left pads)
+        are freed, so a cache sized for the prompt, the answer and a few verify steps serves a whole request.
+        Attention is unchanged: the mask follows each slot's position, not its column. Eager device work, one
+        layer at a time (a layer's keys as scratch), and one host sync for the new cursor; never inside a graph."""
+        pos = self.slots.pos
+        order = torch.sort((pos < 0).to(torch.uint8), dim=1, stable=True).indices     # live columns first
+        live = int((pos >= 0).sum(1).max())
+        pos.copy_(pos.gather(1, order))
+        for store in (self.keys, self.values):
+            index = order[:, None, :, None].expand(-1, store.shape[1], -1, store.shape[3])
+            for layer in range(self.num_layers):
+                cols = store[:, :, layer * self.max_slots:(layer + 1) * self.max_slots]
+                cols.copy_(cols.gather(2, index))
+        self.next_col = live
+        self.compactions += 1
+        return live
 
     def used_view(self) -> int:
         """The attention view covering every column reserved so far."""

@@ -8,10 +8,11 @@ Without a proposer (k = 0) the same loop is the plain decoding baseline.
 
 ``cuda_graphs="draft"`` runs the proposer on static caches sized for the request, replayed as CUDA graphs on a GPU;
 ``"all"``, ``"whole_drafts"``, ``"compiled"``, ``"compiled_drafts"`` and ``"fused"`` the policy too (docs/engine.md);
-``"off"`` (default) keeps growing, compacted caches. ``max_draft_slots`` caps the static cache (slots per row; a
-request that needs more fails before decoding); ``bucket_batch=True`` rounds the static batch up to a power of two
-(shrinking turns then share captured graphs); ``min_static_rows`` runs smaller requests on a static batch of that
-many rows (a trainer's held-out rollouts on its training batch's caches).
+``"off"`` (default) keeps growing, compacted caches. The static policy cache is sized for the prompt, the answer
+and a few verify steps and compacts itself when full (``policy_slots``). ``max_draft_slots`` caps the static cache
+(slots per row; a request that needs more fails before decoding); ``bucket_batch=True`` rounds the static batch up
+to a power of two (shrinking turns then share captured graphs); ``min_static_rows`` runs smaller requests on a static
+batch of that many rows (a trainer's held-out rollouts on its training batch's caches).
 
 Returned per row: generated tokens, the policy's log-probabilities of those tokens
 (``log_softmax(logits / temperature)``; temperature 1 in greedy mode), why it stopped; and counters
@@ -46,6 +47,9 @@ POLICY_COMPILED_MODES = ("compiled", "compiled_drafts", "fused")        # the po
 WHOLE_DRAFT_MODES = ("whole_drafts", "compiled_drafts")  # the proposer's static propose and observe compiled whole
 # ("fused" traces them inside the policy's step instead)
 COMPILED_MODES = tuple(m for m in CUDA_GRAPH_MODES if m in POLICY_COMPILED_MODES + WHOLE_DRAFT_MODES)  # inductor first
+# verify steps of room past the prompt and the answer in the policy's static cache (policy_slots): the cache compacts
+# itself when full, at most once per this many steps
+POLICY_SLACK_STEPS = 8
 BUCKETED_STATES = 16      # static states a proposer keeps when batches are bucketed (every turn shape of a request)
 
 
@@ -151,6 +155,15 @@ class RolloutEngine:
                              f"(max_new_tokens {max_new_tokens} - 1) x {self.k + 1}{extra}), over "
                              f"max_draft_slots={self.max_draft_slots}")
         return bucketed(need) if self.max_draft_slots is None else min(bucketed(need), self.max_draft_slots)
+
+    def policy_slots(self, P: int, max_new_tokens: int) -> int:
+        """Columns per row of the policy's static cache for a request (longest prompt ``P``): the prompt, the answer
+        and ``POLICY_SLACK_STEPS`` verify steps, at most the draft caches' ``static_slots``. A verify step writes
+        k + 1 columns and keeps the accepted ones; when the next step's would pass the end, the cache moves each
+        row's live slots to its front (``StaticPolicyCache.compact``: one host sync), so the rejected proposals'
+        columns, most of a block draft's (k + 1 = 9 columns a step at about 4 accepted), need no room of their own."""
+        full = self.static_slots(P, max_new_tokens)
+        return min(full, bucketed(P + max_new_tokens + POLICY_SLACK_STEPS * (self.k + 1)))
 
     def _start_proposer(self, B: int, P: int, max_new_tokens: int) -> None:
         if self.cuda_graphs == "off":

@@ -255,7 +255,7 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     cap = engine.max_draft_slots      # padding never makes a request that fits the cap fail it
     P = padded if cap is None or engine.slots_for(padded, max_new_tokens) <= cap else P
     size = engine.static_slots(P, max_new_tokens)        # before any work: a too-small cache fails here
-    st = decoder.state(R, size, graphs)
+    st = decoder.state(R, engine.policy_slots(P, max_new_tokens), graphs)
     cache = st["cache"]
     cache.start()
     proposer = engine.proposer

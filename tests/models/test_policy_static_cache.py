@@ -17,6 +17,19 @@ from repro.models.policy import FAMILIES, build_policy
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_static_cache_steps_equal_the_dynamic_cache(family):
+    assert steps_against_the_dynamic_cache(family, 128).compactions == 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("family", ["qwen3", "gpt_oss"])
+def test_a_compacting_static_cache_steps_equal_the_dynamic_cache(family):
+    """A cache smaller than the columns the steps write (54 here, of which at most 44 a row stay live): it compacts
+    when full, and every later step's logits still equal the dynamic cache's and the fp64 reference's; the sliding
+    window (GPT-OSS) still masks by position."""
+    assert steps_against_the_dynamic_cache(family, 48).compactions >= 1
+
+
+def steps_against_the_dynamic_cache(family: str, slots: int) -> StaticPolicyCache:
     g = torch.Generator().manual_seed(0)
     pol = build_policy(family, "tiny", seed=0, vocab_size=64)
     B, P = 3, 6
@@ -26,7 +39,7 @@ def test_static_cache_steps_equal_the_dynamic_cache(family):
     live = pos >= 0
     pos = pos.clamp_min(0)
     dyn, table = pol.new_cache(), SlotTable(B, "cpu")
-    static = pol.new_static_cache(B, 128)
+    static = pol.new_static_cache(B, slots)
     static.start()
     a = pol.decode_step(ids, pos, dyn, table, live).logits
     b = pol.decode_step_static(ids, pos, static, live).logits
@@ -53,6 +66,7 @@ def test_static_cache_steps_equal_the_dynamic_cache(family):
         x = torch.tensor([rows[i]])
         full = ref.forward_train(x, want_taps=False).logits[0, -int(keep[i]):]
         torch.testing.assert_close(b[i, :int(keep[i])].double(), full, rtol=0, atol=1e-4)
+    return static
 
 
 @pytest.mark.timeout(30)
@@ -67,3 +81,22 @@ def test_static_cache_refuses_bad_use():
     pol.decode_step_static(torch.zeros(2, 6, dtype=torch.long), torch.arange(6).expand(2, 6), cache)
     with pytest.raises(RuntimeError, match="overflow: a write of 3 slots at column 6 passes max_slots=8"):
         pol.decode_step_static(torch.zeros(2, 3, dtype=torch.long), torch.arange(6, 9).expand(2, 3), cache)
+    assert cache.compactions == 1      # it compacted first: every slot was live
+
+
+@pytest.mark.timeout(30)
+def test_compact_moves_live_slots_to_the_front_in_order():
+    cache = StaticPolicyCache(2, 6, num_layers=2, kv_heads=1, head_dim=2, dtype=torch.float64, device="cpu")
+    cache.slots.pos.copy_(torch.tensor([[-1, 0, -1, 1, 2, -1], [0, 1, -1, -1, -1, 2]]))
+    cache.keys.copy_(torch.arange(24.).reshape(2, 1, 12, 1).expand(2, 1, 12, 2))
+    cache.values.copy_(-cache.keys)
+    before = cache.keys.clone()
+    cache.next_col = 6
+    assert cache.compact() == 3 and cache.next_col == 3
+    assert cache.slots.pos.tolist() == [[0, 1, 2, -1, -1, -1], [0, 1, 2, -1, -1, -1]]
+    for layer in range(2):
+        k, v = cache.layer(layer, 3)
+        at = layer * 6
+        torch.testing.assert_close(k[0, 0, :, 0], before[0, 0, [at + 1, at + 3, at + 4], 0], rtol=0, atol=0)
+        torch.testing.assert_close(k[1, 0, :, 0], before[1, 0, [at + 0, at + 1, at + 5], 0], rtol=0, atol=0)
+        torch.testing.assert_close(v, -k, rtol=0, atol=0)

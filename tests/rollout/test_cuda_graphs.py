@@ -290,6 +290,40 @@ def test_a_failed_capture_is_tried_once_more(caplog):
     assert "previous error during capture" in h.fallback_reason
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_compacting_policy_cache_generates_what_a_full_one_does(trained, family, monkeypatch):
+    """The policy's static cache sized for the prompt, the answer and one verify step (``policy_slots``) compacts
+    during the request and gives the tokens, counters and log-probabilities of a cache sized for every proposal
+    rejected; greedy and sampled, ragged rows, stop tokens, under replay emulation."""
+    from repro.decoding import static_kv
+    from repro.rollout import engine as engine_module
+
+    pol, prompts, drafts = trained
+    d = drafts[family]
+    pol.set_taps(d.tap_spec)
+    monkeypatch.setattr(GraphedCallable, "emulate_replay", True)
+    ps = ragged(prompts)
+    runs = [{"max_new_tokens": 24, "greedy": True, "stop_tokens": [5]},
+            {"max_new_tokens": 24, "greedy": False, "temperature": 0.8, "seed": 4}]
+    full = RolloutEngine(pol, proposer(d), cuda_graphs="all")
+    want = [full.generate(ps, **kw) for kw in runs]
+    assert all(st["cache"].compactions == 0 for st in full.static_decoder.states._states.values())
+    monkeypatch.setattr(engine_module, "POLICY_SLACK_STEPS", 1)
+    monkeypatch.setattr(static_kv, "SLOT_BUCKET", 8)
+    small = RolloutEngine(pol, proposer(d), cuda_graphs="all")
+    for kw, w in zip(runs, want):
+        got = small.generate(ps, **kw)
+        assert got.tokens == w.tokens and got.finish_reason == w.finish_reason
+        assert got.counters.as_dict() == w.counters.as_dict()
+        # fp32 rounding: attention sums over fewer (masked) columns once compacted
+        torch.testing.assert_close(torch.tensor(sum(got.logprobs, [])), torch.tensor(sum(w.logprobs, [])),
+                                   rtol=1e-5, atol=1e-5)
+    (st,) = small.static_decoder.states._states.values()
+    assert st["cache"].max_slots < min(s["cache"].max_slots for s in full.static_decoder.states._states.values())
+    assert st["cache"].compactions >= 2
+
+
 @pytest.mark.timeout(30)
 def test_a_retried_capture_takes_a_fresh_shared_pool(monkeypatch):
     """A broken capture can leave the allocator recording into its pool; the retry of a ``shared_pool`` callable
