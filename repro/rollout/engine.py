@@ -12,7 +12,8 @@ Without a proposer (k = 0) the same loop is the plain decoding baseline.
 and a few verify steps and compacts itself when full (``policy_slots``). ``max_draft_slots`` caps the static cache
 (slots per row; a request that needs more fails before decoding); ``bucket_batch=True`` rounds the static batch up
 to a power of two (shrinking turns then share captured graphs); ``min_static_rows`` runs smaller requests on a static
-batch of that many rows (a trainer's held-out rollouts on its training batch's caches).
+batch of that many rows (a trainer's held-out rollouts on its training batch's caches); ``policy_cache_slots`` fixes
+the policy cache's columns a row (at least the longest prompt + ``max_new_tokens`` + k).
 
 Returned per row: generated tokens, the policy's log-probabilities of those tokens
 (``log_softmax(logits / temperature)``; temperature 1 in greedy mode), why it stopped; and counters
@@ -58,7 +59,8 @@ class RolloutEngine:
 
     def __init__(self, policy: Policy, proposer: Proposer | None = None, *, max_model_len: int = 4096,
                  cuda_graphs: str = "off", max_draft_slots: int | None = None, bucket_batch: bool = False,
-                 min_static_rows: int | None = None, compile_backend: str = "inductor"):
+                 min_static_rows: int | None = None, compile_backend: str = "inductor",
+                 policy_cache_slots: int | None = None):
         if cuda_graphs not in CUDA_GRAPH_MODES:
             raise ValueError(f"cuda_graphs={cuda_graphs!r} is invalid: expected one of {CUDA_GRAPH_MODES}")
         if bucket_batch and cuda_graphs == "off":
@@ -78,6 +80,13 @@ class RolloutEngine:
                              f"{CUDA_GRAPH_MODES[1:]}): it sizes the static batch")
         if max_draft_slots is not None and max_draft_slots < 1:
             raise ValueError(f"max_draft_slots must be >= 1 or None, got {max_draft_slots}")
+        if policy_cache_slots is not None and (isinstance(policy_cache_slots, bool)
+                                               or not isinstance(policy_cache_slots, int) or policy_cache_slots < 1):
+            raise ValueError(f"policy_cache_slots must be an int >= 1 or None, got {policy_cache_slots!r}")
+        if policy_cache_slots is not None and cuda_graphs not in STATIC_MODES:
+            raise ValueError(f"policy_cache_slots={policy_cache_slots} needs a cuda_graphs mode with the policy on a "
+                             f"static cache (one of {STATIC_MODES}), got {cuda_graphs!r}")
+        self.policy_cache_slots = policy_cache_slots   # the policy's static cache columns a row (None: policy_slots)
         self.cuda_graphs = cuda_graphs
         self.max_draft_slots = max_draft_slots     # cap on the static draft cache (slots per row)
         # the draft's static batch rounded up to a power of two (static_kv.batch_bucket), the extra rows idle: a
@@ -158,10 +167,19 @@ class RolloutEngine:
 
     def policy_slots(self, P: int, max_new_tokens: int) -> int:
         """Columns per row of the policy's static cache for a request (longest prompt ``P``): the prompt, the answer
-        and ``POLICY_SLACK_STEPS`` verify steps, at most the draft caches' ``static_slots``. A verify step writes
+        and ``POLICY_SLACK_STEPS`` verify steps, at most the draft caches' ``static_slots`` (or ``policy_cache_slots``
+        when given: the self-check's smallest cache, so that it compacts often). A verify step writes
         k + 1 columns and keeps the accepted ones; when the next step's would pass the end, the cache moves each
         row's live slots to its front (``StaticPolicyCache.compact``: one host sync), so the rejected proposals'
         columns, most of a block draft's (k + 1 = 9 columns a step at about 4 accepted), need no room of their own."""
+        if self.policy_cache_slots is not None:
+            # the longest row's live slots (P + max_new_tokens - 1) and one step's k + 1 columns
+            need = P + max_new_tokens + self.k
+            if self.policy_cache_slots < need:
+                raise ValueError(f"policy_cache_slots={self.policy_cache_slots} is too small for the request: it "
+                                 f"needs at least {need} (longest prompt {P} + max_new_tokens {max_new_tokens} + "
+                                 f"k {self.k})")
+            return self.policy_cache_slots
         full = self.static_slots(P, max_new_tokens)
         return min(full, bucketed(P + max_new_tokens + POLICY_SLACK_STEPS * (self.k + 1)))
 

@@ -7,6 +7,9 @@ in fp32 copies of the policy and drafts (so that one-token and (k+1)-token forwa
   caches; ``draft``: the draft on static caches, graphed on CUDA; ``all``: policy and draft on static caches,
   graphed) equals plain greedy decoding on dynamic caches, token for token, stop reasons included, on
   ragged prompts with a stop token; the static path's acceptance counters equal the dynamic path's;
+* compaction: each family under the last static mode checked, on the smallest policy cache the request fits
+  (``policy_cache_slots``), so that it compacts during the request (``StaticPolicyCache.compact``): the same
+  identity, and the compactions counted;
 * graphs: on CUDA, under ``draft`` and ``all`` every graphed call captured and none fell back to eager;
 * timing (in the policy's own dtype): ms per verify step of plain decoding and of each family, per mode and
   batch size (median of a few calls), so one device call shows where a step's time goes.
@@ -39,11 +42,22 @@ def _fp32(policy, drafts):
     return pol32, out
 
 
-def _engine(policy, drafts, make_proposer, fam: str, mode: str) -> RolloutEngine:
+def _engine(policy, drafts, make_proposer, fam: str, mode: str, **kw) -> RolloutEngine:
     if fam == "plain":
         return RolloutEngine(policy, None, cuda_graphs=mode if mode in STATIC_MODES else "off")
     policy.set_taps(drafts[fam].tap_spec)
-    return RolloutEngine(policy, make_proposer(fam, drafts[fam]), cuda_graphs=mode)
+    return RolloutEngine(policy, make_proposer(fam, drafts[fam]), cuda_graphs=mode, **kw)
+
+
+def _compacting_engine(policy, drafts, make_proposer, fam: str, mode: str, prompts, new_tokens: int):
+    """``fam``'s engine in ``mode`` on the smallest policy cache the request fits: it compacts when full."""
+    eng = _engine(policy, drafts, make_proposer, fam, mode)
+    slots = eng.static_decoder.prompt_columns(max(len(p) for p in prompts)) + new_tokens + eng.k
+    return _engine(policy, drafts, make_proposer, fam, mode, policy_cache_slots=slots)
+
+
+def _compactions(eng: RolloutEngine) -> int:
+    return sum(st["cache"].compactions for st in eng.static_decoder.states._states.values())
 
 
 def _graph_failures(eng: RolloutEngine, where: str) -> list[str]:
@@ -67,19 +81,25 @@ def run_self_check(policy, drafts: dict, make_proposer: Callable, prompts: Seque
                          "\"off\" (the reference) among them")
     modes = list(modes)
     report: dict = {"device": str(policy.device), "modes": modes, "families": ["plain", *drafts],
-                    "identity": {}, "counters_equal": {}, "graphs": {}, "ms_per_step": {}, "failures": []}
+                    "identity": {}, "counters_equal": {}, "compactions": {}, "graphs": {}, "ms_per_step": {},
+                    "failures": []}
+    compact_mode = next((m for m in reversed(modes) if m in STATIC_MODES), None)
     fails = report["failures"]
     pol32, d32 = _fp32(policy, drafts)
     stops = () if stop_token is None else (stop_token,)
     ref = RolloutEngine(pol32).generate(prompts, max_new_tokens=new_tokens, greedy=True, stop_tokens=stops)
     for fam in ["plain", *drafts]:
         off_counters = None
-        for mode in modes:
+        runs = [(m, False) for m in modes] + ([(compact_mode, True)] if compact_mode and fam != "plain" else [])
+        for mode, compacting in runs:
             if fam == "plain" and mode == "draft":
                 continue
-            key = f"{fam}/{mode}"
-            eng = _engine(pol32, d32, make_proposer, fam, mode)
+            key = f"{fam}/{mode}" + ("+compact" if compacting else "")
+            eng = (_compacting_engine(pol32, d32, make_proposer, fam, mode, prompts, new_tokens) if compacting
+                   else _engine(pol32, d32, make_proposer, fam, mode))
             got = eng.generate(prompts, max_new_tokens=new_tokens, greedy=True, stop_tokens=stops)
+            if compacting:
+                report["compactions"][key] = _compactions(eng)
             same = [a == b for a, b in zip(got.tokens, ref.tokens)]
             frac = sum(same) / len(same)
             report["identity"][key] = frac
@@ -137,6 +157,8 @@ def verdict_table(report: dict) -> str:
     for fam in report["families"]:
         cells = [report["identity"].get(f"{fam}/{m}") for m in modes]
         lines.append(f"{fam:8s} " + " ".join(f"{'-':>7s}" if c is None else f"{c:7.2f}" for c in cells))
+    for key, n in report.get("compactions", {}).items():
+        lines.append(f"{key:24s} {report['identity'][key]:7.2f}  (on the smallest policy cache: {n} compactions)")
     if report["ms_per_step"]:
         lines += ["", "ms per step (median; AL = tokens per verify step)"]
         for key, v in report["ms_per_step"].items():

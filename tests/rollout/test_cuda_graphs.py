@@ -293,12 +293,9 @@ def test_a_failed_capture_is_tried_once_more(caplog):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_compacting_policy_cache_generates_what_a_full_one_does(trained, family, monkeypatch):
-    """The policy's static cache sized for the prompt, the answer and one verify step (``policy_slots``) compacts
-    during the request and gives the tokens, counters and log-probabilities of a cache sized for every proposal
+    """The policy's static cache at the smallest size the request fits (``policy_cache_slots``) compacts during the
+    request and gives the tokens, counters and log-probabilities of a cache sized for every proposal
     rejected; greedy and sampled, ragged rows, stop tokens, under replay emulation."""
-    from repro.decoding import static_kv
-    from repro.rollout import engine as engine_module
-
     pol, prompts, drafts = trained
     d = drafts[family]
     pol.set_taps(d.tap_spec)
@@ -309,9 +306,9 @@ def test_a_compacting_policy_cache_generates_what_a_full_one_does(trained, famil
     full = RolloutEngine(pol, proposer(d), cuda_graphs="all")
     want = [full.generate(ps, **kw) for kw in runs]
     assert all(st["cache"].compactions == 0 for st in full.static_decoder.states._states.values())
-    monkeypatch.setattr(engine_module, "POLICY_SLACK_STEPS", 1)
-    monkeypatch.setattr(static_kv, "SLOT_BUCKET", 8)
     small = RolloutEngine(pol, proposer(d), cuda_graphs="all")
+    small = RolloutEngine(pol, proposer(d), cuda_graphs="all",
+                          policy_cache_slots=max(map(len, ps)) + runs[0]["max_new_tokens"] + small.k)
     for kw, w in zip(runs, want):
         got = small.generate(ps, **kw)
         assert got.tokens == w.tokens and got.finish_reason == w.finish_reason
@@ -322,6 +319,37 @@ def test_a_compacting_policy_cache_generates_what_a_full_one_does(trained, famil
     (st,) = small.static_decoder.states._states.values()
     assert st["cache"].max_slots < min(s["cache"].max_slots for s in full.static_decoder.states._states.values())
     assert st["cache"].compactions >= 2
+
+
+@pytest.mark.timeout(120)
+def test_self_check_runs_each_family_on_a_compacting_cache(trained):
+    """The engine self-check (the decode benchmark's first step on a GPU) adds, per family, the last static mode on
+    the smallest policy cache the request fits: identical greedy tokens, and the cache compacted."""
+    from repro.rollout.self_check import run_self_check, verdict_table
+
+    pol, prompts, drafts = trained
+    report = run_self_check(pol, {f: drafts[f] for f in ("eagle3", "dspark")}, lambda fam, d: proposer(d),
+                            ragged(prompts), new_tokens=16, stop_token=5, timing_batches=(), modes=("off", "all"),
+                            progress=lambda line: None)
+    assert report["passed"], report["failures"]
+    assert set(report["compactions"]) == {"eagle3/all+compact", "dspark/all+compact"}
+    assert all(n >= 1 for n in report["compactions"].values())
+    assert report["identity"]["dspark/all+compact"] == 1.0
+    assert "dspark/all+compact" in verdict_table(report)
+
+
+@pytest.mark.timeout(30)
+def test_policy_cache_slots_are_checked(trained):
+    pol, prompts, drafts = trained
+    pol.set_taps(drafts["eagle3"].tap_spec)
+    with pytest.raises(ValueError, match="policy_cache_slots must be an int >= 1 or None, got 0"):
+        RolloutEngine(pol, proposer(drafts["eagle3"]), cuda_graphs="all", policy_cache_slots=0)
+    with pytest.raises(ValueError, match="needs a cuda_graphs mode with the policy on a static cache"):
+        RolloutEngine(pol, proposer(drafts["eagle3"]), cuda_graphs="draft", policy_cache_slots=64)
+    eng = RolloutEngine(pol, proposer(drafts["eagle3"]), cuda_graphs="all", policy_cache_slots=20)
+    with pytest.raises(ValueError, match=r"policy_cache_slots=20 is too small for the request: it needs at least 23 "
+                                         r"\(longest prompt 4 \+ max_new_tokens 16 \+ k 3\)"):
+        eng.generate(prompts[:2], max_new_tokens=16, greedy=True)
 
 
 @pytest.mark.timeout(30)
