@@ -117,6 +117,19 @@ def _device_alloc_calls() -> int | None:
     return int(torch.cuda.memory_stats().get("num_device_alloc", 0))
 
 
+def device_memory_metrics() -> dict[str, float]:
+    """The process's CUDA memory after a step, in GB (empty off CUDA): allocated now, the most allocated since the
+    process started, and what the caching allocator holds in CUDA graph pools. In a lockstep process every row's
+    trainer counts, so these say how far the process is from the card's limit."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    pools = sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+                if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0))      # (0, 0): the ordinary pool
+    return {"train/device_memory_gb": torch.cuda.memory_allocated() / 1e9,
+            "train/device_peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9,
+            "train/graph_pool_memory_gb": pools / 1e9}
+
+
 class CoTrainer:
     def __init__(self, cfg: RunConfig, tok: WorkloadTokenizer):
         cfg.validate()
@@ -241,6 +254,7 @@ class CoTrainer:
         # graphs dynamo compiled during this step (rollout engine, compiled update, drafts): a step averaged by the
         # tables should compile none (repro.rl.summary counts those that did)
         m["train/compiled_graphs"] = _compiled_graphs() - graphs0
+        m.update(device_memory_metrics())
         return m, batch, stats
 
     def _manual_gc(self, step: int) -> float:

@@ -223,3 +223,21 @@ def test_a_gpu_profile_on_a_cpu_machine_fails_before_writing(tmp_path, capsys):
     out = tmp_path / "run"
     assert run_main(["--artifact", "table1", "--row", "Qwen3-8B/DFlash", "--profile", "h200", "--out", str(out)]) == 2
     assert "no CUDA device" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.timeout(30)
+def test_device_memory_metrics(monkeypatch):
+    """On CUDA each step logs the process's memory (allocated, peak, CUDA graph pools); off CUDA nothing."""
+    from repro.rl import trainer
+
+    assert trainer.device_memory_metrics() == {} or torch.cuda.is_available()
+    cuda = trainer.torch.cuda
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(cuda, "memory_allocated", lambda: 2e9)
+    monkeypatch.setattr(cuda, "max_memory_allocated", lambda: 5e9)
+    monkeypatch.setattr(cuda, "memory_snapshot", lambda: [{"total_size": 1e9, "segment_pool_id": (0, 0)},
+                                                          {"total_size": 3e9, "segment_pool_id": (1, 2)},
+                                                          {"total_size": 0.5e9, "segment_pool_id": [0, 7]}])
+    assert trainer.device_memory_metrics() == {"train/device_memory_gb": 2.0, "train/device_peak_memory_gb": 5.0,
+                                               "train/graph_pool_memory_gb": 3.5}
