@@ -18,3 +18,14 @@ def test_phase_times_reads_each_named_range():
     assert t["step.update"]["host_ms"] >= t["update.policy_forward"]["host_ms"] > 0
     assert t["update.policy_backward"]["host_ms"] > 0
     assert t["update.draft"]["host_ms"] == 0 and t["step.rollout"]["kernels"] == 0
+
+
+def test_moe_experts_study_times_each_implementation(capsys):
+    from studies.rl_profile.moe_experts import main
+
+    assert main(["--profile", "cpu-tiny", "--rows", "2", "--tokens", "16", "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [line.split()[:2] for line in lines] == [[w, e] for w in ("float32", "bfloat16")
+                                                    for e in ("grouped_mm", "batched_mm", "eager")]
+    losses = [float(line.split()[4]) for line in lines]
+    assert max(losses) - min(losses) < 1e-2          # the same model: implementations agree

@@ -1,0 +1,104 @@
+"""What the MoE policy's update costs per experts implementation: the h200 profile's MoE policy (16 experts, top-2)
+forward and backward over one update microbatch, under bf16 autocast over fp32 weights as the update runs it
+(``repro.rl.joint``), with each of transformers' experts implementations, and the same with bf16 weights (the
+rollout copy's case) beside them. torch's grouped GEMM has its fast path (CUTLASS, no host sync) only for bf16
+operands; transformers casts the tokens to the weights' dtype, so fp32 master weights take the per-expert fallback.
+Prints ms per forward + backward (median), host syncs per call, and the loss against the first implementation's.
+Writes nothing; the workflow's ``table1`` is where results come from.
+
+    PYTHONPATH=. python studies/rl_profile/moe_experts.py --profile h200      # on a CUDA machine
+    PYTHONPATH=. python studies/rl_profile/moe_experts.py --profile cpu-tiny --rows 4 --tokens 32 --repeats 1
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import torch
+
+from repro.core.profile import load_profile
+from repro.models.policy import build_policy
+
+IMPLEMENTATIONS = ("grouped_mm", "batched_mm", "eager")
+
+
+def set_experts(model, name: str) -> None:
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation(name)
+    else:                                               # an older transformers: the config's field
+        model.config._experts_implementation = name
+
+
+def fwd_bwd(policy, ids: torch.Tensor, weights: torch.dtype) -> float:
+    """Forward and backward on ``ids`` (bf16 autocast over fp32 weights, as the update runs); returns the loss."""
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=weights == torch.float32):
+        logits = policy.forward_train(ids, want_taps=False).logits
+        out = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+    out.backward()
+    policy.model.zero_grad(set_to_none=True)
+    return out.detach().item()
+
+
+def host_syncs(policy, ids: torch.Tensor, weights: torch.dtype) -> int:
+    """Synchronising CUDA calls in one forward + backward (torch's sync debug mode, counted; 0 off CUDA)."""
+    if ids.device.type != "cuda":
+        return 0
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fwd_bwd(policy, ids, weights)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in seen)
+
+
+def time_update(policy, ids: torch.Tensor, weights: torch.dtype, repeats: int) -> tuple[float, int, float]:
+    """(median ms, host syncs, loss) of forward + backward on ``ids``."""
+    cuda = ids.device.type == "cuda"
+    times, loss = [], float("nan")
+    for _ in range(repeats + 1):                       # the first call warms up
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = fwd_bwd(policy, ids, weights)
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times[1:] or times), host_syncs(policy, ids, weights), loss
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="h200", help="profile whose rl.policies.moe is timed")
+    ap.add_argument("--rows", type=int, default=32, help="sequences per microbatch (the h200 update's: 32)")
+    ap.add_argument("--tokens", type=int, default=256, help="tokens per sequence (prompt + answer)")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args(argv)
+    prof = load_profile(args.profile)
+    moe = prof["rl"]["policies"]["moe"]
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    ids = torch.randint(0, prof["rl"]["vocab_size"], (args.rows, args.tokens),
+                        generator=torch.Generator().manual_seed(0)).to(dev)
+    print(f"{'weights':8s} {'experts':12s} {'ms fwd+bwd':>11s} {'syncs':>7s} {'loss':>9s}")
+    ref = None
+    for weights in (torch.float32, torch.bfloat16):
+        policy = build_policy(moe["family"], moe["scale"], seed=0, dtype=weights, device=dev,
+                              vocab_size=prof["rl"]["vocab_size"], **moe.get("overrides", {}))
+        policy.model.train()
+        for name in IMPLEMENTATIONS:
+            try:
+                set_experts(policy.model, name)
+                ms, syncs, loss = time_update(policy, ids, weights, args.repeats)
+            except Exception as exc:                    # noqa: BLE001 - an implementation this install lacks
+                print(f"{str(weights)[6:]:8s} {name:12s} unavailable: {type(exc).__name__}: {exc}")
+                continue
+            ref = loss if ref is None else ref
+            print(f"{str(weights)[6:]:8s} {name:12s} {ms:11.2f} {syncs:7d} {loss:9.4f} (first {ref:.4f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
