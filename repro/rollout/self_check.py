@@ -42,22 +42,19 @@ def _fp32(policy, drafts):
     return pol32, out
 
 
-def _engine(policy, drafts, make_proposer, fam: str, mode: str, **kw) -> RolloutEngine:
+def _engine(policy, drafts, make_proposer, fam: str, mode: str) -> RolloutEngine:
     if fam == "plain":
         return RolloutEngine(policy, None, cuda_graphs=mode if mode in STATIC_MODES else "off")
     policy.set_taps(drafts[fam].tap_spec)
-    return RolloutEngine(policy, make_proposer(fam, drafts[fam]), cuda_graphs=mode, **kw)
+    return RolloutEngine(policy, make_proposer(fam, drafts[fam]), cuda_graphs=mode)
 
 
 def _compacting_engine(policy, drafts, make_proposer, fam: str, mode: str, prompts, new_tokens: int):
-    """``fam``'s engine in ``mode`` on the smallest policy cache the request fits: it compacts when full."""
+    """``fam``'s engine in ``mode`` on the smallest policy cache the request fits: it compacts when full (the
+    engine's ``policy_slots`` still refuses a request that needs more)."""
     eng = _engine(policy, drafts, make_proposer, fam, mode)
-    slots = eng.static_decoder.prompt_columns(max(len(p) for p in prompts)) + new_tokens + eng.k
-    return _engine(policy, drafts, make_proposer, fam, mode, policy_cache_slots=slots)
-
-
-def _compactions(eng: RolloutEngine) -> int:
-    return sum(st["cache"].compactions for st in eng.static_decoder.states._states.values())
+    eng.policy_cache_slots = eng.static_decoder.prompt_columns(max(len(p) for p in prompts)) + new_tokens + eng.k
+    return eng
 
 
 def _graph_failures(eng: RolloutEngine, where: str) -> list[str]:
@@ -99,7 +96,7 @@ def run_self_check(policy, drafts: dict, make_proposer: Callable, prompts: Seque
                    else _engine(pol32, d32, make_proposer, fam, mode))
             got = eng.generate(prompts, max_new_tokens=new_tokens, greedy=True, stop_tokens=stops)
             if compacting:
-                report["compactions"][key] = _compactions(eng)
+                report["compactions"][key] = got.cache_compactions
             same = [a == b for a, b in zip(got.tokens, ref.tokens)]
             frac = sum(same) / len(same)
             report["identity"][key] = frac

@@ -258,6 +258,7 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     st = decoder.state(R, engine.policy_slots(P, max_new_tokens), graphs)
     cache = st["cache"]
     cache.start()
+    compactions0 = cache.compactions
     proposer = engine.proposer
     if proposer is not None:
         proposer.prepare(R, size, cuda_graphs=graphs)
@@ -364,4 +365,5 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     toks_all, lps_all, stop_all = out_tok[:B].tolist(), out_lp[:B].tolist(), stopped[:B].tolist()
     counters = count_acceptance(history, k, has_valid=bool(history) and history[0].dim() == 2)
     return RolloutResult([t[:m] for t, m in zip(toks_all, n)], [x[:m] for x, m in zip(lps_all, n)],
-                         ["stop" if s else "length" for s in stop_all], counters, forwards, 0, size)
+                         ["stop" if s else "length" for s in stop_all], counters, forwards,
+                         cache.compactions - compactions0, cache.max_slots)

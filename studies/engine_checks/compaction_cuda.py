@@ -42,12 +42,10 @@ def compare(pol, make_proposer, mode: str, prompts) -> str:
     want_s = full.generate(prompts, max_new_tokens=NEW_TOKENS, greedy=False, seed=3)
     dlp = (max(abs(a - b) for x, y in zip(got_s.logprobs, want_s.logprobs) for a, b in zip(x, y))
            if got_s.tokens == want_s.tokens else None)
-    compactions = sum(st["cache"].compactions for st in small.static_decoder.states._states.values())
     fallbacks = {k: v["fallback_reason"] for k, v in small.graph_status().items() if v.get("fallback_reason")}
-    full_slots = [st["cache"].max_slots for st in full.static_decoder.states._states.values()]
     return (f"greedy same={got.tokens == want.tokens} sampled same={got_s.tokens == want_s.tokens} "
-            f"max|dlogp|={dlp} AL={want.counters.acceptance_length:.2f} slots {slots} vs {full_slots} "
-            f"compactions={compactions} fallbacks={fallbacks}")
+            f"max|dlogp|={dlp} AL={want.counters.acceptance_length:.2f} slots {got.cache_slots} vs "
+            f"{want.cache_slots} compactions={got.cache_compactions + got_s.cache_compactions} fallbacks={fallbacks}")
 
 
 def main():
