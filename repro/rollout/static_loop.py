@@ -177,8 +177,10 @@ class StaticDecoder:
         new_active = active & (new_len < max_new)
         if hit_stop is not None:
             new_active &= ~hit_stop
-        # rejected proposals (and every new slot of a finished row) become dead slots
-        st["cache"].slots.pos.index_copy_(1, cols, torch.where(j < (n_new * active)[:, None], qpos, -1))
+        # only the kept tokens' inputs stay live: rejected proposals, every new slot of a finished row, and the
+        # accepted proposals past a row's stop token or length limit die (a row that ends keeps at most
+        # prompt + answer - 1 slots, the most a cache sized by RolloutEngine.policy_slots holds after compacting)
+        st["cache"].slots.pos.index_copy_(1, cols, torch.where(j < n_keep[:, None], qpos, -1))
         # per row: accepted proposals, -1 for rows not running (the counters are summed at the end)
         hist = torch.where(active, a, -1)
         if n_valid is not None:

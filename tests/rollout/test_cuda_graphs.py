@@ -292,16 +292,22 @@ def test_a_failed_capture_is_tried_once_more(caplog):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_compacting_policy_cache_generates_what_a_full_one_does(trained, family, monkeypatch):
+@pytest.mark.parametrize("lagged", (False, True), ids=("exact-flag", "lagged-flag"))
+def test_a_compacting_policy_cache_generates_what_a_full_one_does(trained, family, lagged, monkeypatch):
     """The policy's static cache at the smallest size the request fits (``policy_cache_slots``) compacts during the
     request and gives the tokens, counters and log-probabilities of a cache sized for every proposal
-    rejected; greedy and sampled, ragged rows, stop tokens, under replay emulation."""
+    rejected; greedy and sampled, ragged rows, stop tokens, under replay emulation. ``lagged``: the loop reads its
+    running flag one step late, as on a GPU (a step past the end reserves k + 1 more columns)."""
+    from repro.rollout.static_loop import RunningFlag
+
     pol, prompts, drafts = trained
     d = drafts[family]
     pol.set_taps(d.tap_spec)
     monkeypatch.setattr(GraphedCallable, "emulate_replay", True)
+    monkeypatch.setattr(RunningFlag, "lag_on_cpu", lagged)
     ps = ragged(prompts)
     runs = [{"max_new_tokens": 24, "greedy": True, "stop_tokens": [5]},
+            {"max_new_tokens": 24, "greedy": True},       # every row to the limit, proposals accepted past it
             {"max_new_tokens": 24, "greedy": False, "temperature": 0.8, "seed": 4}]
     full = RolloutEngine(pol, proposer(d), cuda_graphs="all")
     want = [full.generate(ps, **kw) for kw in runs]
@@ -320,6 +326,39 @@ def test_a_compacting_policy_cache_generates_what_a_full_one_does(trained, famil
     assert len(small.static_decoder.states._states) == 1
     assert all(g.cache_slots < w.cache_slots for g, w in zip(gots, want))
     assert sum(g.cache_compactions for g in gots) >= 2
+
+
+@pytest.mark.timeout(60)
+def test_a_finishing_row_keeps_only_its_kept_tokens_slots(trained):
+    """The verify step's accept: a row that continues keeps the slots of its input and accepted proposals; a row
+    that reaches its length limit or a stop token keeps only those of the tokens it keeps, so no row's live slots
+    pass prompt + answer - 1, the most ``policy_slots`` leaves room for after a compaction (on a GPU the loop runs
+    one step past the end, reserving k + 1 more columns)."""
+    pol, _, drafts = trained
+    pol.set_taps(drafts["eagle3"].tap_spec)
+    eng = RolloutEngine(pol, proposer(drafts["eagle3"]), cuda_graphs="all")
+    k, max_new = eng.k, 10
+    assert k == 3
+    st = eng.static_decoder.state(4, 32, False)
+    # row 2 proposes the stop token second; the policy agrees with every proposal (all k accepted), then says 9
+    drafts_ = torch.tensor([[3, 6, 7], [3, 6, 7], [3, 4, 5], [3, 6, 7]])
+    logits = torch.full((4, k + 1, pol.vocab_size), -5.0)
+    for j in range(k):
+        logits[torch.arange(4), j, drafts_[:, j]] = 5.0
+    logits[:, k, 9] = 5.0
+    cols = torch.arange(k + 1) + 20
+    qpos = (torch.arange(k + 1)[None, :] + 10).expand(4, -1)
+    gen_len = torch.tensor([1, max_new - 2, 1, 1])           # row 1: room for 2 more tokens
+    active = torch.tensor([True, True, True, False])         # row 3 has finished already
+    out = eng.static_decoder.outputs(st, max_new + k + 1)
+    stop = torch.tensor([4])
+    res = eng.static_decoder._accept_step(st, logits, drafts_, qpos, cols, torch.full((4,), 10),
+                                          active, gen_len, *out, stop, has_stop=True, has_probs=False,
+                                          has_valid=False, greedy=True, temperature=1.0, max_new=max_new)
+    live = (st["cache"].slots.pos[:, cols] >= 0).sum(1).tolist()
+    new_len = res[5].tolist()
+    assert live == [k + 1, 2, 2, 0]
+    assert new_len == [1 + k + 1, max_new, 1 + 2, 1]
 
 
 @pytest.mark.timeout(120)
