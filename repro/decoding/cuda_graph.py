@@ -154,8 +154,9 @@ class GraphedCallable:
 
     def _capture_or_fall_back(self, inputs: tuple[torch.Tensor, ...], settings: dict[str, Hashable]):
         """Capture (warm-up included), once more if the first attempt fails; None (and ``fallback_reason`` set)
-        when both fail. Between the attempts the device is synchronised; the second attempt warms up again, so lazy
-        work that the first did inside its capture (a kernel's first load, an allocation) is done before it."""
+        when both fail. Between the attempts the device is synchronised (and, after running out of memory, the
+        allocator's cached free memory released); the second attempt warms up again, so lazy work that the first
+        did inside its capture (a kernel's first load, an allocation) is done before it."""
         for attempt in range(1, CAPTURE_ATTEMPTS + 1):
             try:
                 return self._capture(inputs, settings)
@@ -166,6 +167,11 @@ class GraphedCallable:
                 # a broken capture can leave the allocator recording into its pool: capturing into that pool again
                 # fails ("beginAllocateToPool: already recording to mempool_id"), so the retry takes a fresh one
                 self._pool = None
+                if isinstance(exc, torch.OutOfMemoryError):
+                    # a graph's pool cannot use the ordinary pool's cached free blocks: hand them back to the
+                    # driver, so the retry's pool can have that memory
+                    with contextlib.suppress(Exception):
+                        torch.cuda.empty_cache()
                 if attempt < CAPTURE_ATTEMPTS:
                     log.warning("CUDA graph capture of %s did not succeed (attempt %d of %d), trying again: %s",
                                 self.name, attempt, CAPTURE_ATTEMPTS, reason)

@@ -258,6 +258,14 @@ class StateCache:
             self._states.popitem(last=False)
         return st, True
 
+    def keys(self) -> list[Hashable]:
+        """The kept states' keys, least recently used first."""
+        return list(self._states)
+
+    def drop(self, key: Hashable) -> None:
+        """Forget ``key``'s state (its buffers and graphs are freed once nothing else holds them)."""
+        del self._states[key]
+
 
 class StaticProposerState:
     """What the graphed proposers share (a mixin): per request shape, the slot table, the batch map, the

@@ -29,6 +29,7 @@ from torch import nn
 
 from repro.decoding.kv import SlotTable
 from repro.decoding.policy_cache import StaticPolicyCache
+from repro.models.moe_experts import use_autocast_experts
 from repro.models.policy_attention import grouped_attention
 from repro.models.taps import TapRecorder, TapSpec
 
@@ -95,6 +96,7 @@ def build_policy(family: str, scale: str = "tiny", *, seed: int = 0, dtype: torc
         extra = {"experts_implementation": "eager"} if dtype == torch.float64 else {}
         model = model_cls._from_config(cfg, attn_implementation=attn, dtype=dtype, **extra)
     model.generation_config.bos_token_id = model.generation_config.eos_token_id = None
+    use_autocast_experts(model)          # MoE: grouped GEMMs in the autocast dtype under the update's autocast
     return Policy(model.to(device=device, dtype=dtype).eval(), family=family, tap_spec=tap_spec)
 
 
@@ -109,6 +111,7 @@ def load_policy(path: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16,
     model_type = AutoConfig.from_pretrained(p).model_type     # any HF causal LM; FAMILIES are the tested ones
     model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype, attn_implementation="sdpa"
                                                  if model_type != "gpt_oss" else "eager")
+    use_autocast_experts(model)
     return Policy(model.to(device).eval(), family=model_type, tap_spec=tap_spec)
 
 

@@ -56,7 +56,10 @@ class DraftTrainStep:
         self.draft, self.seq_bucket = draft, seq_bucket
         self.rope = draft.backbone.rope if self.anchored else draft.rope
         self.params = [p for p in draft.parameters() if p.requires_grad]
-        self.graph = GraphedCallable(self._loss_and_grads, f"{type(draft).__name__}.train_step", enabled=cuda_graphs)
+        # the sequence buckets' graphs share one memory pool (a run's longest rows hold the most activations, not
+        # the sum over every bucket met): safe, as each call's loss and gradients are read before the next call
+        self.graph = GraphedCallable(self._loss_and_grads, f"{type(draft).__name__}.train_step", enabled=cuda_graphs,
+                                     shared_pool=True)
 
     def status(self) -> dict:
         return self.graph.status()

@@ -89,8 +89,9 @@ class JointUpdate:
     """One optimizer (policy group + draft group), per-group clipping, GRPO + lambda * draft loss. Under
     ``grpo.compile_layers`` the policy's decoder layers run compiled (``COMPILE_BACKEND``) in the update's forward,
     so AOTAutograd's compiled backward runs in its backward; an MoE policy's update runs eagerly (transformers'
-    expert kernels under fp32 master weights read their group offsets on the host, which breaks inductor's graph
-    at every layer: the compilation costs time and saves none)."""
+    expert kernels on fp32 weights read their group offsets on the host, which breaks inductor's graph at every
+    layer; under autocast its experts run bf16 grouped GEMMs instead, repro.models.moe_experts, whose compilation
+    is not measured)."""
 
     COMPILE_BACKEND = "inductor"
 

@@ -4,6 +4,7 @@ docs/engine.md says how a verify step runs."""
 from __future__ import annotations
 
 import functools
+import gc
 from collections.abc import Sequence
 
 import torch
@@ -45,7 +46,19 @@ class StaticDecoder:
         self.graphed = ("fused",) if fused else ("prefill", "step", "accept")
 
     def state(self, rows: int, max_slots: int, cuda_graphs: bool) -> dict:
-        st, _ = self.states.get((rows, max_slots), lambda: self._build(rows, max_slots))
+        """The static state (policy cache, graphs) a request of ``rows`` rows needing ``max_slots`` columns a row
+        runs on: the smallest kept state of as many rows with at least as many columns (the attention view follows
+        the columns written, not the cache's size), else a new one, which supersedes the smaller states of its
+        rows (they are dropped: every request they would serve fits it), so a run whose prompts grow keeps one
+        cache per batch, not one per size met."""
+        kept = [key for key in self.states.keys() if key[0] == rows and key[1] >= max_slots]
+        key = min(kept, key=lambda k: k[1]) if kept else (rows, max_slots)
+        st, new = self.states.get(key, lambda: self._build(rows, max_slots))
+        smaller = [k for k in self.states.keys() if k[0] == rows and k[1] < max_slots] if new else []
+        for k in smaller:
+            self.states.drop(k)
+        if smaller:
+            gc.collect()      # a state's graphed calls close over the state: a cycle, freed (cache, pools) only here
         for g in self.graphed:
             st[g].enabled = cuda_graphs
         return st

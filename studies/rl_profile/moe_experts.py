@@ -3,8 +3,8 @@ forward and backward over one update microbatch, under bf16 autocast over fp32 w
 (``repro.rl.joint``), with each of transformers' experts implementations, and the same with bf16 weights (the
 rollout copy's case) beside them. torch's grouped GEMM has its fast path (CUTLASS, no host sync) only for bf16
 operands; transformers casts the tokens to the weights' dtype, so fp32 master weights take the per-expert fallback.
-``grouped_mm+cast``: the candidate fix, the experts' weights cast to the autocast dtype for their GEMMs
-(``experts_in_autocast_dtype``). Prints ms per forward + backward (median), host syncs per call, and the loss
+``grouped_mm_autocast`` (repro.models.moe_experts, what the policies run) casts the experts' weights to the
+autocast dtype for their GEMMs. Prints ms per forward + backward (median), host syncs per call, and the loss
 against the first implementation's.
 Writes nothing; the workflow's ``table1`` is where results come from.
 
@@ -21,9 +21,10 @@ import warnings
 import torch
 
 from repro.core.profile import load_profile
+from repro.models.moe_experts import AUTOCAST_EXPERTS
 from repro.models.policy import build_policy
 
-IMPLEMENTATIONS = ("grouped_mm", "batched_mm", "eager")
+IMPLEMENTATIONS = ("grouped_mm", AUTOCAST_EXPERTS, "batched_mm", "eager")
 
 
 def set_experts(model, name: str) -> None:
@@ -31,34 +32,6 @@ def set_experts(model, name: str) -> None:
         model.set_experts_implementation(name)
     else:                                               # an older transformers: the config's field
         model.config._experts_implementation = name
-
-
-def experts_in_autocast_dtype(model) -> list:
-    """The candidate fix, as a wrapper: under autocast every experts module runs on its weights cast to the autocast
-    dtype (autograd carries the gradients back to the fp32 weights through the cast, as autocast does for a linear
-    layer), so the grouped GEMM sees bf16 operands. Returns the undo handles (the modules' own ``forward``)."""
-    wrapped = []
-    for module in model.modules():
-        if not type(module).__name__.endswith("Experts"):
-            continue
-
-        def forward(hidden, index, weights, module=module, original=module.forward):
-            kind = hidden.device.type
-            if getattr(module, "_casting", False) or not torch.is_autocast_enabled(kind):
-                return original(hidden, index, weights)
-            dtype = torch.get_autocast_dtype(kind)
-            params = {n: p.to(dtype) for n, p in module.named_parameters(recurse=False)}
-            module._casting = True
-            try:
-                with torch.autocast(kind, enabled=False):
-                    out = torch.func.functional_call(module, params, (hidden.to(dtype), index, weights.to(dtype)))
-            finally:
-                module._casting = False
-            return out.to(hidden.dtype)
-
-        module.forward = forward
-        wrapped.append(module)
-    return wrapped
 
 
 def fwd_bwd(policy, ids: torch.Tensor, weights: torch.dtype) -> float:
@@ -112,27 +85,21 @@ def main(argv: list[str] | None = None) -> int:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     ids = torch.randint(0, prof["rl"]["vocab_size"], (args.rows, args.tokens),
                         generator=torch.Generator().manual_seed(0)).to(dev)
-    print(f"{'weights':8s} {'experts':16s} {'ms fwd+bwd':>11s} {'syncs':>7s} {'loss':>9s}")
+    print(f"{'weights':8s} {'experts':20s} {'ms fwd+bwd':>11s} {'syncs':>7s} {'loss':>9s}")
     ref = None
     for weights in (torch.float32, torch.bfloat16):
         policy = build_policy(moe["family"], moe["scale"], seed=0, dtype=weights, device=dev,
                               vocab_size=prof["rl"]["vocab_size"], **moe.get("overrides", {}))
         policy.model.train()
-        variants = [(name, False) for name in IMPLEMENTATIONS]
-        variants += [("grouped_mm", True)] if weights == torch.float32 else []
-        for name, cast in variants:
-            label = name + ("+cast" if cast else "")
+        for name in IMPLEMENTATIONS:
             try:
                 set_experts(policy.model, name)
-                wrapped = experts_in_autocast_dtype(policy.model) if cast else []
                 ms, syncs, loss = time_update(policy, ids, weights, args.repeats)
-                for module in wrapped:
-                    del module.forward                 # the class's forward again
             except Exception as exc:                    # noqa: BLE001 - an implementation this install lacks
-                print(f"{str(weights)[6:]:8s} {label:16s} unavailable: {type(exc).__name__}: {exc}")
+                print(f"{str(weights)[6:]:8s} {name:20s} unavailable: {type(exc).__name__}: {exc}")
                 continue
             ref = loss if ref is None else ref
-            print(f"{str(weights)[6:]:8s} {label:16s} {ms:11.2f} {syncs:7d} {loss:9.4f} (first {ref:.4f})")
+            print(f"{str(weights)[6:]:8s} {name:20s} {ms:11.2f} {syncs:7d} {loss:9.4f} (first {ref:.4f})")
     return 0
 
 

@@ -71,6 +71,8 @@ def test_step_equals_eager_loss_and_backward(policy64, family, bucket):
     got = step(batch.input_ids, batch.loss_mask, batch.policy_logits, feats.concat(d.tap_layers),
                torch.Generator().manual_seed(7), weight=w)
     assert step.status()["eager_calls"] == 1 and step.status()["captures"] == 0
+    # one memory pool for every sequence bucket's graph: the outputs (loss, gradients) are read before the next call
+    assert step.graph.shared_pool
     torch.testing.assert_close(got, eager.detach(), rtol=0, atol=1e-12)
     have = _grads(d)
     assert have.keys() == want.keys() and len(have) > 5

@@ -361,6 +361,32 @@ def test_a_finishing_row_keeps_only_its_kept_tokens_slots(trained):
     assert new_len == [1 + k + 1, max_new, 1 + 2, 1]
 
 
+@pytest.mark.timeout(60)
+def test_a_larger_policy_state_serves_and_supersedes_smaller_ones(trained):
+    """A request runs on the smallest kept state of its rows with enough columns; a new, larger state drops the
+    smaller ones of its rows (their cache and graphs freed), so growing prompts keep one policy cache a batch."""
+    import weakref
+
+    pol, prompts, _ = trained
+    dec = RolloutEngine(pol, cuda_graphs="all").static_decoder
+    small = dec.state(2, 256, False)
+    freed = weakref.ref(small["cache"])
+    assert dec.state(2, 200, False) is small
+    del small
+    large = dec.state(2, 512, False)
+    assert dec.states.keys() == [(2, 512)] and freed() is None
+    assert dec.state(2, 256, False) is large and large["cache"].max_slots == 512
+    other = dec.state(4, 256, False)
+    assert other is not large and dec.states.keys() == [(2, 512), (4, 256)]
+    # a request served by the larger state generates what a state of its own size does
+    ps = ragged(prompts)
+    want = RolloutEngine(pol, cuda_graphs="all").generate(ps, max_new_tokens=8, greedy=True)
+    eng = RolloutEngine(pol, cuda_graphs="all")
+    eng.static_decoder.state(eng.static_rows(len(ps)), 1024, False)
+    got = eng.generate(ps, max_new_tokens=8, greedy=True)
+    assert got.tokens == want.tokens and got.cache_slots == 1024 and want.cache_slots < 1024
+
+
 @pytest.mark.timeout(120)
 def test_self_check_runs_each_family_on_a_compacting_cache(trained):
     """The engine self-check (the decode benchmark's first step on a GPU) adds, per family, the last static mode on
@@ -390,6 +416,33 @@ def test_policy_cache_slots_are_checked(trained):
     with pytest.raises(ValueError, match=r"policy_cache_slots=20 is too small for the request: it needs at least 23 "
                                          r"\(longest prompt 4 \+ max_new_tokens 16 \+ k 3\)"):
         eng.generate(prompts[:2], max_new_tokens=16, greedy=True)
+
+
+@pytest.mark.timeout(30)
+def test_a_capture_out_of_memory_releases_cached_memory_before_the_retry(monkeypatch):
+    """A capture's private pool cannot use the ordinary pool's cached free blocks: after an out-of-memory capture
+    the cache is emptied before the retry (and only then)."""
+    events = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+
+    class Graph:
+        def replay(self):
+            pass
+
+    def capture(inputs, settings, error):
+        events.append("capture")
+        if events.count("capture") == 1:
+            raise error
+        return Graph(), list(inputs), inputs[0]
+
+    for error, want in ((torch.OutOfMemoryError("CUDA out of memory"), ["capture", "empty_cache", "capture"]),
+                        (RuntimeError("capture invalidated"), ["capture", "capture"])):
+        events.clear()
+        g = GraphedCallable(lambda t: t, "t", enabled=True)
+        g.would_capture = lambda inputs: g.fallback_reason is None
+        g._capture = lambda inputs, settings, error=error: capture(inputs, settings, error)
+        g(torch.ones(3))
+        assert events == want and g.captures == 1
 
 
 @pytest.mark.timeout(30)
