@@ -18,6 +18,7 @@ Attention reads the first ``view`` columns (``StaticSlots.view``: the used ones 
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -258,13 +259,29 @@ class StateCache:
             self._states.popitem(last=False)
         return st, True
 
+    def get_covering(self, key: tuple, build: Callable[[], dict], *, size_at: int) -> tuple[dict, bool]:
+        """``get`` for keys with a size (columns a row) at ``key[size_at]``: the smallest kept state whose key is
+        ``key`` but for a size at least ``key``'s serves the request; else ``key``'s state is built, and the kept
+        states whose key is ``key`` but for a smaller size are dropped (every request they would serve fits the
+        new one), so requests of growing sizes keep one state, not one per size met."""
+        def same_but_size(k) -> bool:
+            return len(k) == len(key) and all(a == b for i, (a, b) in enumerate(zip(k, key)) if i != size_at)
+
+        need = key[size_at]
+        covering = [k for k in self._states if same_but_size(k) and k[size_at] >= need]
+        if covering:
+            return self.get(min(covering, key=lambda k: k[size_at]), build)
+        st, new = self.get(key, build)
+        smaller = [k for k in self._states if same_but_size(k) and k[size_at] < need]
+        for k in smaller:
+            del self._states[k]
+        if smaller:
+            gc.collect()     # a state's graphed calls close over the state: a cycle, freed (buffers, pools) here
+        return st, new
+
     def keys(self) -> list[Hashable]:
         """The kept states' keys, least recently used first."""
         return list(self._states)
-
-    def drop(self, key: Hashable) -> None:
-        """Forget ``key``'s state (its buffers and graphs are freed once nothing else holds them)."""
-        del self._states[key]
 
 
 class StaticProposerState:
@@ -299,7 +316,7 @@ class StaticProposerState:
     def prepare_static(self, batch: int, max_slots: int, dtype, device, *, cuda_graphs: bool, name: str,
                        extra: Callable[[], dict]) -> None:
         fused = self.compile_static
-        st, new = self._states.get((batch, max_slots, dtype, str(device), fused), lambda: {
+        st, new = self._states.get_covering((batch, max_slots, dtype, str(device), fused), size_at=1, build=lambda: {
             "slots": StaticSlots(batch, max_slots, device), "sb": StaticBatch(batch, device),
             "cursor": Cursor(max_slots, device),
             "_graphs": {part: GraphedCallable(self._static_call(part, fused, device), f"{name}.{part}",

@@ -4,7 +4,6 @@ docs/engine.md says how a verify step runs."""
 from __future__ import annotations
 
 import functools
-import gc
 from collections.abc import Sequence
 
 import torch
@@ -51,14 +50,7 @@ class StaticDecoder:
         the columns written, not the cache's size), else a new one, which supersedes the smaller states of its
         rows (they are dropped: every request they would serve fits it), so a run whose prompts grow keeps one
         cache per batch, not one per size met."""
-        kept = [key for key in self.states.keys() if key[0] == rows and key[1] >= max_slots]
-        key = min(kept, key=lambda k: k[1]) if kept else (rows, max_slots)
-        st, new = self.states.get(key, lambda: self._build(rows, max_slots))
-        smaller = [k for k in self.states.keys() if k[0] == rows and k[1] < max_slots] if new else []
-        for k in smaller:
-            self.states.drop(k)
-        if smaller:
-            gc.collect()      # a state's graphed calls close over the state: a cycle, freed (cache, pools) only here
+        st, _ = self.states.get_covering((rows, max_slots), lambda: self._build(rows, max_slots), size_at=1)
         for g in self.graphed:
             st[g].enabled = cuda_graphs
         return st

@@ -364,10 +364,11 @@ def test_a_finishing_row_keeps_only_its_kept_tokens_slots(trained):
 @pytest.mark.timeout(60)
 def test_a_larger_policy_state_serves_and_supersedes_smaller_ones(trained):
     """A request runs on the smallest kept state of its rows with enough columns; a new, larger state drops the
-    smaller ones of its rows (their cache and graphs freed), so growing prompts keep one policy cache a batch."""
+    smaller ones of its rows (their cache and graphs freed), so growing prompts keep one policy cache a batch; the
+    drafts' static states follow the same rule."""
     import weakref
 
-    pol, prompts, _ = trained
+    pol, prompts, drafts = trained
     dec = RolloutEngine(pol, cuda_graphs="all").static_decoder
     small = dec.state(2, 256, False)
     freed = weakref.ref(small["cache"])
@@ -378,13 +379,20 @@ def test_a_larger_policy_state_serves_and_supersedes_smaller_ones(trained):
     assert dec.state(2, 256, False) is large and large["cache"].max_slots == 512
     other = dec.state(4, 256, False)
     assert other is not large and dec.states.keys() == [(2, 512), (4, 256)]
-    # a request served by the larger state generates what a state of its own size does
+    # a request served by larger states (the policy's and the draft's) generates what states of its size do
     ps = ragged(prompts)
-    want = RolloutEngine(pol, cuda_graphs="all").generate(ps, max_new_tokens=8, greedy=True)
-    eng = RolloutEngine(pol, cuda_graphs="all")
-    eng.static_decoder.state(eng.static_rows(len(ps)), 1024, False)
+    pol.set_taps(drafts["dspark"].tap_spec)
+    want = RolloutEngine(pol, proposer(drafts["dspark"]), cuda_graphs="all").generate(ps, max_new_tokens=8,
+                                                                                      greedy=True)
+    prop = proposer(drafts["dspark"])
+    eng = RolloutEngine(pol, prop, cuda_graphs="all")
+    rows = eng.static_rows(len(ps))
+    eng.static_decoder.state(rows, 1024, False)
+    prop.prepare(rows, 2048, cuda_graphs=False)
     got = eng.generate(ps, max_new_tokens=8, greedy=True)
-    assert got.tokens == want.tokens and got.cache_slots == 1024 and want.cache_slots < 1024
+    assert got.tokens == want.tokens and got.counters.as_dict() == want.counters.as_dict()
+    assert got.cache_slots == 1024 and want.cache_slots < 1024
+    assert [k[:2] for k in prop._states.keys()] == [(rows, 2048)] and prop.slots.max_slots == 2048
 
 
 @pytest.mark.timeout(120)
