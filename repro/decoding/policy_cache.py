@@ -6,8 +6,13 @@
     cols = cache.begin(positions, live)               # the forward of positions [B, q] writes these columns
     cache.compact()                                   # live slots to the front of each row (reserve does it when full)
     masks = cache.additive_masks(positions, {"full_attention": None})
+
+Engines whose requests never overlap (a lockstep's rows, one after another in one process) may share one pair of
+key/value buffers: ``SharedKVStorage``, passed as ``storage=``; each cache is then views of it (see its docstring).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -63,9 +68,39 @@ class SlotCache(Cache):
         return self.owner.write(layer_idx, key_states, value_states)
 
 
+class SharedKVStorage:
+    """The key and value buffers of static policy caches that take turns: each cache built with ``storage=`` gets
+    views of one flat buffer per role (keys, values), dtype and device, grown to the largest cache asked for.
+
+    Why it is safe: a request (``RolloutEngine.generate`` on the static path) begins with every slot of its cache
+    dead (``start``), writes before it reads, and masks every column it did not write (the mask follows each slot's
+    position), so what another cache left in the shared columns is never seen, as a cache's own earlier requests are
+    not; and it finishes (one host sync for its results) before the next request starts. So the caches may belong
+    to different engines, even different policies of the same shapes, as long as no two requests run at once: the
+    lockstep's rows, one after another in one process, hold one buffer instead of one per row. A cache built before
+    the buffer grew keeps the old one (its captured graphs point there)."""
+
+    def __init__(self):
+        self._flat: dict[tuple[str, torch.dtype, str], torch.Tensor] = {}
+
+    def take(self, role: str, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+        """A zero-copy ``shape`` view of the shared ``role`` buffer (allocated, or reallocated larger, as needed)."""
+        n = math.prod(shape)
+        key = (role, dtype, str(torch.device(device)))
+        flat = self._flat.get(key)
+        if flat is None or flat.numel() < n:
+            flat = self._flat[key] = torch.zeros(n, dtype=dtype, device=device)
+        return flat[:n].view(shape)
+
+    def nbytes(self) -> int:
+        """Bytes of the buffers held now (not counting older, smaller ones that caches still hold)."""
+        return sum(t.numel() * t.element_size() for t in self._flat.values())
+
+
 class StaticPolicyCache:
     def __init__(self, batch: int, max_slots: int, *, num_layers: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device, value_head_dim: int | None = None):
+                 dtype: torch.dtype, device, value_head_dim: int | None = None,
+                 storage: SharedKVStorage | None = None):
         for name, v in (("batch", batch), ("max_slots", max_slots), ("num_layers", num_layers),
                         ("kv_heads", kv_heads), ("head_dim", head_dim)):
             if int(v) < 1:
@@ -75,8 +110,11 @@ class StaticPolicyCache:
         self.slots = StaticSlots(batch, max_slots, self.device)
         self.cursor = Cursor(max_slots, self.device)
         vd = value_head_dim or head_dim
-        self.keys = torch.zeros(batch, kv_heads, num_layers * max_slots, head_dim, dtype=dtype, device=self.device)
-        self.values = torch.zeros(batch, kv_heads, num_layers * max_slots, vd, dtype=dtype, device=self.device)
+        shapes = {"keys": (batch, kv_heads, num_layers * max_slots, head_dim),
+                  "values": (batch, kv_heads, num_layers * max_slots, vd)}
+        for role, shape in shapes.items():
+            setattr(self, role, storage.take(role, shape, dtype, self.device) if storage is not None
+                    else torch.zeros(shape, dtype=dtype, device=self.device))
         self.hf = SlotCache(self, [SlotLayer(self, *self.layer(i, max_slots)) for i in range(num_layers)])
         self.cols: torch.Tensor | None = None     # the columns the running forward writes
         self.layer_offsets = torch.arange(num_layers, device=self.device) * max_slots

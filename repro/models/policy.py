@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from repro.decoding.kv import SlotTable
-from repro.decoding.policy_cache import StaticPolicyCache
+from repro.decoding.policy_cache import SharedKVStorage, StaticPolicyCache
 from repro.models.moe_experts import use_autocast_experts
 from repro.models.policy_attention import grouped_attention
 from repro.models.taps import TapRecorder, TapSpec
@@ -232,14 +232,16 @@ class Policy(nn.Module):
         return self._run(input_ids, self._mask_arg(masks), positions, cache.hf, want_taps, cache.in_graph, cache,
                          last_logits=last_logits)
 
-    def new_static_cache(self, batch: int, max_slots: int) -> StaticPolicyCache:
-        """A static KV cache of ``max_slots`` columns for ``batch`` rows, in this policy's dtype and device."""
+    def new_static_cache(self, batch: int, max_slots: int, storage: SharedKVStorage | None = None
+                         ) -> StaticPolicyCache:
+        """A static KV cache of ``max_slots`` columns for ``batch`` rows, in this policy's dtype and device (its
+        buffers views of ``storage`` when given: repro.decoding.policy_cache.SharedKVStorage)."""
         cfg = self.config
         heads = int(cfg.num_attention_heads)
         head_dim = int(getattr(cfg, "head_dim", None) or self.hidden_size // heads)
         kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
         return StaticPolicyCache(batch, max_slots, num_layers=self.num_layers, kv_heads=kv_heads, head_dim=head_dim,
-                                 dtype=self.dtype, device=self.device)
+                                 dtype=self.dtype, device=self.device, storage=storage)
 
     def forward_train(self, input_ids: torch.Tensor, want_taps: bool = True,
                       attention_mask: torch.Tensor | None = None) -> StepOutput:

@@ -8,8 +8,10 @@ same drift (the order rotates each step) and the same process state, so a row's 
 cost of its draft. Each row still trains exactly as alone (its own models, optimizers, seeds and run folder:
 metrics.jsonl, checkpoints, run.json as ``repro.rl.run`` writes them; tests/rl/test_lockstep.py checks a lockstep
 row's values equal its separate run's), resumes from its own last checkpoint, and runs its probe (``pp_probe``) after
-the last step. A row written ``label@k`` is the row's sampling-seed replica k (profile key ``baseline_seeds``):
-it trains as its separate ``repro.rl.run --sampling-seed k`` would, into ``<row folder>_sampling<k>``.
+the last step. What the rows share is memory that only one rollout uses at a time: their static policy caches are
+views of one pair of buffers (``SharedKVStorage``), so on one GPU a lockstep holds one policy cache, not one a row.
+A row written ``label@k`` is the row's sampling-seed replica k (profile key ``baseline_seeds``): it trains as its
+separate ``repro.rl.run --sampling-seed k`` would, into ``<row folder>_sampling<k>``.
 
     python -m repro.rl.lockstep --artifact table1 --profile cpu-tiny --warm-start <sft folder> \\
         --rows "Qwen3-8B/no draft,Qwen3-8B/DFlash" --out-root /tmp/lockstep/table1
@@ -30,6 +32,7 @@ from repro.core.io import write_json_atomic
 from repro.core.layout import replica_run_name, run_dir_name
 from repro.core.profile import ProfileError
 from repro.core.specs import ARTIFACTS, ConfigError
+from repro.decoding.policy_cache import SharedKVStorage
 from repro.rl.config import ENGINES
 from repro.rl.run import RESTART_HELP, build_row, row_logger, run_probes, write_run_record
 
@@ -71,12 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             ap.error(f"--rows entry {entry!r} is invalid: expected a row label, or label@k with k an integer >= 0")
     runs = []            # (name, profile, trainer, first step to run); every config checked before any training
+    # the rows' rollouts run one after another, so their static policy caches share one pair of buffers
+    kv_storage = SharedKVStorage()
     try:
         for name, row, sampling in plan:
             runs.append((name, *build_row(args.profile, args.artifact, row, out=str(Path(args.out_root) / name),
                                           seed=args.seed, warm_start=args.warm_start, engine=args.engine,
                                           checkpoint_root=args.checkpoint_root, sampling_seed=sampling,
-                                          restart_on_config_change=args.restart_on_config_change)))
+                                          restart_on_config_change=args.restart_on_config_change,
+                                          kv_storage=kv_storage)))
     except (ConfigError, ProfileError, FileNotFoundError) as exc:
         print(f"lockstep: error: {exc}", file=sys.stderr)
         return 2

@@ -39,16 +39,17 @@ RESTART_HELP = ("a checkpoint in the run folder from another config is dropped a
 
 def build_row(profile: str, artifact: str, row: str, *, out: str, seed: int = 0, warm_start: str = "",
               engine: str | None = None, checkpoint_root: str = "", sampling_seed: int | None = None,
-              restart_on_config_change: bool = False) -> tuple[dict, CoTrainer, int]:
-    """Validate a row's config, build its trainer and resume it from its run folder's last checkpoint.
-    Returns (profile dict, trainer, first step still to run); raises ConfigError/ProfileError/FileNotFoundError."""
+              restart_on_config_change: bool = False, kv_storage=None) -> tuple[dict, CoTrainer, int]:
+    """Validate a row's config, build its trainer and resume it from its run folder's last checkpoint
+    (``kv_storage``: see CoTrainer). Returns (profile dict, trainer, first step still to run); raises
+    ConfigError/ProfileError/FileNotFoundError."""
     prof = load_run_profile(profile)
     check_engine(prof, engine, artifact, "python -m repro.rl.run")
     cfg = run_config_from_profile(prof, artifact, row, out=out, seed=seed, warm_start=warm_start,
                                   checkpoint_root=checkpoint_root or None, sampling_seed=sampling_seed)
     require_device(cfg.device, cfg.profile)
     tok = tokenizer_for_run(cfg, out=out, seed=seed, warm_start=warm_start)
-    trainer = CoTrainer(cfg, tok)
+    trainer = CoTrainer(cfg, tok, kv_storage=kv_storage)
     first = trainer.try_resume(restart_on_config_change)
     if first:
         print(f"[{artifact} {row}] resuming at step {first}", flush=True)

@@ -33,6 +33,7 @@ from torch.profiler import record_function as phase  # named ranges for torch.pr
 from repro.core.handoffs import rollout_engine
 from repro.core.progress import Progress
 from repro.decoding.cuda_graph import GraphedCallable
+from repro.decoding.policy_cache import SharedKVStorage
 from repro.rl.checkpoint import CheckpointWriter, load_checkpoint, warm_start_digest
 from repro.rl.config import RunConfig
 from repro.rl.drafts import build_draft, make_proposer
@@ -131,7 +132,9 @@ def device_memory_metrics() -> dict[str, float]:
 
 
 class CoTrainer:
-    def __init__(self, cfg: RunConfig, tok: WorkloadTokenizer):
+    def __init__(self, cfg: RunConfig, tok: WorkloadTokenizer, *, kv_storage: SharedKVStorage | None = None):
+        """``kv_storage``: the rollout engine's static policy caches take their buffers from it, shared with the
+        other trainers given the same one (repro.rl.lockstep: rows whose rollouts never overlap)."""
         cfg.validate()
         if tok.vocab_size != cfg.vocab_size:
             raise ValueError(f"tokenizer has {tok.vocab_size} tokens, config vocab_size={cfg.vocab_size}")
@@ -177,7 +180,8 @@ class CoTrainer:
             static = cfg.cuda_graphs != "off" and cfg.device.startswith("cuda")
             self.engine = RolloutEngine(self.rollout_policy, proposer, max_model_len=max_len,
                                         cuda_graphs=cfg.cuda_graphs, bucket_batch=cfg.bucket_batch,
-                                        min_static_rows=cfg.grpo.rows_per_step if static else None)
+                                        min_static_rows=cfg.grpo.rows_per_step if static else None,
+                                        kv_storage=kv_storage)
         self.math = math_tasks(cfg.seed, cfg.workload.math_ops) if cfg.workload.name == "math" else None
         self.workplace = WorkplaceTaskSet(cfg.seed) if cfg.workload.name == "workplace" else None
         self._pool: ThreadPoolExecutor | None = None      # the workplace tools' thread pool, made on first use

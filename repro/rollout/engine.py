@@ -13,7 +13,9 @@ and a few verify steps and compacts itself when full (``policy_slots``). ``max_d
 (slots per row; a request that needs more fails before decoding); ``bucket_batch=True`` rounds the static batch up
 to a power of two (shrinking turns then share captured graphs); ``min_static_rows`` runs smaller requests on a static
 batch of that many rows (a trainer's held-out rollouts on its training batch's caches); ``policy_cache_slots`` fixes
-the policy cache's columns a row (at least the longest prompt + ``max_new_tokens`` + k).
+the policy cache's columns a row (at least the longest prompt + ``max_new_tokens`` + k); ``kv_storage`` (a
+``SharedKVStorage``) gives the static policy caches buffers shared with other engines whose requests never overlap
+with this one's (a lockstep's rows).
 
 Returned per row: generated tokens, the policy's log-probabilities of those tokens
 (``log_softmax(logits / temperature)``; temperature 1 in greedy mode), why it stopped; and counters
@@ -35,6 +37,7 @@ from kernels.attention.sdpa_choice import no_cudnn_sdpa
 from repro.core.specs import CUDA_GRAPH_MODES
 from repro.decoding.kv import SlotTable, gather_hf_cache, select_hf_cache_rows, trim_hf_cache
 from repro.decoding.merged_projections import merged_projections
+from repro.decoding.policy_cache import SharedKVStorage
 from repro.decoding.sampling import verify
 from repro.decoding.static_kv import batch_bucket, bucketed, slots_needed, symbolic_views
 from repro.models.policy import Policy
@@ -60,7 +63,7 @@ class RolloutEngine:
     def __init__(self, policy: Policy, proposer: Proposer | None = None, *, max_model_len: int = 4096,
                  cuda_graphs: str = "off", max_draft_slots: int | None = None, bucket_batch: bool = False,
                  min_static_rows: int | None = None, compile_backend: str = "inductor",
-                 policy_cache_slots: int | None = None):
+                 policy_cache_slots: int | None = None, kv_storage: SharedKVStorage | None = None):
         if cuda_graphs not in CUDA_GRAPH_MODES:
             raise ValueError(f"cuda_graphs={cuda_graphs!r} is invalid: expected one of {CUDA_GRAPH_MODES}")
         if bucket_batch and cuda_graphs == "off":
@@ -117,7 +120,8 @@ class RolloutEngine:
             policy_backend = compile_backend if cuda_graphs in POLICY_COMPILED_MODES else None
             self.static_decoder = StaticDecoder(policy, self.k, keep_states=BUCKETED_STATES if self.bucket_batch
                                                 else 4, compile_backend=policy_backend,
-                                                fused=cuda_graphs == "fused", proposer=proposer)
+                                                fused=cuda_graphs == "fused", proposer=proposer,
+                                                kv_storage=kv_storage)
             if proposer is not None:
                 proposer.check_steps = False      # its per-step check would be a second host sync
                 proposer.compile_static = compile_backend if cuda_graphs in WHOLE_DRAFT_MODES else None

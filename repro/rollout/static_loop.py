@@ -22,8 +22,9 @@ class StaticDecoder:
     """The policy's static caches and graphed steps of one engine, per request shape (last few kept)."""
 
     def __init__(self, policy, num_proposals: int, *, keep_states: int = 4, compile_backend: str | None = None,
-                 fused: bool = False, proposer=None):
+                 fused: bool = False, proposer=None, kv_storage=None):
         self.policy, self.k = policy, num_proposals
+        self.kv_storage = kv_storage      # a SharedKVStorage: the policy caches' buffers, shared with other engines
         self.states = StateCache(keep_states)
         self.compile_backend = None if fused else compile_backend
         # fused: the policy step, the acceptance and (with a proposer) the draft's observe and next propose traced
@@ -56,7 +57,7 @@ class StaticDecoder:
         return st
 
     def _build(self, rows: int, max_slots: int) -> dict:
-        st = {"cache": self.policy.new_static_cache(rows, max_slots)}
+        st = {"cache": self.policy.new_static_cache(rows, max_slots, storage=self.kv_storage)}
         if self.fused is not None:
             st["cache"].in_graph = True
         calls = ({"fused": (self.fused, "policy.fused_step")} if self.fused is not None else

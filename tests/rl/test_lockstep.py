@@ -65,6 +65,31 @@ def test_lockstep_rows_equal_their_separate_runs(tmp_path, profile_file, varied_
     assert _values(tmp_path / "alone" / replica) != _values(tmp_path / "alone" / names[0])
 
 
+@pytest.mark.timeout(600)
+def test_lockstep_rows_on_static_caches_share_one_policy_cache(tmp_path, profile_file, varied_rewards, monkeypatch):
+    """With the rollouts on static caches (``rl.rollout.cuda_graphs: all``), the lockstep's rows take their policy
+    caches from one SharedKVStorage: one buffer under every row's cache, and each row's values still equal its
+    separate run's."""
+    from repro.decoding.policy_cache import SharedKVStorage
+
+    prof = yaml.safe_load(profile_file.read_text())
+    prof["rl"]["rollout"] = {**prof["rl"].get("rollout", {}), "cuda_graphs": "all"}
+    profile_file.write_text(yaml.safe_dump(prof, sort_keys=False))
+    storages = []
+    real_init = SharedKVStorage.__init__
+    monkeypatch.setattr(SharedKVStorage, "__init__", lambda self: real_init(self) or storages.append(self))
+    for row in ROWS:
+        assert run.main(["--artifact", "table1", "--row", row, "--profile", str(profile_file),
+                         "--out", str(tmp_path / "alone" / run_dir_name(row))]) == 0
+    assert storages == []                                     # a run of its own shares nothing
+    assert lockstep.main(["--artifact", "table1", "--rows", ",".join(ROWS), "--profile", str(profile_file),
+                          "--out-root", str(tmp_path / "lockstep")]) == 0
+    assert len(storages) == 1 and storages[0].nbytes() > 0
+    for row in ROWS:
+        a, b = _values(tmp_path / "alone" / run_dir_name(row)), _values(tmp_path / "lockstep" / run_dir_name(row))
+        assert len(a) == 2 and a == b, row
+
+
 @pytest.mark.parametrize("entry", ["no draft@x", "no draft@", "@1", "no draft@-1"])
 def test_bad_replica_entries_are_refused(tmp_path, profile_file, capsys, entry):
     with pytest.raises(SystemExit):

@@ -396,6 +396,50 @@ def test_a_larger_policy_state_serves_and_supersedes_smaller_ones(trained):
 
 
 @pytest.mark.timeout(120)
+def test_engines_sharing_kv_storage_generate_what_they_do_alone(trained):
+    """Two engines of different policies (same shapes) whose static policy caches are views of one
+    ``SharedKVStorage``, requests alternating between them (two batch sizes, so each engine also holds two states on
+    the same buffers), greedy and sampled: every result equals the same engine's alone, exactly."""
+    from repro.decoding.policy_cache import SharedKVStorage
+
+    pol, prompts, drafts = trained
+    other = build_policy("qwen3", "tiny", seed=9, init_std=0.3)
+    d = drafts["dflash"]
+    for p in (pol, other):
+        p.set_taps(d.tap_spec)
+    storage = SharedKVStorage()
+    shared = [RolloutEngine(p, proposer(d), cuda_graphs="all", kv_storage=storage) for p in (pol, other)]
+    alone = [RolloutEngine(p, proposer(d), cuda_graphs="all") for p in (pol, other)]
+    requests = [(ragged(prompts), {"greedy": True}), (prompts[6:8], {"greedy": False, "seed": 3}),
+                (ragged(prompts)[::-1], {"greedy": False, "seed": 4, "stop_tokens": [5]})]
+    for ps, kw in requests:
+        for eng_shared, eng_alone in zip(shared, alone):
+            got = eng_shared.generate(ps, max_new_tokens=12, **kw)
+            want = eng_alone.generate(ps, max_new_tokens=12, **kw)
+            assert got.tokens == want.tokens and got.logprobs == want.logprobs
+            assert got.counters.as_dict() == want.counters.as_dict()
+    caches = [st["cache"] for eng in shared for st in eng.static_decoder.states._states.values()]
+    assert len(caches) == 4
+    assert len({c.keys.untyped_storage().data_ptr() for c in caches}) == 1       # one buffer under all four
+    assert storage.nbytes() == max(c.keys.nbytes + c.values.nbytes for c in caches)
+
+
+def test_shared_kv_storage_views_and_grows():
+    from repro.decoding.policy_cache import SharedKVStorage
+
+    storage = SharedKVStorage()
+    a = storage.take("keys", (2, 3), torch.float32, "cpu")
+    b = storage.take("keys", (3, 2), torch.float32, "cpu")
+    assert a.data_ptr() == b.data_ptr() and tuple(b.shape) == (3, 2)
+    assert storage.take("values", (2, 3), torch.float32, "cpu").data_ptr() != a.data_ptr()
+    assert storage.take("keys", (2, 3), torch.bfloat16, "cpu").data_ptr() != a.data_ptr()
+    a.fill_(1.0)
+    c = storage.take("keys", (4, 4), torch.float32, "cpu")          # larger: a new buffer, the old one kept by a
+    assert c.data_ptr() != a.data_ptr() and float(c.sum()) == 0.0 and float(a.sum()) == 6.0
+    assert storage.nbytes() == 16 * 4 + 6 * 4 + 6 * 2
+
+
+@pytest.mark.timeout(120)
 def test_self_check_runs_each_family_on_a_compacting_cache(trained):
     """The engine self-check (the decode benchmark's first step on a GPU) adds, per family, the last static mode on
     the smallest policy cache the request fits: identical greedy tokens, and the cache compacted."""
