@@ -84,13 +84,16 @@ class SharedKVStorage:
         self._flat: dict[tuple[str, torch.dtype, str], torch.Tensor] = {}
 
     def take(self, role: str, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
-        """A zero-copy ``shape`` view of the shared ``role`` buffer (allocated, or reallocated larger, as needed)."""
+        """A contiguous ``shape`` tensor on the shared ``role`` buffer's memory (allocated, or reallocated larger, as
+        needed). Not a view (no ``_base``): to autograd and the compilers it is an ordinary tensor, as the
+        cache's own would be; it shares the buffer's storage."""
         n = math.prod(shape)
         key = (role, dtype, str(torch.device(device)))
         flat = self._flat.get(key)
         if flat is None or flat.numel() < n:
             flat = self._flat[key] = torch.zeros(n, dtype=dtype, device=device)
-        return flat[:n].view(shape)
+        out = torch.empty(0, dtype=dtype, device=flat.device)
+        return out.set_(flat.untyped_storage(), 0, shape, torch.empty(shape, device="meta").stride())
 
     def nbytes(self) -> int:
         """Bytes of the buffers held now (not counting older, smaller ones that caches still hold)."""

@@ -431,11 +431,15 @@ def test_shared_kv_storage_views_and_grows():
     a = storage.take("keys", (2, 3), torch.float32, "cpu")
     b = storage.take("keys", (3, 2), torch.float32, "cpu")
     assert a.data_ptr() == b.data_ptr() and tuple(b.shape) == (3, 2)
+    assert a.is_contiguous() and not a._is_view() and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    b[2, 1] = 7.0
+    assert float(a[1, 2]) == 7.0                                     # the same memory
     assert storage.take("values", (2, 3), torch.float32, "cpu").data_ptr() != a.data_ptr()
     assert storage.take("keys", (2, 3), torch.bfloat16, "cpu").data_ptr() != a.data_ptr()
     a.fill_(1.0)
     c = storage.take("keys", (4, 4), torch.float32, "cpu")          # larger: a new buffer, the old one kept by a
     assert c.data_ptr() != a.data_ptr() and float(c.sum()) == 0.0 and float(a.sum()) == 6.0
+    assert tuple(c.stride()) == (4, 1)
     assert storage.nbytes() == 16 * 4 + 6 * 4 + 6 * 2
 
 
