@@ -10,6 +10,9 @@ checkpoints. Here both are built locally and cached as one workflow artifact fol
 3. each requested draft family trained on the SFT policy's features over fresh demonstrations
    (one policy forward per batch feeds every draft; ``drafts/<family>.pt``).
 
+On a GPU both trainings run under autocast to the profile's ``dtype`` over fp32 weights, as the RL update does
+(``repro.rl.warmstart.update_autocast_dtype``); on a CPU in fp32.
+
 ``sft.json`` records the losses, the held-out accuracy, the drafts' final losses, timings and provenance. The SFT
 settings are the profile's ``rl.sft`` with ``rl.sft.workloads.<workload>`` over them (``repro.rl.config.sft_spec``).
 ``--heldout-every N`` also scores the held-out split every N steps (``heldout_curve`` in sft.json), to choose how
@@ -45,7 +48,7 @@ from repro.rl.joint import draft_loss_mask
 from repro.rl.tasks.math import math_tasks
 from repro.rl.tasks.workplace import WorkplaceTaskSet
 from repro.rl.tokenizer import WorkloadTokenizer, build_workload_tokenizer
-from repro.rl.warmstart import draft_file, make_policy
+from repro.rl.warmstart import autocast_or_off, draft_file, make_policy, update_autocast_dtype
 from repro.rollout.engine import RolloutEngine
 
 
@@ -101,8 +104,10 @@ def heldout_accuracy(policy, tok: WorkloadTokenizer, workload: str, seed: int, n
 
 
 def sft_policy(policy, tok, workload: str, spec: SFTSpec, seed: int, log_every: int = 50, heldout_every: int = 0,
-               heldout_curve: list | None = None, math_ops: tuple[int, int] = MATH_OPS) -> list[float]:
-    """Supervise ``policy`` for ``spec.steps``; with ``heldout_every``, (step, held-out accuracy) pairs after every
+               heldout_curve: list | None = None, math_ops: tuple[int, int] = MATH_OPS,
+               autocast_dtype: torch.dtype | None = None) -> list[float]:
+    """Supervise ``policy`` for ``spec.steps`` (its forward under ``autocast_dtype`` autocast when given, over its
+    fp32 weights, as the RL update runs on a GPU); with ``heldout_every``, (step, held-out accuracy) pairs after every
     that many steps are appended to ``heldout_curve``."""
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.0)
@@ -112,8 +117,9 @@ def sft_policy(policy, tok, workload: str, spec: SFTSpec, seed: int, log_every: 
     for step in range(spec.steps):
         ids, att, mask = demo_batch(tok, _items(workload, seed, spec.batch, draw=10_000 + step, math_ops=math_ops),
                                     policy.device)
-        out = policy.forward_train(ids, want_taps=False, attention_mask=att)
-        lp = token_logprobs(out.logits, ids)
+        with autocast_or_off(policy.device.type, autocast_dtype):
+            out = policy.forward_train(ids, want_taps=False, attention_mask=att)
+        lp = token_logprobs(out.logits.float(), ids)
         loss = -(lp * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -147,8 +153,10 @@ def draft_seed(seed: int, family: str) -> int:
 
 
 def warm_start_drafts(policy, tok, workload: str, specs: list[DraftSpec], spec: SFTSpec, seed: int,
-                      math_ops: tuple[int, int] = MATH_OPS) -> dict[str, list[float]]:
-    """Train each draft on the frozen SFT policy's taps and logits (one policy forward per batch).
+                      math_ops: tuple[int, int] = MATH_OPS,
+                      autocast_dtype: torch.dtype | None = None) -> dict[str, list[float]]:
+    """Train each draft on the frozen SFT policy's taps and logits (one policy forward per batch; the forwards and
+    the drafts' losses under ``autocast_dtype`` autocast when given).
 
     Each draft draws its initial weights and its anchors from its own seed (``draft_seed``), so a draft's warm start
     is the same whichever other drafts train beside it and in whatever order they are named."""
@@ -170,13 +178,14 @@ def warm_start_drafts(policy, tok, workload: str, specs: list[DraftSpec], spec: 
     for step in range(spec.draft_steps):
         ids, att, mask = demo_batch(tok, _items(workload, seed, spec.batch, draw=20_000 + step, math_ops=math_ops),
                                     policy.device)
-        with torch.no_grad():
+        with torch.no_grad(), autocast_or_off(policy.device.type, autocast_dtype):
             out = policy.forward_train(ids, want_taps=True, attention_mask=att)
         feats = TargetFeatures(dict(zip(layers, out.taps)))
         for fam, d in drafts.items():
             batch = DraftBatch(input_ids=ids, loss_mask=draft_loss_mask(mask), policy_logits=out.logits.detach(),
                                extras={"anchor_generator": gens[fam]})
-            loss = d.draft_loss(feats, batch)
+            with autocast_or_off(policy.device.type, autocast_dtype):
+                loss = d.draft_loss(feats, batch)
             opts[fam].zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable_parameters(d), 1.0)
@@ -211,7 +220,8 @@ def _save_atomic(obj, path: Path) -> None:
 
 def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sft: SFTSpec,
                      drafts: list[DraftSpec], *, vocab_size: int, seed: int = 0, device: str = "cpu",
-                     heldout_every: int = 0, math_ops: tuple[int, int] = MATH_OPS) -> dict:
+                     heldout_every: int = 0, math_ops: tuple[int, int] = MATH_OPS,
+                     autocast_dtype: torch.dtype | None = None) -> dict:
     if workload not in WORKLOADS:
         raise ConfigError(f"config workload={workload!r} is invalid: expected one of {WORKLOADS}")
     policy_spec.validate()
@@ -227,14 +237,14 @@ def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sf
     policy = make_policy(policy_spec, tok.vocab_size, seed=seed, dtype=torch.float32, device=device)
     curve: list[tuple[int, float]] = []
     losses = sft_policy(policy, tok, workload, sft, seed, heldout_every=heldout_every, heldout_curve=curve,
-                        math_ops=math_ops)
+                        math_ops=math_ops, autocast_dtype=autocast_dtype)
     t_sft = time.perf_counter() - t0
     acc = heldout_accuracy(policy, tok, workload, seed, math_ops=math_ops)
     print(f"[sft] held-out greedy accuracy {acc:.3f}", flush=True)
     policy.requires_grad_(False)
     with deterministic_algorithms(sft.deterministic):
         models, dlosses = (warm_start_drafts(policy, tok, sft.draft_workload or workload, drafts, sft, seed,
-                                             math_ops) if drafts else ({}, {}))
+                                             math_ops, autocast_dtype=autocast_dtype) if drafts else ({}, {}))
     for ds in drafts:
         _save_atomic({"family": ds.family, "options": dict(ds.options),
                       "state_dict": models[ds.family].state_dict()}, draft_file(out, ds.family))
@@ -242,6 +252,7 @@ def build_warm_start(out: str | Path, policy_spec: PolicySpec, workload: str, sf
     _save_atomic({"family": policy_spec.family, "scale": policy_spec.scale, "overrides": dict(policy_spec.overrides),
                   "vocab_size": tok.vocab_size, "state_dict": policy.model.state_dict()}, out / "policy.pt")
     summary = {"workload": workload, "math_ops": list(math_ops), "policy": vars(policy_spec), "sft": vars(sft),
+               "autocast_dtype": str(autocast_dtype).removeprefix("torch.") if autocast_dtype is not None else None,
                "seed": seed, "sft_loss_first": losses[0], "sft_loss_last": losses[-1], "sft_losses": losses,
                "heldout_accuracy": acc,
                "drafts": {f: {"loss_first": l[0], "loss_last": l[-1], "losses": l} for f, l in dlosses.items()},
@@ -286,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         build_warm_start(args.out, PolicySpec(**rl["policies"][args.policy]), args.workload,
                          sft_spec(rl, args.workload), drafts, vocab_size=int(rl.get("vocab_size", 512)),
                          seed=args.seed, device=device, heldout_every=args.heldout_every,
-                         math_ops=tuple((rl.get("workload") or {}).get("math_ops", MATH_OPS)))
+                         math_ops=tuple((rl.get("workload") or {}).get("math_ops", MATH_OPS)),
+                         autocast_dtype=update_autocast_dtype(str(prof.get("dtype", "float32")), device))
     except (ConfigError, ProfileError, FileNotFoundError) as exc:
         print(f"sft: error: {exc}", file=sys.stderr)
         return 2

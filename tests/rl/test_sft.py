@@ -129,3 +129,32 @@ def test_a_drafts_warm_start_does_not_depend_on_the_other_drafts(tmp_path):
     assert runs["dflash,dspark"]["dflash"]["losses"] == runs["dspark,dflash"]["dflash"]["losses"]
     from repro.rl.sft import draft_seed
     assert draft_seed(0, "dflash") != draft_seed(0, "dspark") and draft_seed(0, "dflash") != draft_seed(1, "dflash")
+
+
+def test_on_a_gpu_profile_sft_runs_under_the_profiles_autocast(tmp_path, monkeypatch):
+    """The warm start takes the RL update's autocast rule (``update_autocast_dtype``: the profile's dtype on a GPU,
+    none on a CPU): the CPU profile records none; under bf16 autocast (here on the CPU) the policy's and the drafts'
+    trainings run in bf16 and still learn, and sft.json records the dtype."""
+    import torch
+
+    import repro.rl.sft as sft
+    from repro.core.specs import DraftSpec, PolicySpec
+
+    prof = load_profile("cpu-tiny")
+    prof["rl"]["sft"] = {**prof["rl"]["sft"], "steps": 6, "draft_steps": 3}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    assert sft_main(["--profile", str(path), "--policy", "dense", "--workload", "math", "--threads", "1",
+                     "--out", str(tmp_path / "cpu")]) == 0
+    assert json.loads((tmp_path / "cpu" / "sft.json").read_text())["autocast_dtype"] is None
+    seen = []
+    real = sft.autocast_or_off
+    monkeypatch.setattr(sft, "autocast_or_off", lambda dev, dtype: seen.append(dtype) or real(dev, dtype))
+    rl = prof["rl"]
+    summary = sft.build_warm_start(tmp_path / "bf16", PolicySpec(**rl["policies"]["dense"]), "math",
+                                   sft_spec(rl, "math"), [DraftSpec(**rl["drafts"]["dflash"])],
+                                   vocab_size=int(rl["vocab_size"]), autocast_dtype=torch.bfloat16)
+    assert summary["autocast_dtype"] == "bfloat16" and set(seen) == {torch.bfloat16}
+    assert len(seen) == 6 + 3 * 2                       # each policy step; each draft step's forward and loss
+    assert summary["sft_loss_last"] < summary["sft_loss_first"]
+    assert all(l == l for l in summary["drafts"]["dflash"]["losses"])            # finite, no NaN
