@@ -23,9 +23,13 @@ def test_phase_times_reads_each_named_range():
 def test_moe_experts_study_times_each_implementation(capsys):
     from studies.rl_profile.moe_experts import main
 
-    assert main(["--profile", "cpu-tiny", "--rows", "2", "--tokens", "16", "--repeats", "1"]) == 0
+    assert main(["--profile", "cpu-tiny", "--rows", "2", "--tokens", "16", "--repeats", "1", "--compiled"]) == 0
     lines = capsys.readouterr().out.splitlines()[1:]
+    impls = ("grouped_mm", "grouped_mm_autocast", "batched_mm", "eager")
     assert [line.split()[:2] for line in lines] == (
-        [[w, e] for w in ("float32", "bfloat16") for e in ("grouped_mm", "grouped_mm_autocast", "batched_mm", "eager")])
+        [["float32", e] for e in impls] + [["float32", "grouped_mm_autocast+compiled"]]
+        + [["bfloat16", e] for e in impls])
     losses = [float(line.split()[4]) for line in lines]
     assert max(losses) - min(losses) < 1e-2          # the same model: implementations agree
+    compiled = next(line for line in lines if "+compiled" in line)
+    assert compiled.endswith("graphs 1")             # one decoder-layer graph: the cast experts break no graph
