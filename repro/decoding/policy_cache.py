@@ -8,7 +8,8 @@
     masks = cache.additive_masks(positions, {"full_attention": None})
 
 Engines whose requests never overlap (a lockstep's rows, one after another in one process) may share one pair of
-key/value buffers: ``SharedKVStorage``, passed as ``storage=``; each cache is then views of it (see its docstring).
+key/value buffers: ``SharedKVStorage``, passed as ``storage=``; each cache's tensors then live on its memory (see its
+docstring).
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ class SlotCache(Cache):
 
 class SharedKVStorage:
     """The key and value buffers of static policy caches that take turns: each cache built with ``storage=`` gets
-    views of one flat buffer per role (keys, values), dtype and device, grown to the largest cache asked for.
+    tensors on one flat buffer per role (keys, values), dtype and device, grown to the largest cache asked for.
 
     Why it is safe: a request (``RolloutEngine.generate`` on the static path) begins with every slot of its cache
     dead (``start``), writes before it reads, and masks every column it did not write (the mask follows each slot's
@@ -92,8 +93,7 @@ class SharedKVStorage:
         flat = self._flat.get(key)
         if flat is None or flat.numel() < n:
             flat = self._flat[key] = torch.zeros(n, dtype=dtype, device=device)
-        out = torch.empty(0, dtype=dtype, device=flat.device)
-        return out.set_(flat.untyped_storage(), 0, shape, torch.empty(shape, device="meta").stride())
+        return torch.empty(0, dtype=dtype, device=flat.device).set_(flat.untyped_storage(), 0, shape)
 
     def nbytes(self) -> int:
         """Bytes of the buffers held now (not counting older, smaller ones that caches still hold)."""

@@ -235,7 +235,7 @@ class Policy(nn.Module):
     def new_static_cache(self, batch: int, max_slots: int, storage: SharedKVStorage | None = None
                          ) -> StaticPolicyCache:
         """A static KV cache of ``max_slots`` columns for ``batch`` rows, in this policy's dtype and device (its
-        buffers views of ``storage`` when given: repro.decoding.policy_cache.SharedKVStorage)."""
+        buffers on ``storage``'s memory when given: repro.decoding.policy_cache.SharedKVStorage)."""
         cfg = self.config
         heads = int(cfg.num_attention_heads)
         head_dim = int(getattr(cfg, "head_dim", None) or self.hidden_size // heads)

@@ -8,8 +8,8 @@ same drift (the order rotates each step) and the same process state, so a row's 
 cost of its draft. Each row still trains exactly as alone (its own models, optimizers, seeds and run folder:
 metrics.jsonl, checkpoints, run.json as ``repro.rl.run`` writes them; tests/rl/test_lockstep.py checks a lockstep
 row's values equal its separate run's), resumes from its own last checkpoint, and runs its probe (``pp_probe``) after
-the last step. What the rows share is memory that only one rollout uses at a time: their static policy caches are
-views of one pair of buffers (``SharedKVStorage``), so on one GPU a lockstep holds one policy cache, not one a row.
+the last step. What the rows share is memory that only one rollout uses at a time: their static policy caches live
+on one pair of buffers (``SharedKVStorage``), so on one GPU a lockstep holds one policy cache, not one a row.
 A row written ``label@k`` is the row's sampling-seed replica k (profile key ``baseline_seeds``): it trains as its
 separate ``repro.rl.run --sampling-seed k`` would, into ``<row folder>_sampling<k>``.
 

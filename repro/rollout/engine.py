@@ -169,6 +169,11 @@ class RolloutEngine:
                              f"max_draft_slots={self.max_draft_slots}")
         return bucketed(need) if self.max_draft_slots is None else min(bucketed(need), self.max_draft_slots)
 
+    def smallest_policy_cache(self, P: int, max_new_tokens: int) -> int:
+        """The fewest policy cache columns a row that a request (longest prompt ``P``, as the prefill pads it) fits
+        with compaction: the longest row's live slots (P + max_new_tokens - 1) and one step's k + 1 columns."""
+        return P + max_new_tokens + self.k
+
     def policy_slots(self, P: int, max_new_tokens: int) -> int:
         """Columns per row of the policy's static cache for a request (longest prompt ``P``): the prompt, the answer
         and ``POLICY_SLACK_STEPS`` verify steps, at most the draft caches' ``static_slots`` (or ``policy_cache_slots``
@@ -177,8 +182,7 @@ class RolloutEngine:
         row's live slots to its front (``StaticPolicyCache.compact``: one host sync), so the rejected proposals'
         columns, most of a block draft's (k + 1 = 9 columns a step at about 4 accepted), need no room of their own."""
         if self.policy_cache_slots is not None:
-            # the longest row's live slots (P + max_new_tokens - 1) and one step's k + 1 columns
-            need = P + max_new_tokens + self.k
+            need = self.smallest_policy_cache(P, max_new_tokens)
             if self.policy_cache_slots < need:
                 raise ValueError(f"policy_cache_slots={self.policy_cache_slots} is too small for the request: it "
                                  f"needs at least {need} (longest prompt {P} + max_new_tokens {max_new_tokens} + "

@@ -53,7 +53,8 @@ def _compacting_engine(policy, drafts, make_proposer, fam: str, mode: str, promp
     """``fam``'s engine in ``mode`` on the smallest policy cache the request fits: it compacts when full (the
     engine's ``policy_slots`` still refuses a request that needs more)."""
     eng = _engine(policy, drafts, make_proposer, fam, mode)
-    eng.policy_cache_slots = eng.static_decoder.prompt_columns(max(len(p) for p in prompts)) + new_tokens + eng.k
+    longest = eng.static_decoder.prompt_columns(max(len(p) for p in prompts))
+    eng.policy_cache_slots = eng.smallest_policy_cache(longest, new_tokens)
     return eng
 
 

@@ -31,7 +31,7 @@ def compare(pol, make_proposer, mode: str, prompts) -> str:
         eng.generate(prompts, max_new_tokens=8, greedy=True)
         eng.cycle = eng                  # a garbage cycle holding captured graphs once dropped
     del junk
-    slots = full.static_decoder.prompt_columns(max(map(len, prompts))) + NEW_TOKENS + full.k
+    slots = full.smallest_policy_cache(full.static_decoder.prompt_columns(max(map(len, prompts))), NEW_TOKENS)
     small = RolloutEngine(pol, make_proposer(), cuda_graphs=mode, policy_cache_slots=slots)
     gc.set_threshold(1)
     try:
