@@ -9,11 +9,14 @@ gradients reach the fp32 weights through the cast). Outside autocast, and on wei
 (the rollout engine's bf16 copy), it is ``grouped_mm`` itself.
 
 ``use_autocast_experts(model)`` selects it on a model whose experts run ``grouped_mm`` (``build_policy`` and
-``load_policy`` do). The update microbatch it speeds up is timed per implementation by
+``load_policy`` do). Its bf16 grouped GEMMs also keep inductor's graph whole (one graph per decoder layer, no host
+sync inside), so ``compiles_whole(model, autocast_dtype)`` tells the RL update it may compile an MoE policy's
+layers as it does a dense one's. The update microbatch it speeds up is timed per implementation (and compiled) by
 ``studies/rl_profile/moe_experts.py``.
 
     from repro.models.moe_experts import use_autocast_experts
     use_autocast_experts(model)          # True: the model's experts now run grouped_mm_autocast
+    compiles_whole(model, torch.bfloat16)   # True: its layers compile without graph breaks under bf16 autocast
 """
 from __future__ import annotations
 
@@ -61,3 +64,14 @@ def use_autocast_experts(model: torch.nn.Module) -> bool:
         return False
     model.set_experts_implementation(AUTOCAST_EXPERTS)
     return True
+
+
+def compiles_whole(model: torch.nn.Module, autocast_dtype: torch.dtype | None) -> bool:
+    """Whether ``model``'s decoder layers compile into whole graphs under autocast to ``autocast_dtype``: always for
+    a model without experts; for an MoE model only when its experts run ``grouped_mm_autocast`` and the autocast
+    casts their weights to a half dtype (on fp32 weights ``grouped_mm`` falls back to one GEMM per expert with a
+    host sync each, which breaks the graph at every layer)."""
+    if not any(type(m).__name__.endswith("Experts") for m in model.modules()):
+        return True
+    return (getattr(model.config, "_experts_implementation", None) == AUTOCAST_EXPERTS
+            and autocast_dtype in (torch.bfloat16, torch.float16))

@@ -31,6 +31,7 @@ from torch.profiler import record_function as phase  # named ranges for torch.pr
 
 from kernels.attention.sdpa_choice import no_cudnn_sdpa
 from repro.core.specs import DraftSpec, GRPOSpec
+from repro.models.moe_experts import compiles_whole
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.rl.draft_graph import DraftTrainStep
 from repro.rl.drafts import trainable_parameters
@@ -88,10 +89,10 @@ def set_draft_lr(optimizer: torch.optim.Optimizer, draft: DraftSpec | None) -> N
 class JointUpdate:
     """One optimizer (policy group + draft group), per-group clipping, GRPO + lambda * draft loss. Under
     ``grpo.compile_layers`` the policy's decoder layers run compiled (``COMPILE_BACKEND``) in the update's forward,
-    so AOTAutograd's compiled backward runs in its backward; an MoE policy's update runs eagerly (transformers'
-    expert kernels on fp32 weights read their group offsets on the host, which breaks inductor's graph at every
-    layer; under autocast its experts run bf16 grouped GEMMs instead, repro.models.moe_experts, whose compilation
-    is not measured)."""
+    so AOTAutograd's compiled backward runs in its backward. An MoE policy's layers compile only where its experts
+    run bf16/fp16 grouped GEMMs under the update's autocast (``repro.models.moe_experts.compiles_whole``); else
+    its update runs eagerly (on fp32 weights transformers' expert kernels read their group offsets on the host,
+    which breaks inductor's graph at every layer)."""
 
     COMPILE_BACKEND = "inductor"
 
@@ -105,10 +106,11 @@ class JointUpdate:
         self.policy, self.draft, self.grpo, self.draft_spec = policy, draft, grpo, draft_spec
         self.reference = reference
         self.autocast_dtype = autocast_dtype
-        self.compile_layers = grpo.compile_layers and not policy.has_experts
+        self.compile_layers = grpo.compile_layers and (not policy.has_experts
+                                                   or compiles_whole(policy.model, autocast_dtype))
         if grpo.compile_layers and not self.compile_layers:
-            print("grpo.compile_layers: the MoE policy's update runs eagerly (its expert kernels break inductor's "
-                  "graph)", file=sys.stderr)
+            print("grpo.compile_layers: the MoE policy's update runs eagerly (its experts run fp32 GEMMs here, "
+                  "whose host syncs break inductor's graph; they compile under bf16/fp16 autocast)", file=sys.stderr)
         self.policy_params = [p for p in policy.parameters() if p.requires_grad]
         self.draft_params: list[nn.Parameter] = trainable_parameters(draft) if draft is not None else []
         self.optimizer = joint_optimizer(self.policy_params, self.draft_params, grpo, draft_spec)

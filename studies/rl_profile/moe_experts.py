@@ -6,7 +6,8 @@ operands; transformers casts the tokens to the weights' dtype, so fp32 master we
 ``grouped_mm_autocast`` (repro.models.moe_experts, what the policies run) casts the experts' weights to the
 autocast dtype for their GEMMs. Prints ms per forward + backward (median), host syncs per call, and the loss
 against the first implementation's; ``--compiled`` adds that implementation with the decoder layers compiled, as the
-dense policy's update runs (the MoE update runs eagerly: whether compiling pays now is this row's question).
+policy's update runs it (``JointUpdate`` compiles an MoE policy's layers where its experts run this implementation
+under bf16 autocast, ``compiles_whole``).
 Writes nothing; the workflow's ``table1`` is where results come from.
 
     PYTHONPATH=. python studies/rl_profile/moe_experts.py --profile h200 --compiled     # on a CUDA machine
@@ -40,7 +41,7 @@ def set_experts(model, name: str) -> None:
 
 def fwd_bwd(policy, ids: torch.Tensor, weights: torch.dtype, compiled: bool = False) -> float:
     """Forward and backward on ``ids`` (bf16 autocast over fp32 weights, as the update runs); returns the loss.
-    ``compiled``: the decoder layers compiled by inductor, as the dense policy's update runs them
+    ``compiled``: the decoder layers compiled by inductor, as the update runs them
     (``JointUpdate.compile_layers``)."""
     dev = ids.device
     layers = compiled_layers(policy, JointUpdate.COMPILE_BACKEND if compiled else None, purpose="train")
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=256, help="tokens per sequence (prompt + answer)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--compiled", action="store_true", help=f"one more row: {AUTOCAST_EXPERTS} on fp32 weights with "
-                    "the decoder layers compiled (the dense update's compile_layers; the MoE update runs eagerly), "
+                    "the decoder layers compiled (the update's compile_layers), "
                     "with the graphs dynamo compiled for it (one per layer kind: no graph breaks)")
     args = ap.parse_args(argv)
     prof = load_profile(args.profile)

@@ -215,18 +215,51 @@ def test_compile_layers_is_refused_by_the_mesh_update(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_compile_layers_leaves_an_moe_update_eager(tmp_path, tok, capsys):
-    """An MoE policy's update runs eagerly under grpo.compile_layers (its expert kernels break inductor's graph),
-    saying so; a dense policy's compiles."""
+def test_compile_layers_leaves_an_fp32_moe_update_eager(tmp_path, tok, capsys):
+    """Without autocast (the CPU profile's fp32 update) an MoE policy's update runs eagerly under
+    grpo.compile_layers (its fp32 expert GEMMs sync the host per expert, breaking inductor's graph), saying so; a
+    dense policy's compiles."""
     cfg = tiny_config(tmp_path / "moe", draft=None, family="qwen3_moe")
     cfg.grpo = dataclasses.replace(cfg.grpo, compile_layers=True)
     moe = CoTrainer(cfg, tok)
-    assert moe.policy.has_experts and not moe.update.compile_layers
+    assert moe.policy.has_experts and moe.update.autocast_dtype is None and not moe.update.compile_layers
     assert "the MoE policy's update runs eagerly" in capsys.readouterr().err
     dense_cfg = tiny_config(tmp_path / "dense", draft=None)
     dense_cfg.grpo = dataclasses.replace(dense_cfg.grpo, compile_layers=True)
     dense = CoTrainer(dense_cfg, tok)
     assert not dense.policy.has_experts and dense.update.compile_layers
+
+
+@pytest.mark.timeout(300)
+def test_bf16_autocast_moe_update_compiles_and_equals_the_eager_one(tmp_path, tok, monkeypatch):
+    """Under bf16 autocast an MoE policy whose experts run grouped_mm_autocast has its layers compiled by the
+    update (here on AOTAutograd without codegen), and two compiled updates leave the policy where two eager ones
+    do; with another experts implementation (fp32 GEMMs under the same autocast) the update stays eager."""
+    from repro.models.moe_experts import AUTOCAST_EXPERTS
+    from repro.rl.joint import JointUpdate
+    from repro.rollout import compiled_layers as cl
+
+    monkeypatch.setattr(JointUpdate, "COMPILE_BACKEND", "aot_eager")
+    cfg = tiny_config(tmp_path / "moe", draft=None, family="qwen3_moe")
+    cfg.grpo = dataclasses.replace(cfg.grpo, compile_layers=True)
+    eager, compiled = CoTrainer(cfg, tok), CoTrainer(cfg, tok)
+    assert eager.policy.model.config._experts_implementation == AUTOCAST_EXPERTS
+    compiled.update = JointUpdate(compiled.policy, None, cfg.grpo, None, autocast_dtype=torch.bfloat16)
+    eager.update = JointUpdate(eager.policy, None, dataclasses.replace(cfg.grpo, compile_layers=False), None,
+                               autocast_dtype=torch.bfloat16)
+    assert compiled.update.compile_layers and not eager.update.compile_layers
+    for step in range(2):
+        batch = eager.rollout(step)
+        batch.rewards = REWARDS.clone()
+        _update(eager, batch, step)
+        _update(compiled, batch, step)
+    assert (type(compiled.policy.decoder_layers()[0]), "aot_eager", "train") in cl._COMPILED
+    a, b = _policy_state(eager), _policy_state(compiled)
+    assert any(not torch.equal(v, _policy_state(CoTrainer(cfg, tok))[k]) for k, v in a.items())   # it trained
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=lambda m: f"policy {k}: {m}")
+    eager.policy.model.set_experts_implementation("batched_mm")
+    assert not JointUpdate(eager.policy, None, cfg.grpo, None, autocast_dtype=torch.bfloat16).compile_layers
 
 
 @pytest.mark.timeout(300)
