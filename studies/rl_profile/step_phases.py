@@ -2,7 +2,7 @@
 its microbatches, the draft's deferred pass, clipping and the optimizer step) and the weight push, each as host
 time, device (kernel) time and kernel count from torch.profiler, for one step of each row after warm-up steps.
 
-The tables report a drafted row's update overhead over its no-draft row (Table 1 on one H100: 13-27% for the dense
+The tables report a drafted row's update overhead over its no-draft row (Table 1 on one H100: 8.7-19.9% for the dense
 rows); this study says which phase holds it. Rows are built as ``repro.rl.run`` builds them (a profile's RL section,
 random init unless ``--warm-start`` names an SFT folder: the work per step is the same, the acceptance is not).
 Prints one table; the workflow's ``table1`` is where results come from.
