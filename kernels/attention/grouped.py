@@ -13,6 +13,7 @@ writes the step's own keys and values into the cache view, in the same kernel wh
 
     out = grouped_sdpa(q, k, v, mask)      # q [B, H, q, D], k/v [B, G, S, D], mask [B, 1, q, S]: out [B, H, q, D]
     out = grouped_sdpa_write(q, k_new, v_new, k, v, cols, mask)   # k/v[:, :, cols] = k_new/v_new, then the above
+                                                                  # (cols [q], or [B, q]: each row its own)
 """
 from __future__ import annotations
 
@@ -75,21 +76,31 @@ def grouped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
 
 def grouped_sdpa_write(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        cols: torch.Tensor, mask: torch.Tensor, scale: float | None = None,
-                       impl: str = "auto") -> torch.Tensor:
+                       impl: str = "auto", frontier: bool = False) -> torch.Tensor:
     """``k[:, :, cols] = k_new`` and ``v[:, :, cols] = v_new`` (the step's keys/values ``[B, G, q, D]`` into the
-    cache view ``k/v [B, G, S, D]``, ``cols`` ``[q]`` distinct columns), then ``grouped_sdpa(q, k, v, mask)``. Where
-    the Triton kernel takes the step, it does both in one launch; elsewhere the write is two index copies."""
+    cache view ``k/v [B, G, S, D]``; ``cols`` ``[q]`` distinct columns, or ``[B, q]``: row b's into ``cols[b]``),
+    then ``grouped_sdpa(q, k, v, mask)``. Where the Triton kernel takes the step, it does both in one launch;
+    elsewhere the write is two index copies (scatters, per row). ``frontier``: the caller's mask hides every column
+    past each row's last new one, so the kernel reads a row's keys only up to there (the same result: it is a
+    promise about the mask that saves reading the rest of the view)."""
     _check(q, k, mask, impl)
-    if cols.dim() != 1 or k_new.shape[2] != cols.numel() or v_new.shape[2] != cols.numel():
-        raise ValueError(f"cols must list one column per new key: cols {tuple(cols.shape)}, k_new "
+    per_row = cols.dim() == 2
+    if (cols.dim() not in (1, 2) or (per_row and cols.shape[0] != k_new.shape[0])
+            or k_new.shape[2] != cols.shape[-1] or v_new.shape[2] != cols.shape[-1]):
+        raise ValueError(f"cols must list one column per new key, [q] or [B, q]: cols {tuple(cols.shape)}, k_new "
                          f"{tuple(k_new.shape)}, v_new {tuple(v_new.shape)}")
     if (impl == "auto" and _KERNEL is not None and decode_kernel_fits(q, k, v, mask) and k_new.dtype == k.dtype
             and v_new.dtype == v.dtype and k_new.stride(-1) == 1 and v_new.stride(-1) == 1):
         B, H, Q, D = q.shape
         sc = scale if scale is not None else D ** -0.5
         out = torch.ops.repro.grouped_decode_attention_write(q, k, v, k_new, v_new, cols,
-                                                             mask.expand(B, 1, Q, k.shape[2]), sc)
+                                                             mask.expand(B, 1, Q, k.shape[2]), sc, frontier)
         return out.transpose(1, 2)
-    k.index_copy_(2, cols, k_new.to(k.dtype))
-    v.index_copy_(2, cols, v_new.to(v.dtype))
+    if per_row:
+        for store, new in ((k, k_new), (v, v_new)):
+            store.scatter_(2, cols[:, None, :, None].expand(-1, store.shape[1], -1, store.shape[3]),
+                           new.to(store.dtype))
+    else:
+        k.index_copy_(2, cols, k_new.to(k.dtype))
+        v.index_copy_(2, cols, v_new.to(v.dtype))
     return grouped_sdpa(q, k, v, mask, scale, impl)

@@ -4,6 +4,7 @@
     cache = StaticPolicyCache(2, 256, num_layers=8, kv_heads=2, head_dim=16, dtype=torch.float32, device="cpu")
     cache.start()                                     # a new request: every slot dead, cursor at column 0
     cols = cache.begin(positions, live)               # the forward of positions [B, q] writes these columns
+    cols = cache.begin(positions, row_cols=pad[:, None] + positions)   # or each row its own (a verify step's)
     cache.compact()                                   # live slots to the front of each row (reserve does it when full)
     masks = cache.additive_masks(positions, {"full_attention": None})
 
@@ -119,7 +120,7 @@ class StaticPolicyCache:
             setattr(self, role, storage.take(role, shape, dtype, self.device) if storage is not None
                     else torch.zeros(shape, dtype=dtype, device=self.device))
         self.hf = SlotCache(self, [SlotLayer(self, *self.layer(i, max_slots)) for i in range(num_layers)])
-        self.cols: torch.Tensor | None = None     # the columns the running forward writes
+        self.cols: torch.Tensor | None = None     # the columns the running forward writes: [q], or [B, q] per row
         self.layer_offsets = torch.arange(num_layers, device=self.device) * max_slots
         self.layer_cols: torch.Tensor | None = None   # [layers, q]: where each layer's keys of the forward go
         self.view = max_slots                     # the columns the running forward's attention reads
@@ -129,6 +130,7 @@ class StaticPolicyCache:
         # set for a forward whose attention function takes this cache (``slot_cache=``) and writes each layer's
         # keys/values itself, in the attention kernel's launch where it can: ``update`` then hands them through
         self.write_on_attend = False
+        self.frontier = False                     # the running forward writes each row's frontier (``row_cols``)
 
     def write(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor):
         """``key/value_states [B, G, q, D]`` of decoder layer ``layer`` into the columns of the running forward;
@@ -137,12 +139,16 @@ class StaticPolicyCache:
 
     def _write(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor):
         cols = self.cols
-        if cols is None or cols.numel() != key_states.shape[2]:
+        if cols is None or cols.shape[-1] != key_states.shape[2]:
             raise RuntimeError(f"the static policy cache was not begun for this forward: {key_states.shape[2]} new "
-                               f"tokens, columns {None if cols is None else cols.numel()} (call begin() first)")
+                               f"tokens, columns {None if cols is None else cols.shape[-1]} (call begin() first)")
         at = self.layer_cols[layer]
-        self.keys.index_copy_(2, at, key_states.to(self.keys.dtype))
-        self.values.index_copy_(2, at, value_states.to(self.values.dtype))
+        for store, new in ((self.keys, key_states), (self.values, value_states)):
+            if at.dim() == 2:        # [B, q]: each row's own columns
+                store.scatter_(2, at[:, None, :, None].expand(-1, store.shape[1], -1, store.shape[3]),
+                               new.to(store.dtype))
+            else:
+                store.index_copy_(2, at, new.to(store.dtype))
         return self.layer(layer, self.view)
 
     # a graph break inside a compiled decoder layer (repro.rollout.compiled_layers, whose layer index is symbolic)
@@ -168,13 +174,29 @@ class StaticPolicyCache:
         return cur
 
     def begin(self, positions: torch.Tensor, live: torch.Tensor | None = None,
-              cursor: torch.Tensor | None = None, view: int | None = None) -> torch.Tensor:
+              cursor: torch.Tensor | None = None, view: int | None = None, *,
+              row_cols: torch.Tensor | None = None) -> torch.Tensor:
         """Record the slot positions of a forward of ``positions [B, q]`` at the cursor's columns (``live`` False:
         dead at once) and make those columns the ones every layer's ``update`` writes; attention reads the first
         ``view`` columns. With no ``cursor`` the next ``q`` columns are reserved here (and ``view`` follows from
-        them); a graphed caller passes the device cursor and the view it reserved itself."""
+        them); a graphed caller passes the device cursor and the view it reserved itself.
+
+        ``row_cols [B, q]`` instead: each row writes its own columns, its frontier (a verify step's, where a row's
+        token at position p lives in column p + its left padding: the rows' lengths differ, and each step's columns
+        overwrite the proposals the last step rejected). Every column past a row's frontier is then invisible to
+        it (older columns of that row hold higher positions, or none), so ``frontier`` tells the attention it may
+        stop reading there; the caller passes ``view``, covering every row's frontier."""
         if positions.dim() != 2 or positions.shape[0] != self.batch:
             raise ValueError(f"positions must be [batch={self.batch}, q], got {tuple(positions.shape)}")
+        if row_cols is not None:
+            if row_cols.shape != positions.shape or view is None:
+                raise ValueError(f"row_cols must be [batch, q] = {tuple(positions.shape)} and come with a view, got "
+                                 f"{tuple(row_cols.shape)} and view={view}")
+            self.view = int(view)
+            self.cols = self.slots.write_rows(row_cols, positions, live)
+            self.layer_cols = self.cols[None] + self.layer_offsets[:, None, None]     # [layers, B, q]
+            self.frontier = True
+            return self.cols
         if cursor is None:
             cursor = self.reserve(positions.shape[1])
             view = self.used_view()
@@ -182,6 +204,7 @@ class StaticPolicyCache:
         self.cols = self.slots.write(cursor, positions, live)
         # every layer's columns at once (one kernel a forward, not one a layer): layer l writes cols + l * max_slots
         self.layer_cols = self.cols + self.layer_offsets[:, None]
+        self.frontier = False
         return self.cols
 
     def compact(self) -> int:
@@ -206,6 +229,13 @@ class StaticPolicyCache:
     def used_view(self) -> int:
         """The attention view covering every column reserved so far."""
         return view_columns(self.next_col, self.max_slots)
+
+    def grow_view(self, width: int) -> int:
+        """For a forward writing each row's frontier (``begin(row_cols=)``), ``width`` columns at most past the last
+        one's: the view that covers every row's (the host's bound; never compacts: the frontiers stay within a
+        cache of the prompt, the answer and one step's columns)."""
+        self.next_col = min(self.next_col + width, self.max_slots)
+        return self.used_view()
 
     def kill(self, cols: torch.Tensor, keep: torch.Tensor) -> None:
         """Slots ``cols[j]`` die for ``j >= keep[b]`` (per row): rejected proposals. Device ops only."""

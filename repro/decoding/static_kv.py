@@ -164,6 +164,15 @@ class StaticSlots:
         self.pos.index_copy_(1, cols, pos)
         return cols
 
+    def write_rows(self, cols: torch.Tensor, positions: torch.Tensor, live: torch.Tensor | None = None
+                   ) -> torch.Tensor:
+        """Row b's slots ``cols[b, j]`` take ``positions[b, j]`` (-1 where ``live`` is False); returns ``cols``."""
+        pos = positions if positions.dtype == torch.long else positions.to(torch.long)
+        if live is not None:
+            pos = torch.where(live, pos, torch.full_like(pos, -1))
+        self.pos.scatter_(1, cols, pos)
+        return cols
+
     def visible(self, q_pos: torch.Tensor) -> torch.Tensor:
         """Bool ``[B, q, view]``: the first ``view`` slots' visibility to queries at ``q_pos [B, q]``."""
         return slot_visible(self.pos[:, :self.view], q_pos)

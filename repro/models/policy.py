@@ -222,12 +222,13 @@ class Policy(nn.Module):
     def decode_step_static(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: StaticPolicyCache,
                            live: torch.Tensor | None = None, want_taps: bool = False,
                            cursor: torch.Tensor | None = None, view: int | None = None,
-                           last_logits: bool = False) -> StepOutput:
+                           last_logits: bool = False, row_cols: torch.Tensor | None = None) -> StepOutput:
         """Run ``input_ids [B, q]`` at ``positions [B, q]`` on a static cache, writing the q columns at ``cursor``
-        (a device scalar from ``cache.reserve``; None: reserve them here) and attending over the first ``view``
-        columns (``cache.used_view()``); ``last_logits``: the logits of the last column only (``[B, 1, V]``, a
-        prefill's). Device work only: capturable."""
-        cache.begin(positions, live, cursor, view)
+        (a device scalar from ``cache.reserve``; None: reserve them here), or each row's own ``row_cols [B, q]``
+        (its frontier: ``StaticPolicyCache.begin``), and attending over the first ``view`` columns
+        (``cache.used_view()``); ``last_logits``: the logits of the last column only (``[B, 1, V]``, a prefill's).
+        Device work only: capturable."""
+        cache.begin(positions, live, cursor, view, row_cols=row_cols)
         masks = cache.additive_masks(positions, self._windows())
         return self._run(input_ids, self._mask_arg(masks), positions, cache.hf, want_taps, cache.in_graph, cache,
                          last_logits=last_logits)

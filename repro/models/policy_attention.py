@@ -30,7 +30,7 @@ def grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0,
         k_view, v_view = slot_cache.layer(module.layer_idx, view)
         if folds and kwargs.get("position_bias") is None:
             out = grouped_sdpa_write(query, key, value, k_view, v_view, slot_cache.cols, m[:, :, :, :view],
-                                     scale=scaling)
+                                     scale=scaling, frontier=slot_cache.frontier)
             return out.transpose(1, 2).contiguous(), None
         key, value = slot_cache.write(module.layer_idx, key, value)
     if not folds or kwargs.get("position_bias") is not None:

@@ -9,7 +9,8 @@ Without a proposer (k = 0) the same loop is the plain decoding baseline.
 ``cuda_graphs="draft"`` runs the proposer on static caches sized for the request, replayed as CUDA graphs on a GPU;
 ``"all"``, ``"whole_drafts"``, ``"compiled"``, ``"compiled_drafts"`` and ``"fused"`` the policy too (docs/engine.md);
 ``"off"`` (default) keeps growing, compacted caches. The static policy cache is sized for the prompt, the answer
-and a few verify steps and compacts itself when full (``policy_slots``). ``max_draft_slots`` caps the static cache
+and one verify step; each row writes at its own frontier, so a step overwrites the proposals the last one rejected
+(``policy_slots``). ``max_draft_slots`` caps the static cache
 (slots per row; a request that needs more fails before decoding); ``bucket_batch=True`` rounds the static batch up
 to a power of two (shrinking turns then share captured graphs); ``min_static_rows`` runs smaller requests on a static
 batch of that many rows (a trainer's held-out rollouts on its training batch's caches); ``policy_cache_slots`` fixes
@@ -51,9 +52,6 @@ POLICY_COMPILED_MODES = ("compiled", "compiled_drafts", "fused")        # the po
 WHOLE_DRAFT_MODES = ("whole_drafts", "compiled_drafts")  # the proposer's static propose and observe compiled whole
 # ("fused" traces them inside the policy's step instead)
 COMPILED_MODES = tuple(m for m in CUDA_GRAPH_MODES if m in POLICY_COMPILED_MODES + WHOLE_DRAFT_MODES)  # inductor first
-# verify steps of room past the prompt and the answer in the policy's static cache (policy_slots): the cache compacts
-# itself when full, at most once per this many steps
-POLICY_SLACK_STEPS = 8
 BUCKETED_STATES = 16      # static states a proposer keeps when batches are bucketed (every turn shape of a request)
 
 
@@ -170,26 +168,23 @@ class RolloutEngine:
         return bucketed(need) if self.max_draft_slots is None else min(bucketed(need), self.max_draft_slots)
 
     def smallest_policy_cache(self, P: int, max_new_tokens: int) -> int:
-        """The fewest policy cache columns a row that a request (longest prompt ``P``, as the prefill pads it) fits
-        with compaction: the longest row's live slots (P + max_new_tokens - 1) and one step's k + 1 columns."""
+        """The fewest policy cache columns a row that a request (longest prompt ``P``, as the prefill pads it) fits:
+        the longest row's tokens (P + max_new_tokens - 1) and one step's k + 1 columns at its frontier."""
         return P + max_new_tokens + self.k
 
     def policy_slots(self, P: int, max_new_tokens: int) -> int:
         """Columns per row of the policy's static cache for a request (longest prompt ``P``): the prompt, the answer
-        and ``POLICY_SLACK_STEPS`` verify steps, at most the draft caches' ``static_slots`` (or ``policy_cache_slots``
-        when given: the self-check's smallest cache, so that it compacts often). A verify step writes
-        k + 1 columns and keeps the accepted ones; when the next step's would pass the end, the cache moves each
-        row's live slots to its front (``StaticPolicyCache.compact``: one host sync), so the rejected proposals'
-        columns, most of a block draft's (k + 1 = 9 columns a step at about 4 accepted), need no room of their own."""
+        and one verify step's k + 1 columns (``policy_cache_slots`` when given, at least that many). A verify step
+        writes each row's tokens at its frontier (the token at position p in column p + the row's left padding),
+        so the next step overwrites the proposals it rejected: no row needs more, and no compaction."""
+        need = self.smallest_policy_cache(P, max_new_tokens)
         if self.policy_cache_slots is not None:
-            need = self.smallest_policy_cache(P, max_new_tokens)
             if self.policy_cache_slots < need:
                 raise ValueError(f"policy_cache_slots={self.policy_cache_slots} is too small for the request: it "
                                  f"needs at least {need} (longest prompt {P} + max_new_tokens {max_new_tokens} + "
                                  f"k {self.k})")
             return self.policy_cache_slots
-        full = self.static_slots(P, max_new_tokens)
-        return min(full, bucketed(P + max_new_tokens + POLICY_SLACK_STEPS * (self.k + 1)))
+        return bucketed(need)
 
     def _start_proposer(self, B: int, P: int, max_new_tokens: int) -> None:
         if self.cuda_graphs == "off":

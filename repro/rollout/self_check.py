@@ -7,9 +7,10 @@ in fp32 copies of the policy and drafts (so that one-token and (k+1)-token forwa
   caches; ``draft``: the draft on static caches, graphed on CUDA; ``all``: policy and draft on static caches,
   graphed) equals plain greedy decoding on dynamic caches, token for token, stop reasons included, on
   ragged prompts with a stop token; the static path's acceptance counters equal the dynamic path's;
-* compaction: each family under the last static mode checked, on the smallest policy cache the request fits
-  (``policy_cache_slots``), so that it compacts during the request (``StaticPolicyCache.compact``): the same
-  identity, and the compactions counted;
+* smallest cache: each family under the last static mode checked, on the smallest policy cache the request fits
+  (``policy_cache_slots``: the prompt, the answer and one verify step; each row writes at its own frontier, so
+  a step overwrites the proposals the last one rejected and the last columns are reached): the same identity,
+  and the compactions counted (none are needed);
 * graphs: on CUDA, under ``draft`` and ``all`` every graphed call captured and none fell back to eager;
 * timing (in the policy's own dtype): ms per verify step of plain decoding and of each family, per mode and
   batch size (median of a few calls), so one device call shows where a step's time goes.
@@ -49,9 +50,9 @@ def _engine(policy, drafts, make_proposer, fam: str, mode: str) -> RolloutEngine
     return RolloutEngine(policy, make_proposer(fam, drafts[fam]), cuda_graphs=mode)
 
 
-def _compacting_engine(policy, drafts, make_proposer, fam: str, mode: str, prompts, new_tokens: int):
-    """``fam``'s engine in ``mode`` on the smallest policy cache the request fits: it compacts when full (the
-    engine's ``policy_slots`` still refuses a request that needs more)."""
+def _smallest_cache_engine(policy, drafts, make_proposer, fam: str, mode: str, prompts, new_tokens: int):
+    """``fam``'s engine in ``mode`` on the smallest policy cache the request fits (the engine's ``policy_slots``
+    refuses a request that needs more)."""
     eng = _engine(policy, drafts, make_proposer, fam, mode)
     longest = eng.static_decoder.prompt_columns(max(len(p) for p in prompts))
     eng.policy_cache_slots = eng.smallest_policy_cache(longest, new_tokens)
@@ -81,22 +82,22 @@ def run_self_check(policy, drafts: dict, make_proposer: Callable, prompts: Seque
     report: dict = {"device": str(policy.device), "modes": modes, "families": ["plain", *drafts],
                     "identity": {}, "counters_equal": {}, "compactions": {}, "graphs": {}, "ms_per_step": {},
                     "failures": []}
-    compact_mode = next((m for m in reversed(modes) if m in STATIC_MODES), None)
+    smallest_mode = next((m for m in reversed(modes) if m in STATIC_MODES), None)
     fails = report["failures"]
     pol32, d32 = _fp32(policy, drafts)
     stops = () if stop_token is None else (stop_token,)
     ref = RolloutEngine(pol32).generate(prompts, max_new_tokens=new_tokens, greedy=True, stop_tokens=stops)
     for fam in ["plain", *drafts]:
         off_counters = None
-        runs = [(m, False) for m in modes] + ([(compact_mode, True)] if compact_mode and fam != "plain" else [])
-        for mode, compacting in runs:
+        runs = [(m, False) for m in modes] + ([(smallest_mode, True)] if smallest_mode and fam != "plain" else [])
+        for mode, smallest in runs:
             if fam == "plain" and mode == "draft":
                 continue
-            key = f"{fam}/{mode}" + ("+compact" if compacting else "")
-            eng = (_compacting_engine(pol32, d32, make_proposer, fam, mode, prompts, new_tokens) if compacting
+            key = f"{fam}/{mode}" + ("+smallest" if smallest else "")
+            eng = (_smallest_cache_engine(pol32, d32, make_proposer, fam, mode, prompts, new_tokens) if smallest
                    else _engine(pol32, d32, make_proposer, fam, mode))
             got = eng.generate(prompts, max_new_tokens=new_tokens, greedy=True, stop_tokens=stops)
-            if compacting:
+            if smallest:
                 report["compactions"][key] = got.cache_compactions
             same = [a == b for a, b in zip(got.tokens, ref.tokens)]
             frac = sum(same) / len(same)

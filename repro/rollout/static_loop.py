@@ -82,6 +82,12 @@ class StaticDecoder:
                        torch.zeros(R, width, dtype=torch.float32, device=dev))
         return st[key]
 
+    def row_pad(self, st: dict) -> torch.Tensor:
+        """The state's ``[R]`` buffer of each row's left padding (the verify steps' graphs read it by address)."""
+        if "pad" not in st:
+            st["pad"] = torch.zeros(st["cache"].batch, dtype=torch.long, device=st["cache"].device)
+        return st["pad"]
+
     def graph_status(self) -> dict:
         out = {}
         for key, st in self.states._states.items():
@@ -121,27 +127,31 @@ class StaticDecoder:
                                 noise=noise[0] if noise else None)
         return tok0, lp0, list(out.taps or [])
 
-    def _policy_step(self, st, last_tok, last_pos, drafts, cursor, *, want_taps: bool, view: int):
+    def _policy_step(self, st, last_tok, last_pos, drafts, pad, *, want_taps: bool, view: int):
+        """The verify step: the last token and the proposals at each row's frontier (a row's token at position p
+        lives in column p + ``pad``, its left padding), so each step overwrites the proposals the last one
+        rejected and a row's attention reads no column past its own frontier."""
         inp = torch.cat([last_tok[:, None], drafts], dim=1)
         qpos = last_pos[:, None] + torch.arange(self.k + 1, device=last_pos.device)
         with compiled_layers(self.policy, self.compile_backend):
-            out = self.policy.decode_step_static(inp, qpos, st["cache"], want_taps=want_taps, cursor=cursor, view=view)
+            out = self.policy.decode_step_static(inp, qpos, st["cache"], want_taps=want_taps, view=view,
+                                                 row_cols=pad[:, None] + qpos)
         return out.logits, out.taps, qpos, st["cache"].cols
 
-    def _fused_step(self, st, last_tok, last_pos, drafts, cursor, active, gen_len, out_tok, out_lp, *opt,
+    def _fused_step(self, st, last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, *opt,
                     want_taps: bool, view: int, **settings):
-        logits, taps, qpos, cols = self._policy_step(st, last_tok, last_pos, drafts, cursor, want_taps=want_taps,
+        logits, taps, qpos, cols = self._policy_step(st, last_tok, last_pos, drafts, pad, want_taps=want_taps,
                                                      view=view)
         return taps, qpos, *self._accept_step(st, logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok,
                                               out_lp, *opt, **settings)
 
-    def _whole_step(self, st, last_tok, last_pos, drafts, cursor, active, gen_len, out_tok, out_lp, draft_cursor,
+    def _whole_step(self, st, last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, draft_cursor,
                     *opt, draft_noise: int, draft_views: tuple[int, int], draft_settings: tuple, **settings):
         """``_fused_step``, then the proposer's observe of the committed tokens and its proposals for the next step
         (``StaticProposerState._round_static``); the last ``draft_noise`` of ``opt`` are the propose's draws."""
         cut = len(opt) - draft_noise
         taps, qpos, committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = self._fused_step(
-            st, last_tok, last_pos, drafts, cursor, active, gen_len, out_tok, out_lp, *opt[:cut], **settings)
+            st, last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, *opt[:cut], **settings)
         proposals = self.proposer._round_static(committed, taps, qpos, valid, new_last, new_pos, draft_cursor,
                                                 *opt[cut:], views=draft_views, **dict(draft_settings))
         return (new_last, new_pos, new_active, new_len, hit_stop, hist, *proposals)
@@ -184,15 +194,16 @@ class StaticDecoder:
         if hit_stop is not None:
             new_active &= ~hit_stop
         # only the kept tokens' inputs stay live: rejected proposals, every new slot of a finished row, and the
-        # accepted proposals past a row's stop token or length limit die (a row that ends keeps at most
-        # prompt + answer - 1 slots, the most a cache sized by RolloutEngine.policy_slots holds after compacting)
-        st["cache"].slots.pos.index_copy_(1, cols, torch.where(j < n_keep[:, None], qpos, -1))
+        # accepted proposals past a row's stop token or length limit die (cols [R, k + 1]: each row's frontier)
+        st["cache"].slots.pos.scatter_(1, cols, torch.where(j < n_keep[:, None], qpos, -1))
         # per row: accepted proposals, -1 for rows not running (the counters are summed at the end)
         hist = torch.where(active, a, -1)
         if n_valid is not None:
             hist = torch.stack([hist, n_valid.long()], 0)
         new_last = committed.gather(1, a[:, None])[:, 0]
-        return committed, j < n_new[:, None], new_last, last_pos + n_new, new_active, new_len, hit_stop, hist
+        # each row moves past the tokens it keeps: a row that ends stops just past its last one, so the loop's steps
+        # past its end write dead slots beyond its tokens, within the cache policy_slots sizes
+        return committed, j < n_new[:, None], new_last, last_pos + n_keep, new_active, new_len, hit_stop, hist
 
 
 class RunningFlag:
@@ -282,6 +293,8 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     pos = torch.arange(P, device=dev)[None, :] - (P - plen)[:, None]
     live = pos >= 0
     pos = pos.clamp_min(0)
+    pad = decoder.row_pad(st)             # each row's left padding: its token at position p is in column p + pad
+    pad.copy_(P - plen)
     want_taps = proposer is not None and proposer.needs_taps
     # fused with a draft: each step's graph ends with the next step's proposals; the prefill's gives the first
     whole = "fused" in st and proposer is not None
@@ -336,7 +349,7 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
             drafts = no_drafts
         noise = [] if greedy else ([proposal_noise((R, k), gen, dev)] if k else []) + [
             proposal_noise((R, pol.vocab_size), gen, dev)]
-        cursor = cache.reserve(k + 1)
+        view = cache.grow_view(k + 1)        # covers every row's frontier: each moves at most k + 1 a step
         opt = [x for x in (stop, probs, n_valid) if x is not None] + noise
         settings = dict(has_stop=stop is not None, has_probs=probs is not None, has_valid=n_valid is not None,
                         greedy=bool(greedy), temperature=temp, max_new=int(max_new_tokens))
@@ -344,16 +357,15 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
             draft_cursor, draft_views, draft_settings, draft_noise = proposer.begin_round(
                 k + 1, batch=R, greedy=greedy, temperature=temp, generator=gen)
             new_last, new_pos, new_active, new_len, hit_stop, hist, *prop = st["fused"](
-                last_tok, last_pos, drafts, cursor, active, gen_len, out_tok, out_lp, draft_cursor, *opt,
-                *draft_noise, want_taps=want_taps, view=cache.used_view(), draft_noise=len(draft_noise),
+                last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, draft_cursor, *opt,
+                *draft_noise, want_taps=want_taps, view=view, draft_noise=len(draft_noise),
                 draft_views=draft_views, draft_settings=draft_settings, **settings)
         elif "fused" in st:
             taps, qpos, committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["fused"](
-                last_tok, last_pos, drafts, cursor, active, gen_len, out_tok, out_lp, *opt, want_taps=want_taps,
-                view=cache.used_view(), **settings)
+                last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, *opt, want_taps=want_taps,
+                view=view, **settings)
         else:
-            logits, taps, qpos, cols = st["step"](last_tok, last_pos, drafts, cursor, want_taps=want_taps,
-                                                  view=cache.used_view())
+            logits, taps, qpos, cols = st["step"](last_tok, last_pos, drafts, pad, want_taps=want_taps, view=view)
             committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["accept"](
                 logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt, **settings)
         forwards += 1

@@ -1,7 +1,9 @@
-"""The policy cache's compaction under real CUDA graphs, with the garbage collector provoked: a tiny Qwen3 policy and
+"""The smallest policy cache under real CUDA graphs, with the garbage collector provoked: a tiny Qwen3 policy and
 fresh (untrained, so nearly every proposal is rejected) EAGLE-3 and DSpark drafts, engine modes ``all`` and
-``compiled_drafts``; each family's rollouts on the smallest policy cache the request fits (``policy_cache_slots``,
-so it compacts every few steps) against the same on the default cache, greedy and sampled, after dropping two other
+``compiled_drafts``; each family's rollouts on the smallest policy cache the request fits (``policy_cache_slots``:
+the verify steps write each row's frontier, so it fills to its last columns; caches that wrote every step at a
+shared cursor compacted instead, hence the name) against the same on the default cache, greedy and sampled, after
+dropping two other
 engines into garbage cycles that hold their captured graphs and with ``gc.set_threshold(1)`` around the captures
 (a collection during a capture destroyed other graphs and broke it before ``repro.decoding.cuda_graph`` turned the
 collector off there). Prints, per family and mode: tokens equal, the largest log-probability difference, the cache

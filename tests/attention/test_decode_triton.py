@@ -98,6 +98,43 @@ def test_write_variant_writes_the_step_then_attends(kernel, heads, kv_heads, Q, 
     torch.testing.assert_close(out.transpose(1, 2).double().cpu(), want, rtol=kernel.tol, atol=kernel.tol)
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("heads,kv_heads,Q,S", [(4, 2, 1, 150), (8, 2, 5, 130), (6, 3, 9, 70)])
+def test_per_row_columns_and_the_frontier(kernel, heads, kv_heads, Q, S):
+    """``new=`` with ``cols [B, q]``: each row's keys and values go into its own columns (rows of different
+    lengths in one view, as the static cache's verify steps write them), then the oracle. With ``frontier`` a row
+    reads only up to its last new column: the columns past it hold NaN here (a stale cache), hidden by the mask,
+    and the output is still the oracle's; without it the kernel reads them and the NaN reaches the output."""
+    g = torch.Generator().manual_seed(Q * S + 1)
+    B, D = 3, 16
+    q, k_new, v_new = kernel.put(torch.randn(B, Q, heads, D, generator=g),
+                                 *(torch.randn(B, Q, kv_heads, D, generator=g) for _ in range(2)))
+    q, k_new, v_new = (t.transpose(1, 2) for t in (q, k_new, v_new))
+    starts = torch.tensor([S - Q, 1, S // 2])                               # each row's first new column
+    at = (starts[:, None] + torch.arange(Q)).to(kernel.device)
+    col = torch.arange(S)
+    past = col[None, :] > at.cpu()[:, -1:]                                  # [B, S]: past each row's frontier
+    hidden = (torch.rand(B, 1, Q, S, generator=g) < 0.3) | past[:, None, None, :]
+    hidden[torch.arange(B)[:, None], 0, :, at.cpu()] = False                # the step sees its own keys
+    for frontier, finite in ((True, True), (False, False)):
+        k_buf, v_buf = kernel.put(*(torch.randn(B, kv_heads, S, D, generator=g) for _ in range(2)))
+        k_buf[past[:, None, :, None].expand_as(k_buf).to(kernel.device)] = float("nan")
+        k_want, v_want = k_buf.clone(), v_buf.clone()
+        for b in range(B):
+            k_want[b].index_copy_(1, at[b], k_new[b])
+            v_want[b].index_copy_(1, at[b], v_new[b])
+        mask, = kernel.put(torch.zeros(B, 1, Q, S).masked_fill(hidden, torch.finfo(kernel.dtype).min))
+        out = torch.full((B, Q, heads, D), float("nan"), dtype=kernel.dtype, device=kernel.device)
+        kernel.launch(q, k_buf, v_buf, mask, D ** -0.5, out, num_warps=1, new=(k_new, v_new, at), frontier=frontier)
+        assert torch.equal(k_buf.nan_to_num(7.0), k_want.nan_to_num(7.0)) and torch.equal(v_buf, v_want)
+        assert bool(out.isfinite().all()) == finite
+        if finite:
+            kw = k_want.nan_to_num(0.0)                                     # the oracle never sees past the frontier
+            qd, kd, vd, md = (t.double().cpu() for t in (q, kw, v_want, mask))
+            want = dense_reference(qd, kd, vd, md)
+            torch.testing.assert_close(out.transpose(1, 2).double().cpu(), want, rtol=kernel.tol, atol=kernel.tol)
+
+
 @pytest.mark.timeout(30)
 def test_rule_sends_small_half_precision_steps(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))     # the rule, not the device
@@ -131,7 +168,7 @@ def test_kernel_builds_when_inductor_passes_the_scale_as_fp64(scale_type, varian
     either type (an fp64 scale once turned the softmax's loop state fp64 and failed the build)."""
     run = build_ir("kernels.attention.decode_triton", "_decode_attention_kernel",
                    {"BLOCK_M": 16, "BLOCK_S": 64, "D": 128, "BOOL_MASK": False, "WRITE": variant == "write",
-                    "BLOCK_Q": 8},
+                    "BLOCK_Q": 8, "FRONTIER": variant == "write"},
                    {"scale": scale_type, "m_ptr": "*fp32", "c_ptr": "*i64"})
     assert run.returncode == 0, run.stderr[-3000:]
     assert "tt.dot" in run.stdout

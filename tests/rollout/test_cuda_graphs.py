@@ -293,11 +293,12 @@ def test_a_failed_capture_is_tried_once_more(caplog):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("lagged", (False, True), ids=("exact-flag", "lagged-flag"))
-def test_a_compacting_policy_cache_generates_what_a_full_one_does(trained, family, lagged, monkeypatch):
-    """The policy's static cache at the smallest size the request fits (``policy_cache_slots``) compacts during the
-    request and gives the tokens, counters and log-probabilities of a cache sized for every proposal
-    rejected; greedy and sampled, ragged rows, stop tokens, under replay emulation. ``lagged``: the loop reads its
-    running flag one step late, as on a GPU (a step past the end reserves k + 1 more columns)."""
+def test_the_smallest_policy_cache_generates_what_a_larger_one_does(trained, family, lagged, monkeypatch):
+    """The policy's static cache at the smallest size the request fits (``policy_cache_slots``: the prompt, the
+    answer and one verify step, each row writing at its own frontier) gives the tokens, counters and
+    log-probabilities of a larger one, and neither compacts; greedy and sampled, ragged rows, stop tokens, under
+    replay emulation. ``lagged``: the loop reads its running flag one step late, as on a GPU (a step past the end,
+    on rows that have all ended, must stay within the cache)."""
     from repro.rollout.static_loop import RunningFlag
 
     pol, prompts, drafts = trained
@@ -309,9 +310,8 @@ def test_a_compacting_policy_cache_generates_what_a_full_one_does(trained, famil
     runs = [{"max_new_tokens": 24, "greedy": True, "stop_tokens": [5]},
             {"max_new_tokens": 24, "greedy": True},       # every row to the limit, proposals accepted past it
             {"max_new_tokens": 24, "greedy": False, "temperature": 0.8, "seed": 4}]
-    full = RolloutEngine(pol, proposer(d), cuda_graphs="all")
+    full = RolloutEngine(pol, proposer(d), cuda_graphs="all", policy_cache_slots=256)
     want = [full.generate(ps, **kw) for kw in runs]
-    assert all(w.cache_compactions == 0 for w in want)
     small = RolloutEngine(pol, proposer(d), cuda_graphs="all",
                           policy_cache_slots=max(map(len, ps)) + runs[0]["max_new_tokens"] + full.k)
     gots = []
@@ -320,20 +320,58 @@ def test_a_compacting_policy_cache_generates_what_a_full_one_does(trained, famil
         gots.append(got)
         assert got.tokens == w.tokens and got.finish_reason == w.finish_reason
         assert got.counters.as_dict() == w.counters.as_dict()
-        # fp32 rounding: attention sums over fewer (masked) columns once compacted
+        # fp32 rounding: attention sums over a view of another width (masked columns)
         torch.testing.assert_close(torch.tensor(sum(got.logprobs, [])), torch.tensor(sum(w.logprobs, [])),
                                    rtol=1e-5, atol=1e-5)
     assert len(small.static_decoder.states._states) == 1
     assert all(g.cache_slots < w.cache_slots for g, w in zip(gots, want))
-    assert sum(g.cache_compactions for g in gots) >= 2
+    assert sum(g.cache_compactions + w.cache_compactions for g, w in zip(gots, want)) == 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("family", ("eagle3", "dspark"))
+def test_verify_steps_write_each_rows_frontier(trained, family, monkeypatch):
+    """A verify step writes each row's tokens at its own frontier (the token at position p in column p + the row's
+    left padding): after a request every row's live slots are exactly its prompt and answer there, with nothing
+    live past them, though the rows accepted different numbers of proposals; and in every verify step the mask
+    hides each row's columns past its last new one, the promise that lets the attention kernel stop reading there
+    (``frontier``)."""
+    import repro.models.policy_attention as pa
+
+    pol, prompts, drafts = trained
+    d = drafts[family]
+    pol.set_taps(d.tap_spec)
+    real, checked = pa.grouped_sdpa_write, []
+
+    def promise_checked(q, k_new, v_new, k, v, cols, mask, scale=None, impl="auto", frontier=False):
+        if frontier:
+            past = torch.arange(mask.shape[-1])[None, :] > cols.max(1).values[:, None]          # [B, S]
+            hidden = mask[:, 0] <= torch.finfo(mask.dtype).min / 2                              # [B, q, S]
+            assert bool(hidden[past[:, None, :].expand_as(hidden)].all())
+            checked.append(cols.clone())
+        return real(q, k_new, v_new, k, v, cols, mask, scale, impl, frontier)
+
+    monkeypatch.setattr(pa, "grouped_sdpa_write", promise_checked)
+    ps = ragged(prompts)
+    eng = RolloutEngine(pol, proposer(d), cuda_graphs="all")
+    got = eng.generate(ps, max_new_tokens=20, greedy=False, temperature=0.8, seed=3, stop_tokens=[5])
+    assert checked and any(len(set(c[:, 0].tolist())) > 1 for c in checked)     # rows at different frontiers
+    P = eng.static_decoder.prompt_columns(max(map(len, ps)))
+    (st,) = [s for s in eng.static_decoder.states._states.values()]
+    pos = st["cache"].slots.pos
+    for b, (p, toks) in enumerate(zip(ps, got.tokens)):
+        n = len(p) + len(toks) - 1        # the last token is never fed back: no slot
+        pad = P - len(p)
+        assert pos[b, pad:pad + n].tolist() == list(range(n)), b
+        assert bool((pos[b, :pad] < 0).all()) and bool((pos[b, pad + n:] < 0).all()), b
 
 
 @pytest.mark.timeout(60)
 def test_a_finishing_row_keeps_only_its_kept_tokens_slots(trained):
     """The verify step's accept: a row that continues keeps the slots of its input and accepted proposals; a row
     that reaches its length limit or a stop token keeps only those of the tokens it keeps, so no row's live slots
-    pass prompt + answer - 1, the most ``policy_slots`` leaves room for after a compaction (on a GPU the loop runs
-    one step past the end, reserving k + 1 more columns)."""
+    pass prompt + answer - 1; and each row's position moves past the tokens it keeps (so the loop's steps past a
+    row's end write dead slots beyond its tokens, within the cache ``policy_slots`` sizes)."""
     pol, _, drafts = trained
     pol.set_taps(drafts["eagle3"].tap_spec)
     eng = RolloutEngine(pol, proposer(drafts["eagle3"]), cuda_graphs="all")
@@ -346,7 +384,7 @@ def test_a_finishing_row_keeps_only_its_kept_tokens_slots(trained):
     for j in range(k):
         logits[torch.arange(4), j, drafts_[:, j]] = 5.0
     logits[:, k, 9] = 5.0
-    cols = torch.arange(k + 1) + 20
+    cols = (torch.arange(k + 1) + 20)[None, :].expand(4, -1)     # each row's frontier columns (here the same)
     qpos = (torch.arange(k + 1)[None, :] + 10).expand(4, -1)
     gen_len = torch.tensor([1, max_new - 2, 1, 1])           # row 1: room for 2 more tokens
     active = torch.tensor([True, True, True, False])         # row 3 has finished already
@@ -355,10 +393,11 @@ def test_a_finishing_row_keeps_only_its_kept_tokens_slots(trained):
     res = eng.static_decoder._accept_step(st, logits, drafts_, qpos, cols, torch.full((4,), 10),
                                           active, gen_len, *out, stop, has_stop=True, has_probs=False,
                                           has_valid=False, greedy=True, temperature=1.0, max_new=max_new)
-    live = (st["cache"].slots.pos[:, cols] >= 0).sum(1).tolist()
+    live = (st["cache"].slots.pos[:, cols[0]] >= 0).sum(1).tolist()
     new_len = res[5].tolist()
     assert live == [k + 1, 2, 2, 0]
     assert new_len == [1 + k + 1, max_new, 1 + 2, 1]
+    assert res[3].tolist() == [10 + k + 1, 12, 12, 10]      # new positions: past the tokens each row keeps
 
 
 @pytest.mark.timeout(60)
@@ -444,9 +483,9 @@ def test_shared_kv_storage_views_and_grows():
 
 
 @pytest.mark.timeout(120)
-def test_self_check_runs_each_family_on_a_compacting_cache(trained):
+def test_self_check_runs_each_family_on_the_smallest_cache(trained):
     """The engine self-check (the decode benchmark's first step on a GPU) adds, per family, the last static mode on
-    the smallest policy cache the request fits: identical greedy tokens, and the cache compacted."""
+    the smallest policy cache the request fits: identical greedy tokens, and no compaction needed."""
     from repro.rollout.self_check import run_self_check, verdict_table
 
     pol, prompts, drafts = trained
@@ -454,10 +493,10 @@ def test_self_check_runs_each_family_on_a_compacting_cache(trained):
                             ragged(prompts), new_tokens=16, stop_token=5, timing_batches=(), modes=("off", "all"),
                             progress=lambda line: None)
     assert report["passed"], report["failures"]
-    assert set(report["compactions"]) == {"eagle3/all+compact", "dspark/all+compact"}
-    assert all(n >= 1 for n in report["compactions"].values())
-    assert report["identity"]["dspark/all+compact"] == 1.0
-    assert "dspark/all+compact" in verdict_table(report)
+    assert set(report["compactions"]) == {"eagle3/all+smallest", "dspark/all+smallest"}
+    assert all(n == 0 for n in report["compactions"].values())
+    assert report["identity"]["dspark/all+smallest"] == 1.0
+    assert "dspark/all+smallest" in verdict_table(report)
 
 
 @pytest.mark.timeout(30)
