@@ -84,8 +84,7 @@ def grouped_sdpa_write(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor
     past each row's last new one, so the kernel reads a row's keys only up to there (the same result: it is a
     promise about the mask that saves reading the rest of the view)."""
     _check(q, k, mask, impl)
-    per_row = cols.dim() == 2
-    if (cols.dim() not in (1, 2) or (per_row and cols.shape[0] != k_new.shape[0])
+    if (cols.dim() not in (1, 2) or (cols.dim() == 2 and cols.shape[0] != k_new.shape[0])
             or k_new.shape[2] != cols.shape[-1] or v_new.shape[2] != cols.shape[-1]):
         raise ValueError(f"cols must list one column per new key, [q] or [B, q]: cols {tuple(cols.shape)}, k_new "
                          f"{tuple(k_new.shape)}, v_new {tuple(v_new.shape)}")
@@ -96,11 +95,15 @@ def grouped_sdpa_write(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor
         out = torch.ops.repro.grouped_decode_attention_write(q, k, v, k_new, v_new, cols,
                                                              mask.expand(B, 1, Q, k.shape[2]), sc, frontier)
         return out.transpose(1, 2)
-    if per_row:
-        for store, new in ((k, k_new), (v, v_new)):
-            store.scatter_(2, cols[:, None, :, None].expand(-1, store.shape[1], -1, store.shape[3]),
-                           new.to(store.dtype))
-    else:
-        k.index_copy_(2, cols, k_new.to(k.dtype))
-        v.index_copy_(2, cols, v_new.to(v.dtype))
+    write_columns(k, cols, k_new)
+    write_columns(v, cols, v_new)
     return grouped_sdpa(q, k, v, mask, scale, impl)
+
+
+def write_columns(store: torch.Tensor, cols: torch.Tensor, new: torch.Tensor) -> None:
+    """``store[:, :, cols] = new`` for ``store [B, G, S, D]`` and ``new [B, G, q, D]``: ``cols [q]`` one set of
+    columns for every row (an index copy), ``[B, q]`` row b's own (a scatter)."""
+    if cols.dim() == 2:
+        store.scatter_(2, cols[:, None, :, None].expand(-1, store.shape[1], -1, store.shape[3]), new.to(store.dtype))
+    else:
+        store.index_copy_(2, cols, new.to(store.dtype))

@@ -19,6 +19,7 @@ import math
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from kernels.attention.grouped import write_columns
 from repro.decoding.kv import slot_visible
 from repro.decoding.static_kv import Cursor, StaticSlots, view_columns
 
@@ -122,7 +123,7 @@ class StaticPolicyCache:
         self.hf = SlotCache(self, [SlotLayer(self, *self.layer(i, max_slots)) for i in range(num_layers)])
         self.cols: torch.Tensor | None = None     # the columns the running forward writes: [q], or [B, q] per row
         self.layer_offsets = torch.arange(num_layers, device=self.device) * max_slots
-        self.layer_cols: torch.Tensor | None = None   # [layers, q]: where each layer's keys of the forward go
+        self.layer_cols: torch.Tensor | None = None   # [layers, q] or [layers, B, q]: where each layer's keys go
         self.view = max_slots                     # the columns the running forward's attention reads
         self.next_col = 0                         # host copy of the cursor: the next free column
         self.compactions = 0                      # ``compact`` calls so far
@@ -130,7 +131,6 @@ class StaticPolicyCache:
         # set for a forward whose attention function takes this cache (``slot_cache=``) and writes each layer's
         # keys/values itself, in the attention kernel's launch where it can: ``update`` then hands them through
         self.write_on_attend = False
-        self.frontier = False                     # the running forward writes each row's frontier (``row_cols``)
 
     def write(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor):
         """``key/value_states [B, G, q, D]`` of decoder layer ``layer`` into the columns of the running forward;
@@ -143,12 +143,8 @@ class StaticPolicyCache:
             raise RuntimeError(f"the static policy cache was not begun for this forward: {key_states.shape[2]} new "
                                f"tokens, columns {None if cols is None else cols.shape[-1]} (call begin() first)")
         at = self.layer_cols[layer]
-        for store, new in ((self.keys, key_states), (self.values, value_states)):
-            if at.dim() == 2:        # [B, q]: each row's own columns
-                store.scatter_(2, at[:, None, :, None].expand(-1, store.shape[1], -1, store.shape[3]),
-                               new.to(store.dtype))
-            else:
-                store.index_copy_(2, at, new.to(store.dtype))
+        write_columns(self.keys, at, key_states)
+        write_columns(self.values, at, value_states)
         return self.layer(layer, self.view)
 
     # a graph break inside a compiled decoder layer (repro.rollout.compiled_layers, whose layer index is symbolic)
@@ -195,7 +191,6 @@ class StaticPolicyCache:
             self.view = int(view)
             self.cols = self.slots.write_rows(row_cols, positions, live)
             self.layer_cols = self.cols[None] + self.layer_offsets[:, None, None]     # [layers, B, q]
-            self.frontier = True
             return self.cols
         if cursor is None:
             cursor = self.reserve(positions.shape[1])
@@ -204,8 +199,12 @@ class StaticPolicyCache:
         self.cols = self.slots.write(cursor, positions, live)
         # every layer's columns at once (one kernel a forward, not one a layer): layer l writes cols + l * max_slots
         self.layer_cols = self.cols + self.layer_offsets[:, None]
-        self.frontier = False
         return self.cols
+
+    @property
+    def frontier(self) -> bool:
+        """Whether the running forward writes each row's frontier (``begin(row_cols=)``: per-row columns)."""
+        return self.cols is not None and self.cols.dim() == 2
 
     def compact(self) -> int:
         """Move every row's live slots (their positions, keys and values, in order) to its first columns and the

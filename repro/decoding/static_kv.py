@@ -138,6 +138,12 @@ class Cursor:
         return self.dev
 
 
+def _slot_positions(positions: torch.Tensor, live: torch.Tensor | None) -> torch.Tensor:
+    """``positions`` as the slot table stores them: long, -1 where ``live`` is False."""
+    pos = positions if positions.dtype == torch.long else positions.to(torch.long)
+    return pos if live is None else torch.where(live, pos, torch.full_like(pos, -1))
+
+
 class StaticSlots:
     def __init__(self, batch: int, max_slots: int, device):
         if batch < 1:
@@ -158,19 +164,13 @@ class StaticSlots:
               ) -> torch.Tensor:
         """Slots ``cursor + j`` (j < q) take ``positions [B, q]`` (-1 where ``live`` is False); returns the columns."""
         cols = cursor + torch.arange(positions.shape[1], device=self.pos.device)
-        pos = positions if positions.dtype == torch.long else positions.to(torch.long)
-        if live is not None:
-            pos = torch.where(live, pos, torch.full_like(pos, -1))
-        self.pos.index_copy_(1, cols, pos)
+        self.pos.index_copy_(1, cols, _slot_positions(positions, live))
         return cols
 
     def write_rows(self, cols: torch.Tensor, positions: torch.Tensor, live: torch.Tensor | None = None
                    ) -> torch.Tensor:
         """Row b's slots ``cols[b, j]`` take ``positions[b, j]`` (-1 where ``live`` is False); returns ``cols``."""
-        pos = positions if positions.dtype == torch.long else positions.to(torch.long)
-        if live is not None:
-            pos = torch.where(live, pos, torch.full_like(pos, -1))
-        self.pos.scatter_(1, cols, pos)
+        self.pos.scatter_(1, cols, _slot_positions(positions, live))
         return cols
 
     def visible(self, q_pos: torch.Tensor) -> torch.Tensor:

@@ -55,12 +55,15 @@ def grouped_mm_autocast_experts_forward(module: torch.nn.Module, hidden_states: 
 ALL_EXPERTS_FUNCTIONS.register(AUTOCAST_EXPERTS, grouped_mm_autocast_experts_forward)
 
 
+def _has_experts(model: torch.nn.Module) -> bool:
+    """Whether ``model`` has transformers' experts modules (its MoE layers)."""
+    return any(type(m).__name__.endswith("Experts") for m in model.modules())
+
+
 def use_autocast_experts(model: torch.nn.Module) -> bool:
     """Select ``grouped_mm_autocast`` for ``model``'s experts when they run ``grouped_mm`` (transformers' default
     where the grouped GEMM exists); other choices (``eager`` for fp64, ``batched_mm``) are left. True if selected."""
-    if getattr(model.config, "_experts_implementation", None) != "grouped_mm":
-        return False
-    if not any(type(m).__name__.endswith("Experts") for m in model.modules()):
+    if getattr(model.config, "_experts_implementation", None) != "grouped_mm" or not _has_experts(model):
         return False
     model.set_experts_implementation(AUTOCAST_EXPERTS)
     return True
@@ -71,7 +74,7 @@ def compiles_whole(model: torch.nn.Module, autocast_dtype: torch.dtype | None) -
     a model without experts; for an MoE model only when its experts run ``grouped_mm_autocast`` and the autocast
     casts their weights to a half dtype (on fp32 weights ``grouped_mm`` falls back to one GEMM per expert with a
     host sync each, which breaks the graph at every layer)."""
-    if not any(type(m).__name__.endswith("Experts") for m in model.modules()):
+    if not _has_experts(model):
         return True
     return (getattr(model.config, "_experts_implementation", None) == AUTOCAST_EXPERTS
             and autocast_dtype in (torch.bfloat16, torch.float16))
