@@ -79,10 +79,15 @@ def clipped_policy_loss(logp: torch.Tensor, logp_rollout: torch.Tensor, advantag
     return loss, stats
 
 
+def train_inference_kl_sum(logp_train: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sum of the k3 KL(rollout || trainer) over masked tokens, float64 and on the tensors' device (no host sync:
+    the update adds these over its microbatches and divides by its token count once)."""
+    return (kl_k3(logp_rollout.double(), logp_train.double()) * mask.double()).sum()
+
+
 def train_inference_kl(logp_train: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor) -> float:
     """Mean k3 KL(rollout || trainer) over masked tokens (samples come from the rollout engine)."""
-    m = mask.float()
-    n = m.sum()
+    n = float(mask.sum())
     if n == 0:
         raise ValueError("train_inference_kl: the mask selects no tokens")
-    return float((kl_k3(logp_rollout.double(), logp_train.double()) * m).sum() / n)
+    return float(train_inference_kl_sum(logp_train, logp_rollout, mask)) / n

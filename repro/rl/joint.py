@@ -36,9 +36,13 @@ from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.rl.draft_graph import DraftTrainStep
 from repro.rl.drafts import trainable_parameters
 from repro.rl.episodes import RolloutBatch
-from repro.rl.grpo import clipped_policy_loss, token_logprobs, train_inference_kl
+from repro.rl.grpo import clipped_policy_loss, token_logprobs, train_inference_kl_sum
 from repro.rl.warmstart import autocast_or_off, check_autocast_dtype
 from repro.rollout.compiled_layers import compiled_layers
+
+# the update's statistics, summed on the device over its microbatches (index in one float64 vector)
+_SUMS = {name: i for i, name in enumerate(("policy_loss", "draft_loss", "clip", "kl_ref", "train_inference_kl",
+                                           "policy_grad_norm", "draft_grad_norm"))}
 
 
 @dataclass
@@ -50,8 +54,32 @@ class UpdateStats:
     train_inference_kl: float
     clip_frac: float
     update_time_s: float
-    draft_time_s: float            # forward+loss of the draft inside the update (its share of update time)
+    draft_time_s: float            # the draft's span in the update (forward + loss; + backward when deferred),
+                                   # timed on the device's stream (CUDA events) on a GPU
     kl_ref: float = 0.0
+
+
+class StreamSpan:
+    """A stretch of the update's work on its device: CUDA events on a GPU, read only once the update has synced
+    (so timing the draft's share costs no host sync); the host clock elsewhere, where work runs as it is issued."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.begin, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.t0, self.t1 = time.perf_counter(), None
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.t1 = time.perf_counter()
+
+    def seconds(self) -> float:
+        """Seconds from start to ``stop`` (on a GPU, call after the stream has passed ``stop``)."""
+        return self.begin.elapsed_time(self.end) / 1e3 if self.cuda else self.t1 - self.t0
 
 
 def draft_loss_mask(token_mask: torch.Tensor) -> torch.Tensor:
@@ -131,7 +159,7 @@ class JointUpdate:
         mask = batch.loss_mask.to(dev)
         old = batch.rollout_logp.to(dev)
         adv = advantages.to(dev)
-        n_tok = float(mask.sum())
+        n_tok = float(batch.loss_mask.sum())       # the batch's host copy: no wait on the device
         if n_tok == 0:
             raise ValueError("rollout batch has no policy-written tokens to train on")
         B, mb = ids.shape[0], self.grpo.microbatch
@@ -140,9 +168,10 @@ class JointUpdate:
         if self.compile_layers and not self._variants_compiled:
             self._compile_mask_variants(dev)
         self.optimizer.zero_grad(set_to_none=True)
-        p_loss = d_loss = clip = kl_ref = 0.0
-        kl_num = 0.0
-        draft_time = 0.0
+        # the statistics stay on the device until the step is done: one host sync per update, not several per
+        # microbatch (a sync drains the GPU's queue, which the host then refills from empty)
+        sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=dev)
+        draft_spans: list[StreamSpan] = []
         amp = autocast_or_off(dev.type, self.autocast_dtype)
         kept = [] if self._defers_draft(mb) else None    # the microbatches' detached taps and logits
         for s in range(0, B, mb):
@@ -151,32 +180,36 @@ class JointUpdate:
                 loss, total, logp, st, d_mb = self._microbatch(ids, att, mask, old, adv, sl, n_tok, temperature,
                                                                gen, lam, B, kept)
             if d_mb is not None:
-                draft_time += d_mb[0]
-                d_loss += d_mb[1]
+                draft_spans.append(d_mb[0])
+                sums[_SUMS["draft_loss"]] += d_mb[1]
             with no_cudnn_sdpa(dev), phase("update.policy_backward"):
                 total.backward()
-            p_loss += float(loss.detach())
-            clip += float(st["clip_frac"])
-            kl_ref += float(st.get("kl_ref_sum", 0.0))
-            kl_num += train_inference_kl(logp.detach(), old[sl], mask[sl]) * float(mask[sl].sum()) \
-                if float(mask[sl].sum()) else 0.0
+            sums[_SUMS["policy_loss"]] += loss.detach().double()
+            sums[_SUMS["clip"]] += st["clip_frac"].double()
+            if "kl_ref_sum" in st:
+                sums[_SUMS["kl_ref"]] += st["kl_ref_sum"].double()
+            sums[_SUMS["train_inference_kl"]] += train_inference_kl_sum(logp.detach(), old[sl], mask[sl])
         if kept is not None:
             with no_cudnn_sdpa(dev), phase("update.draft"):
-                draft_time, d_loss = self._deferred_draft(kept, ids, mask, gen, lam, B, amp)
+                span, d_loss = self._deferred_draft(kept, ids, mask, gen, lam, B, amp)
+            draft_spans.append(span)
+            sums[_SUMS["draft_loss"]] += d_loss
         with phase("update.clip_and_step"):
-            p_norm = float(torch.nn.utils.clip_grad_norm_(self.policy_params, self.grpo.max_grad_norm))
-            d_norm = 0.0
+            sums[_SUMS["policy_grad_norm"]] += torch.nn.utils.clip_grad_norm_(self.policy_params,
+                                                                               self.grpo.max_grad_norm).double()
             if self.draft_params:
-                d_norm = float(torch.nn.utils.clip_grad_norm_(self.draft_params, self.draft_spec.max_grad_norm))
+                sums[_SUMS["draft_grad_norm"]] += torch.nn.utils.clip_grad_norm_(
+                    self.draft_params, self.draft_spec.max_grad_norm).double()
             set_draft_lr(self.optimizer, self.draft_spec)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-        return UpdateStats(policy_loss=p_loss, draft_loss=d_loss, policy_grad_norm=p_norm, draft_grad_norm=d_norm,
-                           train_inference_kl=kl_num / n_tok, clip_frac=clip / n_tok,
-                           update_time_s=time.perf_counter() - t0, draft_time_s=draft_time,
-                           kl_ref=kl_ref / n_tok)
+            got = dict(zip(_SUMS, sums.tolist()))       # the update's one host sync: it waits for the step
+        return UpdateStats(policy_loss=got["policy_loss"], draft_loss=got["draft_loss"],
+                           policy_grad_norm=got["policy_grad_norm"], draft_grad_norm=got["draft_grad_norm"],
+                           train_inference_kl=got["train_inference_kl"] / n_tok, clip_frac=got["clip"] / n_tok,
+                           update_time_s=time.perf_counter() - t0,
+                           draft_time_s=sum(span.seconds() for span in draft_spans),
+                           kl_ref=got["kl_ref"] / n_tok)
 
     def _compile_mask_variants(self, dev: torch.device) -> None:
         """Compile, in the run's first update (a warm-up step the tables leave out), both graphs the compiled layers
@@ -207,11 +240,12 @@ class JointUpdate:
         """Whether the draft runs after the policy's microbatches, over chunks of ``draft_spec.microbatch`` rows."""
         return self.draft is not None and self.draft_spec.microbatch > policy_microbatch
 
-    def _deferred_draft(self, kept, ids, mask, gen, lam, B, amp) -> tuple[float, float]:
+    def _deferred_draft(self, kept, ids, mask, gen, lam, B, amp) -> tuple[StreamSpan, torch.Tensor]:
         """The draft's loss and backward over the whole batch's kept (detached) taps, ``draft_spec.microbatch``
-        rows per call, each weighted by its share of the batch as in the per-microbatch path; returns (seconds,
-        weighted draft loss). Same step, same optimizer step: only the draft's call boundaries move."""
-        td = time.perf_counter()
+        rows per call, each weighted by its share of the batch as in the per-microbatch path; returns (its span,
+        weighted draft loss as a float64 tensor). Same step, same optimizer step: only the draft's call boundaries
+        move."""
+        span = StreamSpan(self.policy.device)
         taps = [torch.cat(parts) for parts in zip(*(t for _, t, _ in kept))]
         logits = torch.cat([lg for _, _, lg in kept])
         rows, d_loss = self.draft_spec.microbatch, 0.0
@@ -226,11 +260,12 @@ class JointUpdate:
                 with amp:
                     dl = self._draft_loss(ids[sl], mask[sl], logits[sl], [t[sl] for t in taps], gen)
                 (lam * frac * dl).backward()
-            d_loss += float(dl.detach()) * frac
-        return time.perf_counter() - td, d_loss
+            d_loss = d_loss + dl.detach().double() * frac
+        span.stop()
+        return span, d_loss
 
     def _microbatch(self, ids, att, mask, old, adv, sl, n_tok, temperature, gen, lam, B, kept=None):
-        """One microbatch's forward: (policy loss, total loss, log-probs, stats, (draft seconds, weighted
+        """One microbatch's forward: (policy loss, total loss, log-probs, stats, (the draft's span, weighted
         draft loss) or None). With ``kept`` (a list) the draft does not run here: the microbatch's detached
         taps and logits are appended to it for ``_deferred_draft``."""
         with compiled_layers(self.policy, self.COMPILE_BACKEND if self.compile_layers else None, purpose="train"):
@@ -249,10 +284,11 @@ class JointUpdate:
         if kept is not None:
             kept.append((sl, [t.detach() for t in out.taps], out.logits.detach()))
             return loss, loss, logp, st, None
-        td = time.perf_counter()
+        span = StreamSpan(self.policy.device)
         dl = self._draft_loss(ids[sl], mask[sl], out.logits.detach(), out.taps, gen)
+        span.stop()
         frac = (sl.stop - sl.start) / B
-        return loss, loss + lam * frac * dl, logp, st, (time.perf_counter() - td, float(dl.detach()) * frac)
+        return loss, loss + lam * frac * dl, logp, st, (span, dl.detach().double() * frac)
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()

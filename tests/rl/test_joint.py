@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from repro.rl.grpo import group_advantages
+from repro.rl.grpo import clipped_policy_loss, group_advantages, token_logprobs, train_inference_kl
 from repro.rl.trainer import CoTrainer
 from tests.rl.conftest import tiny_config
 
@@ -95,6 +95,44 @@ def test_autocast_dtype_is_checked():
     from repro.rl.joint import JointUpdate
     with pytest.raises(ValueError, match="autocast_dtype"):
         JointUpdate(torch.nn.Linear(2, 2), None, None, None, autocast_dtype=torch.float64)
+
+
+@pytest.mark.parametrize("draft", ["eagle3", "dflash"])
+def test_update_statistics_are_the_whole_batch_values(tmp_path, tok, draft):
+    """The update sums its statistics over its microbatches on the device and reads them once: the policy loss, the
+    train-inference KL, the clip fraction, both gradient norms and the draft's loss equal those of one pass over the
+    whole batch with the pre-update weights (rollout log-probabilities perturbed so that KL and clipping are far
+    from zero)."""
+    tr = _trainer(tmp_path, tok, draft, 1.0)
+    batch = tr.rollout(0)
+    batch.rewards = REWARDS.clone()
+    assert tr.cfg.grpo.microbatch < batch.size, "the test needs more than one policy microbatch"
+    batch.rollout_logp = batch.rollout_logp + 0.3 * torch.randn(batch.rollout_logp.shape,
+                                                                generator=torch.Generator().manual_seed(0))
+    adv = group_advantages(batch.rewards, 2)
+    n = float(batch.loss_mask.sum())
+    out = tr.policy.forward_train(batch.input_ids, want_taps=True, attention_mask=batch.attention_mask)
+    logp = token_logprobs(out.logits, batch.input_ids)
+    loss, st = clipped_policy_loss(logp, batch.rollout_logp, adv, batch.loss_mask, n, tr.cfg.grpo.clip_eps)
+    dl = tr.update._draft_loss(batch.input_ids, batch.loss_mask, out.logits.detach(), out.taps,
+                               torch.Generator().manual_seed(0))
+    (loss + dl).backward()
+    norms = [float(torch.nn.utils.get_total_norm([q.grad for q in group if q.grad is not None]))
+             for group in (tr.update.policy_params, tr.update.draft_params)]
+    tr.update.optimizer.zero_grad(set_to_none=True)
+
+    stats = _update(tr, batch, 0)
+    assert st["clip_frac"] > 0
+    assert stats.policy_loss == pytest.approx(float(loss.detach()), rel=1e-5)
+    assert stats.train_inference_kl == pytest.approx(train_inference_kl(logp.detach(), batch.rollout_logp,
+                                                                        batch.loss_mask), rel=1e-5)
+    assert stats.clip_frac == pytest.approx(float(st["clip_frac"]) / n, rel=1e-6)
+    assert stats.policy_grad_norm == pytest.approx(norms[0], rel=1e-4)
+    assert stats.draft_grad_norm > 0 and stats.draft_loss > 0
+    if draft == "eagle3":        # the block drafts draw their anchors per call, so only EAGLE-3's loss is the same
+        assert stats.draft_loss == pytest.approx(float(dl), rel=1e-5)
+        assert stats.draft_grad_norm == pytest.approx(norms[1], rel=1e-4)
+    assert stats.draft_time_s > 0
 
 
 @pytest.mark.parametrize("draft", ["eagle3", "dspark"])
