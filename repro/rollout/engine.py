@@ -33,6 +33,7 @@ import logging
 from collections.abc import Sequence
 
 import torch
+from torch.profiler import record_function as phase  # named ranges for torch.profiler (studies/rl_profile)
 
 from kernels.attention.sdpa_choice import no_cudnn_sdpa
 from repro.core.specs import CUDA_GRAPH_MODES
@@ -274,7 +275,9 @@ class RolloutEngine:
             nb = rows.numel()
             n_valid = None
             if self.proposer is not None:
-                prop = self.proposer.propose(last_tok, last_pos, greedy=greedy, temperature=temp, generator=gen)
+                with phase("rollout.propose"):
+                    prop = self.proposer.propose(last_tok, last_pos, greedy=greedy, temperature=temp,
+                                                 generator=gen)
                 d, q = prop[0], prop[1]
                 if len(prop) > 2:                               # the draft cut some chains short
                     n_valid = prop[2]
@@ -283,7 +286,8 @@ class RolloutEngine:
             inp = torch.cat([last_tok[:, None], d], dim=1)
             qpos = last_pos[:, None] + torch.arange(k + 1, device=dev)
             start = table.length
-            out = pol.decode_step(inp, qpos, cache, table, want_taps=want_taps)
+            with phase("rollout.verify"):
+                out = pol.decode_step(inp, qpos, cache, table, want_taps=want_taps)
             forwards += 1
             v = verify(out.logits, d, q, greedy=greedy, temperature=temp, generator=gen, num_valid=n_valid)
             a = v.accepted
@@ -305,7 +309,8 @@ class RolloutEngine:
                     gather_hf_cache(cache, order)
                     compactions += 1
             if self.proposer is not None:
-                self.proposer.observe(committed, out.taps, qpos, j < n_new[:, None])
+                with phase("rollout.observe"):
+                    self.proposer.observe(committed, out.taps, qpos, j < n_new[:, None])
             last_tok = committed.gather(1, a[:, None])[:, 0]
             last_pos = last_pos + n_new
             done = self._commit(rows, committed, lp, n_new, toks, lps, reason, max_new_tokens, stop)

@@ -7,6 +7,7 @@ import functools
 from collections.abc import Sequence
 
 import torch
+from torch.profiler import record_function as phase  # named ranges for torch.profiler (studies/rl_profile)
 
 from repro.decoding.cuda_graph import GraphedCallable
 from repro.decoding.sampling import proposal_noise, sample_with_noise, verify_with_noise
@@ -299,26 +300,27 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     # fused with a draft: each step's graph ends with the next step's proposals; the prefill's gives the first
     whole = "fused" in st and proposer is not None
     prop = None
-    if decoder.prefill is not None:
-        opt, kw = ([] if greedy else [proposal_noise((R, pol.vocab_size), gen, dev)]), {}
-        if whole:          # the first propose's draws come after the first token's
-            draft_cursor, draft_views, draft_settings, draft_noise = proposer.begin_round(
-                P, batch=R, greedy=greedy, temperature=temp, generator=gen)
-            opt = [draft_cursor, *opt, *draft_noise]
-            kw = dict(draft_views=draft_views, draft_settings=draft_settings)
-        cursor = cache.reserve(P)
-        tok0, lp0, *prop = decoder.prefill(st, ids, pos, live, plen, cursor, *opt, want_taps=want_taps,
-                                           view=cache.used_view(), greedy=bool(greedy), temperature=temp, **kw)
-    else:
-        noise = [] if greedy else [proposal_noise((R, pol.vocab_size), gen, dev)]
-        cursor = cache.reserve(P)
-        prefill = st["prefill"] if "prefill" in st else functools.partial(decoder._prefill_policy, st)
-        tok0, lp0, taps = prefill(ids, pos, live, cursor, *noise, want_taps=want_taps, view=cache.used_view(),
-                                  greedy=bool(greedy), temperature=temp)
-        if proposer is not None:
-            proposer.observe(torch.cat([ids[:, 1:], tok0[:, None]], dim=1), taps, pos, live)
-        if whole:
-            prop = proposer.propose(tok0, plen, greedy=greedy, temperature=temp, generator=gen)
+    with phase("rollout.prefill"):
+        if decoder.prefill is not None:
+            opt, kw = ([] if greedy else [proposal_noise((R, pol.vocab_size), gen, dev)]), {}
+            if whole:          # the first propose's draws come after the first token's
+                draft_cursor, draft_views, draft_settings, draft_noise = proposer.begin_round(
+                    P, batch=R, greedy=greedy, temperature=temp, generator=gen)
+                opt = [draft_cursor, *opt, *draft_noise]
+                kw = dict(draft_views=draft_views, draft_settings=draft_settings)
+            cursor = cache.reserve(P)
+            tok0, lp0, *prop = decoder.prefill(st, ids, pos, live, plen, cursor, *opt, want_taps=want_taps,
+                                               view=cache.used_view(), greedy=bool(greedy), temperature=temp, **kw)
+        else:
+            noise = [] if greedy else [proposal_noise((R, pol.vocab_size), gen, dev)]
+            cursor = cache.reserve(P)
+            prefill = st["prefill"] if "prefill" in st else functools.partial(decoder._prefill_policy, st)
+            tok0, lp0, taps = prefill(ids, pos, live, cursor, *noise, want_taps=want_taps, view=cache.used_view(),
+                                      greedy=bool(greedy), temperature=temp)
+            if proposer is not None:
+                proposer.observe(torch.cat([ids[:, 1:], tok0[:, None]], dim=1), taps, pos, live)
+            if whole:
+                prop = proposer.propose(tok0, plen, greedy=greedy, temperature=temp, generator=gen)
 
     # -- device state -----------------------------------------------------------------------------------------
     width = max_new_tokens + k + 1
@@ -337,12 +339,14 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     running = RunningFlag(dev)
     running.post(active)
     for _ in range(max_new_tokens - 1):
-        if not running.read():              # the flag of the step before the last one queued
-            break
+        with phase("rollout.wait"):
+            if not running.read():          # the flag of the step before the last one queued
+                break
         n_valid = probs = None
         if proposer is not None:
             if not whole:
-                prop = proposer.propose(last_tok, last_pos, greedy=greedy, temperature=temp, generator=gen)
+                with phase("rollout.propose"):
+                    prop = proposer.propose(last_tok, last_pos, greedy=greedy, temperature=temp, generator=gen)
             drafts, probs = prop[0], prop[1]
             n_valid = prop[2] if len(prop) > 2 else None
         else:
@@ -356,21 +360,27 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         if whole:      # the next propose's draws come after this step's, as in the other modes
             draft_cursor, draft_views, draft_settings, draft_noise = proposer.begin_round(
                 k + 1, batch=R, greedy=greedy, temperature=temp, generator=gen)
-            new_last, new_pos, new_active, new_len, hit_stop, hist, *prop = st["fused"](
-                last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, draft_cursor, *opt,
-                *draft_noise, want_taps=want_taps, view=view, draft_noise=len(draft_noise),
-                draft_views=draft_views, draft_settings=draft_settings, **settings)
+            with phase("rollout.verify"):
+                new_last, new_pos, new_active, new_len, hit_stop, hist, *prop = st["fused"](
+                    last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, draft_cursor, *opt,
+                    *draft_noise, want_taps=want_taps, view=view, draft_noise=len(draft_noise),
+                    draft_views=draft_views, draft_settings=draft_settings, **settings)
         elif "fused" in st:
-            taps, qpos, committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["fused"](
-                last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, *opt, want_taps=want_taps,
-                view=view, **settings)
+            with phase("rollout.verify"):
+                taps, qpos, committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["fused"](
+                    last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, *opt, want_taps=want_taps,
+                    view=view, **settings)
         else:
-            logits, taps, qpos, cols = st["step"](last_tok, last_pos, drafts, pad, want_taps=want_taps, view=view)
-            committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["accept"](
-                logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt, **settings)
+            with phase("rollout.verify"):
+                logits, taps, qpos, cols = st["step"](last_tok, last_pos, drafts, pad, want_taps=want_taps,
+                                                      view=view)
+            with phase("rollout.accept"):
+                committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["accept"](
+                    logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt, **settings)
         forwards += 1
         if proposer is not None and not whole:
-            proposer.observe(committed, taps, qpos, valid)
+            with phase("rollout.observe"):
+                proposer.observe(committed, taps, qpos, valid)
         last_tok.copy_(new_last)
         last_pos.copy_(new_pos)
         if hit_stop is not None:
@@ -381,8 +391,9 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         running.post(active)
 
     # -- back to the host, once ---------------------------------------------------------------------------------
-    n = gen_len[:B].tolist()
-    toks_all, lps_all, stop_all = out_tok[:B].tolist(), out_lp[:B].tolist(), stopped[:B].tolist()
+    with phase("rollout.wait"):
+        n = gen_len[:B].tolist()
+        toks_all, lps_all, stop_all = out_tok[:B].tolist(), out_lp[:B].tolist(), stopped[:B].tolist()
     counters = count_acceptance(history, k, has_valid=bool(history) and history[0].dim() == 2)
     return RolloutResult([t[:m] for t, m in zip(toks_all, n)], [x[:m] for x, m in zip(lps_all, n)],
                          ["stop" if s else "length" for s in stop_all], counters, forwards,

@@ -1,11 +1,14 @@
-"""Where an RL step's time goes, per row: the rollout, the update's phases (the policy's forward and backward over
-its microbatches, the draft's deferred pass, clipping and the optimizer step) and the weight push, each as host
-time, device (kernel) time and kernel count from torch.profiler, for one step of each row after warm-up steps.
+"""Where an RL step's time goes, per row: the rollout and its phases (the prefill, the draft's propose, the policy's
+verify step, the acceptance, the draft's observe and the host's waits on the device), the update's phases (the
+policy's forward and backward over its microbatches, the draft's deferred pass, clipping and the optimizer step) and
+the weight push, each as host time, device (kernel) time and kernel count from torch.profiler, for one step of each
+row after warm-up steps. Kernels replayed from a CUDA graph count in the phase that launched the graph.
 
-The tables report a drafted row's update overhead over its no-draft row (Table 1 on one H100: 8.7-19.9% for the dense
-rows); this study says which phase holds it. Rows are built as ``repro.rl.run`` builds them (a profile's RL section,
-random init unless ``--warm-start`` names an SFT folder: the work per step is the same, the acceptance is not).
-Prints one table; the workflow's ``table1`` is where results come from.
+The tables report a drafted row's update overhead over its no-draft row (Table 1 on one H100: 9.8-22.4% for the dense
+rows) and a drafted policy forward that costs 1.7-2.2x a plain one; this study says which phase holds each. Rows are
+built as ``repro.rl.run`` builds them (a profile's RL section, random init unless ``--warm-start`` names an SFT
+folder: the work per step is the same, the acceptance is not). Prints one table; the workflow's ``table1`` is where
+results come from.
 
     PYTHONPATH=. python studies/rl_profile/step_phases.py --profile h200 --artifact table1 \
         --rows "Qwen3-8B/no draft,Qwen3-8B/EAGLE-3,Qwen3-8B/DFlash" --warm-steps 3
@@ -22,7 +25,8 @@ from torch.profiler import ProfilerActivity, profile
 from repro.rl.config import load_run_profile
 from repro.rl.run import build_row
 
-PHASES = ("step.rollout", "step.update", "update.policy_forward", "update.policy_backward", "update.draft",
+PHASES = ("step.rollout", "rollout.prefill", "rollout.propose", "rollout.verify", "rollout.accept", "rollout.observe",
+          "rollout.wait", "step.update", "update.policy_forward", "update.policy_backward", "update.draft",
           "update.clip_and_step", "step.push")
 
 

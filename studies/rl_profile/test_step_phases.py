@@ -1,8 +1,13 @@
-"""studies/rl_profile: the phase table reads the named ranges the trainer and the joint update open."""
+"""studies/rl_profile: the phase table reads the named ranges the trainer, the joint update and the engine open."""
+import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from studies.rl_profile.step_phases import phase_times
+from repro.models.block_draft import BlockDraftConfig, BlockProposer
+from repro.models.dspark import DSparkDraft
+from repro.models.policy import build_policy
+from repro.rollout.engine import RolloutEngine
+from studies.rl_profile.step_phases import PHASES, phase_times
 
 
 def test_phase_times_reads_each_named_range():
@@ -33,3 +38,23 @@ def test_moe_experts_study_times_each_implementation(capsys):
     assert max(losses) - min(losses) < 1e-2          # the same model: implementations agree
     compiled = next(line for line in lines if "+compiled" in line)
     assert compiled.endswith("graphs 1")             # one decoder-layer graph: the cast experts break no graph
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["off", "all"])
+def test_the_engine_opens_its_rollout_phases(mode):
+    """The eager loop (``off``) and the static loop (``all``; eager on a CPU) name their draft and policy calls, so
+    the study can split a drafted rollout into the draft's propose and observe, the policy's verify step, the
+    acceptance and the host's waits."""
+    pol = build_policy("qwen3", "tiny", seed=6, init_std=0.3)
+    draft = DSparkDraft(BlockDraftConfig.from_policy(pol, num_layers=1, block_size=4, num_anchors=6), pol)
+    pol.set_taps(draft.tap_spec)
+    engine = RolloutEngine(pol, BlockProposer(draft), cuda_graphs=mode)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        engine.generate([[5, 9, 2, 7], [1, 3]], max_new_tokens=8, seed=1)
+    t = phase_times(prof)
+    opened = {name for name in PHASES if name.startswith("rollout.") and t[name]["host_ms"] > 0}
+    want = {"rollout.propose", "rollout.verify", "rollout.observe"}
+    if mode == "all":
+        want |= {"rollout.prefill", "rollout.accept", "rollout.wait"}
+    assert opened == want
