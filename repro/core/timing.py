@@ -59,6 +59,32 @@ def _sync(device: torch.device | None) -> None:
         torch.cuda.synchronize(device)
 
 
+class StreamSpan:
+    """A stretch of work on a device, from construction to ``stop()``: CUDA events on a GPU (recorded on the current
+    stream, so marking a span costs no host sync), the host clock elsewhere, where work runs as it is issued."""
+
+    def __init__(self, device: torch.device | None):
+        self.cuda = device is not None and device.type == "cuda"
+        if self.cuda:
+            self.begin, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.t0, self.t1 = time.perf_counter(), None
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.t1 = time.perf_counter()
+
+    def seconds(self) -> float:
+        """Seconds from start to ``stop``; on a GPU it first waits for the stream to pass ``stop``."""
+        if not self.cuda:
+            return self.t1 - self.t0
+        self.end.synchronize()
+        return self.begin.elapsed_time(self.end) / 1e3
+
+
 def time_samples(fn: Callable[[], Any], *, warmup: int = 2, repeats: int = 5,
                  device: torch.device | str | None = None, group=None) -> list[float]:
     """Seconds per call of ``fn`` over ``repeats`` calls after ``warmup`` calls.
@@ -93,17 +119,10 @@ def _samples(fn: Callable[[], Any], repeats: int, device: torch.device | None, g
     for _ in range(repeats):
         if group is not None:
             dist.barrier(group=group)
-        if device is not None and device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
-        else:
-            t0 = time.perf_counter()
-            fn()
-            seconds = time.perf_counter() - t0
+        span = StreamSpan(device)
+        fn()
+        span.stop()
+        seconds = span.seconds()
         if group is not None:
             t = torch.tensor([seconds], dtype=torch.float64,
                              device=device if device is not None and device.type == "cuda" else "cpu")

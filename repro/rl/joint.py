@@ -31,6 +31,7 @@ from torch.profiler import record_function as phase  # named ranges for torch.pr
 
 from kernels.attention.sdpa_choice import no_cudnn_sdpa
 from repro.core.specs import DraftSpec, GRPOSpec
+from repro.core.timing import StreamSpan
 from repro.models.moe_experts import compiles_whole
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.rl.draft_graph import DraftTrainStep
@@ -57,29 +58,6 @@ class UpdateStats:
     draft_time_s: float            # the draft's span in the update (forward + loss; + backward when deferred),
                                    # timed on the device's stream (CUDA events) on a GPU
     kl_ref: float = 0.0
-
-
-class StreamSpan:
-    """A stretch of the update's work on its device: CUDA events on a GPU, read only once the update has synced
-    (so timing the draft's share costs no host sync); the host clock elsewhere, where work runs as it is issued."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.begin, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self.begin.record()
-        else:
-            self.t0, self.t1 = time.perf_counter(), None
-
-    def stop(self) -> None:
-        if self.cuda:
-            self.end.record()
-        else:
-            self.t1 = time.perf_counter()
-
-    def seconds(self) -> float:
-        """Seconds from start to ``stop`` (on a GPU, call after the stream has passed ``stop``)."""
-        return self.begin.elapsed_time(self.end) / 1e3 if self.cuda else self.t1 - self.t0
 
 
 def draft_loss_mask(token_mask: torch.Tensor) -> torch.Tensor:
