@@ -196,7 +196,7 @@ class StaticDecoder:
             new_active &= ~hit_stop
         # only the kept tokens' inputs stay live: rejected proposals, every new slot of a finished row, and the
         # accepted proposals past a row's stop token or length limit die (cols [R, k + 1]: each row's frontier)
-        st["cache"].slots.pos.scatter_(1, cols, torch.where(j < n_keep[:, None], qpos, -1))
+        st["cache"].slots.write_rows(cols, qpos, j < n_keep[:, None])
         # per row: accepted proposals, -1 for rows not running (the counters are summed at the end)
         hist = torch.where(active, a, -1)
         if n_valid is not None:
@@ -357,6 +357,8 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         opt = [x for x in (stop, probs, n_valid) if x is not None] + noise
         settings = dict(has_stop=stop is not None, has_probs=probs is not None, has_valid=n_valid is not None,
                         greedy=bool(greedy), temperature=temp, max_new=int(max_new_tokens))
+        # the fused modes' one call per step holds the acceptance too (and, with a draft, its observe and next
+        # propose): the profile names it all rollout.verify
         if whole:      # the next propose's draws come after this step's, as in the other modes
             draft_cursor, draft_views, draft_settings, draft_noise = proposer.begin_round(
                 k + 1, batch=R, greedy=greedy, temperature=temp, generator=gen)
