@@ -16,8 +16,13 @@ results come from.
 from __future__ import annotations
 
 import argparse
+import gzip
+import os
+import re
+import shutil
 import sys
 import tempfile
+from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -53,6 +58,49 @@ def phase_times(prof) -> dict[str, dict[str, float]]:
     return out
 
 
+def top_in_phase(prof, phase: str, n: int) -> tuple[list, list]:
+    """The ``n`` operators with the most host self time inside ``phase``'s ranges, as (name, calls, self host ms),
+    and the ``n`` kernels with the most device time launched inside them, as (name, launches, device ms). Named
+    ranges (the phases themselves) are left out of the operators."""
+    events = list(prof.events())
+    spans = [(e.time_range.start, e.time_range.end) for e in events
+             if e.name == phase and e.device_type == torch.autograd.DeviceType.CPU]
+    inside = lambda t: any(a <= t <= b for a, b in spans)  # noqa: E731
+    ops, launches = defaultdict(lambda: [0, 0.0]), {}
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CPU or not inside(e.time_range.start):
+            continue
+        if e.name.startswith(("cudaLaunch", "cuLaunch", "cudaGraphLaunch")):
+            launches[e.correlation_id] = True
+        if e.name not in PHASES:
+            ops[e.name][0] += 1
+            ops[e.name][1] += e.self_cpu_time_total / 1e3
+    kernels = defaultdict(lambda: [0, 0.0])
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.correlation_id in launches:
+            kernels[e.name][0] += 1
+            kernels[e.name][1] += e.device_time_total / 1e3
+    def best(table):
+        return sorted(((k, c, ms) for k, (c, ms) in table.items()), key=lambda r: -r[2])[:n]
+    return best(ops), best(kernels)
+
+
+def save_trace(prof, folder: str, row: str) -> str:
+    """The profiled step as a gzipped Chrome trace (chrome://tracing, Perfetto) named after the row."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, re.sub(r"[^A-Za-z0-9._-]+", "_", row).strip("_") + ".trace.json.gz")
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+        raw = tmp.name
+    try:
+        prof.export_chrome_trace(raw)
+        with open(raw, "rb") as src, gzip.open(path + ".part", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.replace(path + ".part", path)
+    finally:
+        os.unlink(raw)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="cpu-tiny", help="profile name, or a path to a profile .yaml file")
@@ -60,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default="", help="comma-separated row labels (default: every row of the artifact)")
     ap.add_argument("--warm-start", default="", help="SFT warm-start folder (repro.rl.sft); empty: random init")
     ap.add_argument("--warm-steps", type=int, default=2, help="steps run before the profiled one (compiles, captures)")
+    ap.add_argument("--top", type=int, default=0,
+                    help="also list, for the update and the rollout, this many operators by host self time and "
+                         "kernels by device time")
+    ap.add_argument("--trace-dir", default="", help="folder for each row's profiled step as a gzipped Chrome trace")
     args = ap.parse_args(argv)
     if args.warm_steps < 1:
         ap.error(f"--warm-steps {args.warm_steps} is invalid: expected at least 1 (the first step compiles)")
@@ -82,6 +134,16 @@ def main(argv: list[str] | None = None) -> int:
         for name, t in phase_times(prof).items():
             if t["host_ms"]:
                 print(f"{row:<28} {name:<24} {t['host_ms']:9.2f} {t['device_ms']:10.2f} {t['kernels']:8d}")
+        for name in ("step.update", "step.rollout") if args.top > 0 else ():
+            ops, kernels = top_in_phase(prof, name, args.top)
+            print(f"  {row} / {name}: operators by host self time (calls, ms)")
+            for op, calls, ms in ops:
+                print(f"    {ms:9.2f} {calls:6d}  {op[:100]}")
+            print(f"  {row} / {name}: kernels by device time (launches, ms)")
+            for k, calls, ms in kernels:
+                print(f"    {ms:9.2f} {calls:6d}  {k[:100]}")
+        if args.trace_dir:
+            print(f"  trace: {save_trace(prof, args.trace_dir, row)}")
         print(f"{row:<28} {'(as logged)':<24} update {metrics['train/update_time_s'] * 1e3:.1f} ms, draft's "
               f"forward and loss {metrics.get('train/draft_time_s', 0.0) * 1e3:.1f} ms", flush=True)
     return 0

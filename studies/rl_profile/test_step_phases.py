@@ -7,7 +7,7 @@ from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dspark import DSparkDraft
 from repro.models.policy import build_policy
 from repro.rollout.engine import RolloutEngine
-from studies.rl_profile.step_phases import PHASES, phase_times
+from studies.rl_profile.step_phases import PHASES, phase_times, top_in_phase
 
 
 def test_phase_times_reads_each_named_range():
@@ -23,6 +23,20 @@ def test_phase_times_reads_each_named_range():
     assert t["step.update"]["host_ms"] >= t["update.policy_forward"]["host_ms"] > 0
     assert t["update.policy_backward"]["host_ms"] > 0
     assert t["update.draft"]["host_ms"] == 0 and t["step.rollout"]["kernels"] == 0
+
+
+def test_top_in_phase_counts_only_the_phase_operators():
+    x = torch.randn(64, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        x = torch.sin(x)
+        with record_function("step.update"):
+            for _ in range(5):
+                x = x @ x.T / 64
+            x = torch.cos(x)
+    ops, kernels = top_in_phase(prof, "step.update", 10)
+    calls = {name: n for name, n, _ in ops}
+    assert calls["aten::mm"] == 5 and calls["aten::cos"] == 1
+    assert "aten::sin" not in calls and "step.update" not in calls and kernels == []
 
 
 def test_moe_experts_study_times_each_implementation(capsys):
