@@ -35,6 +35,26 @@ PHASES = ("step.rollout", "rollout.prefill", "rollout.propose", "rollout.verify"
           "update.clip_and_step", "step.push")
 
 
+_LAUNCHES = ("cudaLaunch", "cuLaunch", "cudaGraphLaunch")
+
+
+def launched_kernels(events) -> list:
+    """(device kernel event, host time of its launch) for each kernel: a kernel shares its CUDA correlation id
+    (``FunctionEvent.id``) with the runtime call that launched it; a kernel whose launch was not recorded falls
+    back to the start of the operator it is linked to (``linked_correlation_id``)."""
+    cpu = torch.autograd.DeviceType.CPU
+    launch_at = {e.id: e.time_range.start for e in events if e.device_type == cpu and e.name.startswith(_LAUNCHES)}
+    op_at = {e.id: e.time_range.start for e in events
+             if e.device_type == cpu and not e.name.startswith(_LAUNCHES) and not e.linked_correlation_id}
+    out = []
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            t = launch_at.get(e.id, op_at.get(e.linked_correlation_id))
+            if t is not None:
+                out.append((e, t))
+    return out
+
+
 def phase_times(prof) -> dict[str, dict[str, float]]:
     """{phase: host ms, device ms, kernels} of one profiled step: host time is the range's own span; device time
     and kernels are those of the kernels launched inside it (matched through their launch's correlation id)."""
@@ -43,13 +63,7 @@ def phase_times(prof) -> dict[str, dict[str, float]]:
     for e in events:
         if e.name in ranges and e.device_type == torch.autograd.DeviceType.CPU:
             ranges[e.name].append((e.time_range.start, e.time_range.end))
-    launches = {}                 # correlation id -> host start time of the launch
-    for e in events:
-        if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith(("cudaLaunch", "cuLaunch",
-                                                                                 "cudaGraphLaunch")):
-            launches[e.correlation_id] = e.time_range.start
-    kernels = [(launches[e.correlation_id], e.device_time_total / 1e3) for e in events
-               if e.device_type == torch.autograd.DeviceType.CUDA and e.correlation_id in launches]
+    kernels = [(t, e.time_range.elapsed_us() / 1e3) for e, t in launched_kernels(events)]
     out = {}
     for name, spans in ranges.items():
         inside = [ms for t, ms in kernels if any(a <= t <= b for a, b in spans)]
@@ -66,20 +80,15 @@ def top_in_phase(prof, phase: str, n: int) -> tuple[list, list]:
     spans = [(e.time_range.start, e.time_range.end) for e in events
              if e.name == phase and e.device_type == torch.autograd.DeviceType.CPU]
     inside = lambda t: any(a <= t <= b for a, b in spans)  # noqa: E731
-    ops, launches = defaultdict(lambda: [0, 0.0]), {}
+    ops, kernels = defaultdict(lambda: [0, 0.0]), defaultdict(lambda: [0, 0.0])
     for e in events:
-        if e.device_type != torch.autograd.DeviceType.CPU or not inside(e.time_range.start):
-            continue
-        if e.name.startswith(("cudaLaunch", "cuLaunch", "cudaGraphLaunch")):
-            launches[e.correlation_id] = True
-        if e.name not in PHASES:
+        if e.device_type == torch.autograd.DeviceType.CPU and inside(e.time_range.start) and e.name not in PHASES:
             ops[e.name][0] += 1
             ops[e.name][1] += e.self_cpu_time_total / 1e3
-    kernels = defaultdict(lambda: [0, 0.0])
-    for e in events:
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.correlation_id in launches:
+    for e, t in launched_kernels(events):
+        if inside(t):
             kernels[e.name][0] += 1
-            kernels[e.name][1] += e.device_time_total / 1e3
+            kernels[e.name][1] += e.time_range.elapsed_us() / 1e3
     def best(table):
         return sorted(((k, c, ms) for k, (c, ms) in table.items()), key=lambda r: -r[2])[:n]
     return best(ops), best(kernels)
