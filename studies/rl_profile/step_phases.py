@@ -44,12 +44,13 @@ def launched_kernels(events) -> list:
     back to the start of the operator it is linked to (``linked_correlation_id``)."""
     cpu = torch.autograd.DeviceType.CPU
     launch_at = {e.id: e.time_range.start for e in events if e.device_type == cpu and e.name.startswith(_LAUNCHES)}
+    linked = lambda e: getattr(e, "linked_correlation_id", 0)   # noqa: E731  (absent from torch 2.11's events)
     op_at = {e.id: e.time_range.start for e in events
-             if e.device_type == cpu and not e.name.startswith(_LAUNCHES) and not e.linked_correlation_id}
+             if e.device_type == cpu and not e.name.startswith(_LAUNCHES) and not linked(e)}
     out = []
     for e in events:
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            t = launch_at.get(e.id, op_at.get(e.linked_correlation_id))
+            t = launch_at.get(e.id, op_at.get(linked(e)))
             if t is not None:
                 out.append((e, t))
     return out

@@ -324,3 +324,54 @@ def test_compiled_update_makes_both_mask_graphs_in_its_first_update(tmp_path, to
     with torch._dynamo.config.patch(error_on_recompile=True):
         _update(tr, unpadded, 1)
         _update(tr, padded, 2)
+
+
+def test_right_padded_reads_each_row():
+    from repro.rl.joint import right_padded
+
+    assert right_padded(torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool))
+    assert not right_padded(torch.tensor([[1, 1, 0], [0, 1, 1]], dtype=torch.bool))      # left padding
+    assert not right_padded(torch.tensor([[1, 0, 1]], dtype=torch.bool))                 # a hole
+
+
+@pytest.mark.parametrize("draft", [None, "dspark"])
+def test_dropping_the_padding_mask_of_a_right_padded_batch_changes_no_update(tmp_path, tok, draft, monkeypatch):
+    """A right-padded batch trains without its padding mask (causal attention alone: SDPA's flash path). The
+    update's statistics and the parameters it leaves equal those of the same update given the mask; a batch whose
+    padding is not on the right keeps its mask, and dropping that one would change the update."""
+    import repro.rl.joint as joint
+
+    def one_update(batch, keep_mask):
+        tr = _trainer(tmp_path / f"{keep_mask}-{batch.attention_mask[0, 0].item()}", tok, draft, 1.0)
+        if keep_mask:
+            monkeypatch.setattr(joint, "right_padded", lambda att: False)
+        stats = _update(tr, batch, 0)
+        monkeypatch.undo()
+        return stats, _policy_state(tr)
+
+    batch = _trainer(tmp_path / "rollout", tok, None, 0.0).rollout(0)
+    batch.rewards = REWARDS.clone()
+    T = batch.input_ids.shape[1]
+    for row, cut in enumerate((0, 7, 3, 12)):          # ragged rows: the tails padded
+        batch.attention_mask[row, T - cut:] = False
+        batch.loss_mask[row, T - cut:] = 0
+        batch.input_ids[row, T - cut:] = 0
+    lengths = batch.attention_mask.sum(1)
+    assert joint.right_padded(batch.attention_mask)
+    (s_drop, p_drop), (s_keep, p_keep) = one_update(batch, False), one_update(batch, True)
+    assert s_drop.policy_loss == pytest.approx(s_keep.policy_loss, rel=1e-5, abs=1e-7)
+    assert s_drop.policy_grad_norm == pytest.approx(s_keep.policy_grad_norm, rel=1e-4)
+    assert s_drop.draft_loss == pytest.approx(s_keep.draft_loss, rel=1e-4)
+    for k in p_keep:
+        torch.testing.assert_close(p_drop[k], p_keep[k], rtol=1e-5, atol=1e-6)
+
+    # the same rows left-padded: the mask stays (right_padded is False) and matters
+    left = dataclasses.replace(batch, **{name: torch.stack([row.roll(int(row.shape[0] - n)) for row, n in
+                                                            zip(getattr(batch, name), lengths)])
+                                         for name in ("input_ids", "attention_mask", "loss_mask", "rollout_logp")})
+    assert not joint.right_padded(left.attention_mask)
+    s_left, _ = one_update(left, False)
+    monkeypatch.setattr(joint, "right_padded", lambda att: True)      # negative control: drop it anyway
+    tr = _trainer(tmp_path / "wrong", tok, draft, 1.0)
+    s_wrong = _update(tr, left, 0)
+    assert s_wrong.policy_grad_norm != pytest.approx(s_left.policy_grad_norm, rel=1e-3)

@@ -823,8 +823,9 @@ def test_compiled_static_step_is_the_static_step(trained, family, monkeypatch):
         assert_same_rollout(got, w)
         assert all("forward" not in vars(layer) for layer in pol.decoder_layers())
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames
-    # two graphs per compilation: the attention, which writes the static cache, runs eagerly between them
-    assert pol.num_layers == 8 and 2 <= graphs <= 6, (
+    # two graphs per compilation: the attention, which writes the static cache, runs eagerly between them; the
+    # prefill (a shared cursor, the prompt's columns) is one more compilation
+    assert pol.num_layers == 8 and 2 <= graphs <= 8, (
         f"{graphs} dynamo graphs for {pol.num_layers} layers: the layers did not share one compilation, or it "
         "recompiled per shape")
     with compiled_layers(pol, "eager"):
