@@ -74,6 +74,13 @@ def chat_prompt(tok: WorkloadTokenizer, text: str) -> list[int]:
     return [tok.user_id] + tok.encode(text) + [tok.assistant_id]
 
 
+def right_padded(attention_mask: torch.Tensor) -> bool:
+    """Whether every row of ``attention_mask [B, T]`` is ones then zeros (right padding; read it on a host copy).
+    A causal forward over such rows needs no padding mask: no real position sees a later, padded one."""
+    a = attention_mask.to("cpu", torch.long)
+    return torch.equal(a.cummin(dim=1).values, a)
+
+
 def _pack(seqs: list[list[int]], masks: list[list[float]], lps: list[list[float]], pad: int):
     T = max(len(s) for s in seqs)
     B = len(seqs)

@@ -36,7 +36,7 @@ from repro.models.moe_experts import compiles_whole
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.rl.draft_graph import DraftTrainStep
 from repro.rl.drafts import trainable_parameters
-from repro.rl.episodes import RolloutBatch
+from repro.rl.episodes import RolloutBatch, right_padded
 from repro.rl.grpo import clipped_policy_loss, token_logprobs, train_inference_kl_sum
 from repro.rl.warmstart import autocast_or_off, check_autocast_dtype
 from repro.rollout.compiled_layers import compiled_layers
@@ -58,12 +58,6 @@ class UpdateStats:
     draft_time_s: float            # the draft's span in the update (forward + loss; + backward when deferred),
                                    # timed on the device's stream (CUDA events) on a GPU
     kl_ref: float = 0.0
-
-
-def right_padded(attention_mask: torch.Tensor) -> bool:
-    """Whether every row of ``attention_mask [B, T]`` is ones then zeros (right padding), read on the host copy."""
-    a = attention_mask.to("cpu", torch.long)
-    return torch.equal(a.cummin(dim=1).values, a)
 
 
 def draft_loss_mask(token_mask: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,7 @@ from repro.core.provenance import provenance
 from repro.core.specs import MATH_OPS, WORKLOADS, ConfigError, DraftSpec, PolicySpec, SFTSpec, require_device, sft_spec
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
 from repro.rl.drafts import build_draft, trainable_parameters
-from repro.rl.episodes import chat_prompt, math_rollout, workplace_rollout
+from repro.rl.episodes import chat_prompt, math_rollout, right_padded, workplace_rollout
 from repro.rl.grpo import token_logprobs
 from repro.rl.joint import draft_loss_mask
 from repro.rl.tasks.math import math_tasks
@@ -68,7 +68,9 @@ def demo_sequence(tok: WorkloadTokenizer, item) -> tuple[list[int], list[float]]
     return ids + end, mask + [1.0] * len(end)
 
 
-def demo_batch(tok: WorkloadTokenizer, items, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def demo_batch(tok: WorkloadTokenizer, items, device) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(ids, attention mask, loss mask) of the demonstrations, right-padded; the attention mask is None (the rows are
+    right-padded, so causal attention alone is exact, and SDPA takes its flash kernel instead of the masked one)."""
     seqs = [demo_sequence(tok, it) for it in items]
     T = max(len(s) for s, _ in seqs)
     ids = torch.full((len(seqs), T), tok.pad_id, dtype=torch.long)
@@ -78,7 +80,7 @@ def demo_batch(tok: WorkloadTokenizer, items, device) -> tuple[torch.Tensor, tor
         ids[i, :len(s)] = torch.tensor(s)
         att[i, :len(s)] = True
         mask[i, :len(m)] = torch.tensor(m)
-    return ids.to(device), att.to(device), mask.to(device)
+    return ids.to(device), None if right_padded(att) else att.to(device), mask.to(device)
 
 
 def _items(workload: str, seed: int, n: int, draw: int, math_ops: tuple[int, int] = MATH_OPS):

@@ -327,7 +327,7 @@ def test_compiled_update_makes_both_mask_graphs_in_its_first_update(tmp_path, to
 
 
 def test_right_padded_reads_each_row():
-    from repro.rl.joint import right_padded
+    from repro.rl.episodes import right_padded
 
     assert right_padded(torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool))
     assert not right_padded(torch.tensor([[1, 1, 0], [0, 1, 1]], dtype=torch.bool))      # left padding

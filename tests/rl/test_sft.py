@@ -158,3 +158,23 @@ def test_on_a_gpu_profile_sft_runs_under_the_profiles_autocast(tmp_path, monkeyp
     assert len(seen) == 6 + 3 * 2                       # each policy step; each draft step's forward and loss
     assert summary["sft_loss_last"] < summary["sft_loss_first"]
     assert all(l == l for l in summary["drafts"]["dflash"]["losses"])            # finite, no NaN
+
+
+def test_demonstrations_train_without_a_padding_mask_and_lose_nothing(tok):
+    """The demonstrations are right-padded, so their batch carries no attention mask (causal attention alone); the
+    loss on every demonstrated token equals the one computed with the padding mask."""
+    import torch
+
+    from repro.models.policy import build_policy
+    from repro.rl.grpo import token_logprobs
+    from repro.rl.sft import _items, demo_batch
+
+    ids, att, mask = demo_batch(tok, _items("math", 0, 6, draw=3, math_ops=(2, 5)), "cpu")
+    lengths = (ids != tok.pad_id).long().cumprod(1).sum(1)
+    assert att is None and lengths.min() < ids.shape[1], "ragged rows expected"
+    padded = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
+    pol = build_policy("qwen3", "tiny", vocab_size=tok.vocab_size, seed=1, dtype=torch.float64)
+    got = token_logprobs(pol.forward_train(ids, want_taps=False, attention_mask=None).logits, ids) * mask
+    want = token_logprobs(pol.forward_train(ids, want_taps=False, attention_mask=padded).logits, ids) * mask
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    assert mask[~padded].abs().sum() == 0
