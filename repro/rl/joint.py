@@ -122,7 +122,7 @@ class JointUpdate:
         self.optimizer = joint_optimizer(self.policy_params, self.draft_params, grpo, draft_spec)
         self.draft_step = (DraftTrainStep(draft, cuda_graphs=True)
                            if draft_spec is not None and draft_spec.cuda_graph else None)
-        self._variants_compiled = False
+        self._graph_compiled = False
 
     def _features(self, taps) -> TargetFeatures:
         spec = self.policy.tap_spec
@@ -146,8 +146,8 @@ class JointUpdate:
         B, mb = ids.shape[0], self.grpo.microbatch
         lam = self.draft_spec.loss_weight if self.draft_spec is not None else 0.0
         gen = torch.Generator().manual_seed(anchor_seed)
-        if self.compile_layers and not self._variants_compiled:
-            self._compile_mask_variants(dev)
+        if self.compile_layers and not self._graph_compiled:
+            self._compile_update_graph(dev)
         self.optimizer.zero_grad(set_to_none=True)
         # the statistics stay on the device until the step is done: one host sync per update, not several per
         # microbatch (a sync drains the GPU's queue, which the host then refills from empty)
@@ -192,24 +192,21 @@ class JointUpdate:
                            draft_time_s=sum(span.seconds() for span in draft_spans),
                            kl_ref=got["kl_ref"] / n_tok)
 
-    def _compile_mask_variants(self, dev: torch.device) -> None:
-        """Compile, in the run's first update (a warm-up step the tables leave out), both graphs the compiled layers
-        take: no mask for a right-padded microbatch (SDPA's causal path; every rollout batch) and a mask for any
-        other padding. Left to the data, the second compilation lands in whichever later step first meets it
-        (22 s in one update of a 60-step run on the H200), inside the steps the tables average. Each variant runs
-        forward and backward as a microbatch does, on three rows of eleven tokens (sizes that equal no other
-        dimension, so dynamo's duck sizing ties no symbol to them); the gradients are dropped."""
+    def _compile_update_graph(self, dev: torch.device) -> None:
+        """Compile, in the run's first update (a warm-up step the tables leave out), the graph the compiled layers
+        take for a right-padded microbatch (no mask: SDPA's causal path), as a microbatch runs it, forward and
+        backward, on three rows of eleven tokens (sizes that equal no other dimension, so dynamo's duck sizing ties
+        no symbol to them); the gradients are dropped. Every rollout batch is right-padded (``repro.rl.episodes``),
+        so the masked graph is not made: a batch padded otherwise would compile it in the step that first meets it,
+        inside the steps the tables average (22 s in one update on the H200; the summary counts such steps)."""
         ids = torch.arange(33, device=dev).view(3, 11) % self.policy.vocab_size
-        padded = torch.ones(3, 11, dtype=torch.long, device=dev)
-        padded[1, 7:] = 0
         amp = autocast_or_off(dev.type, self.autocast_dtype)
-        for att in (torch.ones_like(padded), padded):
-            with amp, no_cudnn_sdpa(dev), compiled_layers(self.policy, self.COMPILE_BACKEND, purpose="train"):
-                out = self.policy.forward_train(ids, want_taps=self.draft is not None, attention_mask=att)
-            with no_cudnn_sdpa(dev):
-                out.logits.float().mean().backward()
+        with amp, no_cudnn_sdpa(dev), compiled_layers(self.policy, self.COMPILE_BACKEND, purpose="train"):
+            out = self.policy.forward_train(ids, want_taps=self.draft is not None, attention_mask=None)
+        with no_cudnn_sdpa(dev):
+            out.logits.float().mean().backward()
         self.optimizer.zero_grad(set_to_none=True)
-        self._variants_compiled = True
+        self._graph_compiled = True
 
     def _draft_loss(self, ids, mask, policy_logits, taps, gen) -> torch.Tensor:
         """The draft's loss on rows ``ids`` given the policy's (detached) logits and taps of those rows."""

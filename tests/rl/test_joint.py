@@ -302,10 +302,10 @@ def test_bf16_autocast_moe_update_compiles_and_equals_the_eager_one(tmp_path, to
 
 
 @pytest.mark.timeout(300)
-def test_compiled_update_makes_both_mask_graphs_in_its_first_update(tmp_path, tok, monkeypatch):
-    """grpo.compile_layers: transformers gives the compiled layers no mask for a microbatch without padding and a
-    mask for one with padding. Both graphs are made in the run's first update, so no later update recompiles
-    (dynamo's error_on_recompile) whichever kind of microbatch it meets."""
+def test_compiled_update_makes_its_graph_in_its_first_update(tmp_path, tok, monkeypatch):
+    """grpo.compile_layers: a microbatch with padding (on the right, as every rollout batch) and one without both
+    reach the compiled layers without a mask. The graph is made in the run's first update, so no later update
+    recompiles (dynamo's error_on_recompile) whichever kind of microbatch it meets."""
     from repro.rl.joint import JointUpdate
     from repro.rollout import compiled_layers as cl
 
