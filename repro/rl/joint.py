@@ -246,16 +246,15 @@ class JointUpdate:
         """One microbatch's forward: (policy loss, total loss, log-probs, stats, (the draft's span, weighted
         draft loss) or None). With ``kept`` (a list) the draft does not run here: the microbatch's detached
         taps and logits are appended to it for ``_deferred_draft``."""
+        att_mb = None if att is None else att[sl]
         with compiled_layers(self.policy, self.COMPILE_BACKEND if self.compile_layers else None, purpose="train"):
-            out = self.policy.forward_train(ids[sl], want_taps=self.draft is not None,
-                                            attention_mask=None if att is None else att[sl])
+            out = self.policy.forward_train(ids[sl], want_taps=self.draft is not None, attention_mask=att_mb)
         logp = token_logprobs(out.logits, ids[sl], temperature)
         ref_lp = None
         if self.grpo.kl_coef:
             with torch.no_grad():
                 ref_lp = token_logprobs(self.reference.forward_train(ids[sl], want_taps=False,
-                                                                     attention_mask=None if att is None
-                                                                     else att[sl]).logits,
+                                                                     attention_mask=att_mb).logits,
                                         ids[sl], temperature)
         loss, st = clipped_policy_loss(logp, old[sl], adv[sl], mask[sl], n_tok, self.grpo.clip_eps,
                                        ref_lp, self.grpo.kl_coef)

@@ -56,18 +56,27 @@ def launched_kernels(events) -> list:
     return out
 
 
+def phase_spans(events, names=PHASES) -> dict[str, list[tuple[float, float]]]:
+    """{name: host (start, end) of each of its named ranges} for the ranges ``names``."""
+    spans = {name: [] for name in names}
+    for e in events:
+        if e.name in spans and e.device_type == torch.autograd.DeviceType.CPU:
+            spans[e.name].append((e.time_range.start, e.time_range.end))
+    return spans
+
+
+def _within(t: float, spans) -> bool:
+    return any(a <= t <= b for a, b in spans)
+
+
 def phase_times(prof) -> dict[str, dict[str, float]]:
     """{phase: host ms, device ms, kernels} of one profiled step: host time is the range's own span; device time
     and kernels are those of the kernels launched inside it (matched through their launch's correlation id)."""
     events = list(prof.events())
-    ranges = {name: [] for name in PHASES}
-    for e in events:
-        if e.name in ranges and e.device_type == torch.autograd.DeviceType.CPU:
-            ranges[e.name].append((e.time_range.start, e.time_range.end))
     kernels = [(t, e.time_range.elapsed_us() / 1e3) for e, t in launched_kernels(events)]
     out = {}
-    for name, spans in ranges.items():
-        inside = [ms for t, ms in kernels if any(a <= t <= b for a, b in spans)]
+    for name, spans in phase_spans(events).items():
+        inside = [ms for t, ms in kernels if _within(t, spans)]
         out[name] = {"host_ms": sum(b - a for a, b in spans) / 1e3, "device_ms": sum(inside),
                      "kernels": len(inside)}
     return out
@@ -78,16 +87,15 @@ def top_in_phase(prof, phase: str, n: int) -> tuple[list, list]:
     and the ``n`` kernels with the most device time launched inside them, as (name, launches, device ms). Named
     ranges (the phases themselves) are left out of the operators."""
     events = list(prof.events())
-    spans = [(e.time_range.start, e.time_range.end) for e in events
-             if e.name == phase and e.device_type == torch.autograd.DeviceType.CPU]
-    inside = lambda t: any(a <= t <= b for a, b in spans)  # noqa: E731
+    spans = phase_spans(events, (phase,))[phase]
     ops, kernels = defaultdict(lambda: [0, 0.0]), defaultdict(lambda: [0, 0.0])
     for e in events:
-        if e.device_type == torch.autograd.DeviceType.CPU and inside(e.time_range.start) and e.name not in PHASES:
+        if (e.device_type == torch.autograd.DeviceType.CPU and _within(e.time_range.start, spans)
+                and e.name not in PHASES):
             ops[e.name][0] += 1
             ops[e.name][1] += e.self_cpu_time_total / 1e3
     for e, t in launched_kernels(events):
-        if inside(t):
+        if _within(t, spans):
             kernels[e.name][0] += 1
             kernels[e.name][1] += e.time_range.elapsed_us() / 1e3
     def best(table):
