@@ -103,7 +103,14 @@ def grouped_sdpa_write(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor
 def write_columns(store: torch.Tensor, cols: torch.Tensor, new: torch.Tensor) -> None:
     """``store[:, :, cols] = new`` for ``store [B, G, S, D]`` and ``new [B, G, q, D]``: ``cols [q]`` one set of
     columns for every row (an index copy), ``[B, q]`` row b's own (a scatter)."""
-    if cols.dim() == 2:
+    if cols.dim() == 2 and torch.compiler.is_compiling():
+        # inductor writes an index_put_ into a graph input in place, but a scatter_ it turns into a copy of the
+        # whole store and a scatter into the copy (every layer's write re-copying the stacked cache)
+        B, G = store.shape[:2]
+        rows = torch.arange(B, device=store.device)[:, None, None]
+        groups = torch.arange(G, device=store.device)[None, :, None]
+        store.index_put_((rows, groups, cols[:, None, :]), new.to(store.dtype))
+    elif cols.dim() == 2:
         store.scatter_(2, cols[:, None, :, None].expand(-1, store.shape[1], -1, store.shape[3]), new.to(store.dtype))
     else:
         store.index_copy_(2, cols, new.to(store.dtype))

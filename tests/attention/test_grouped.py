@@ -47,3 +47,42 @@ def test_grouped_sdpa_names_bad_shapes():
     kv = torch.zeros(1, 2, 3, 8)
     with pytest.raises(ValueError, match=r"mask must be \[B, 1, 2, 3\]"):
         grouped_sdpa(q, kv, kv, torch.ones(1, 6, 2, 3, dtype=torch.bool))
+
+
+def _store_copy_loops(fn, store, *args) -> tuple[torch.Tensor, str]:
+    """``fn(store, *args)`` compiled by inductor for the CPU: the store after the call and the generated code."""
+    from torch._inductor.utils import run_and_get_code
+    torch._dynamo.reset()
+    _, code = run_and_get_code(torch.compile(fn, fullgraph=True, dynamic=False), store, *args)
+    return store, "\n".join(code)
+
+
+@pytest.mark.timeout(240)
+def test_a_compiled_per_row_column_write_updates_the_store_in_place():
+    """Each row writing its own columns (a verify step's frontier) under torch.compile: the values land where the
+    eager write puts them, and the generated code has no loop over the whole store (inductor copies a graph input
+    it cannot update in place: with scatter_, the negative control, a whole copy of the cache per layer's write)."""
+    from kernels.attention.grouped import write_columns
+    g = torch.Generator().manual_seed(0)
+    B, G, S, D, q = 2, 2, 1000, 8, 3              # numel 32000: a loop bound no other tensor here has
+    store = torch.randn(B, G, S, D, generator=g)
+    cols = torch.tensor([[5, 6, 7], [40, 41, 42]])
+    new = torch.randn(B, G, q, D, generator=g)
+    want = store.clone()
+    write_columns(want, cols, new)                 # eager: a scatter
+    assert torch.equal(want[1, :, 40:43], new[1]) and torch.equal(want[0, :, 5:8], new[0])
+
+    def write(store, cols, new):
+        write_columns(store, cols, new)
+        return store[:, :, :8].sum()
+
+    def scatter(store, cols, new):
+        store.scatter_(2, cols[:, None, :, None].expand(-1, G, -1, D), new)
+        return store[:, :, :8].sum()
+
+    got, code = _store_copy_loops(write, store.clone(), cols, new)
+    assert torch.equal(got, want)
+    assert f"{store.numel()}L" not in code, "the compiled write copies the whole store"
+    got, code = _store_copy_loops(scatter, store.clone(), cols, new)
+    assert torch.equal(got, want)
+    assert f"{store.numel()}L" in code, "negative control: inductor no longer copies a scattered-into input"
