@@ -102,7 +102,8 @@ def grouped_sdpa_write(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor
 
 def write_columns(store: torch.Tensor, cols: torch.Tensor, new: torch.Tensor) -> None:
     """``store[:, :, cols] = new`` for ``store [B, G, S, D]`` and ``new [B, G, q, D]``: ``cols [q]`` one set of
-    columns for every row (an index copy), ``[B, q]`` row b's own (a scatter)."""
+    columns for every row (an index copy), ``[B, q]`` row b's own (a scatter; inside a compiled graph an index put,
+    which inductor applies to the store in place)."""
     if cols.dim() == 2 and torch.compiler.is_compiling():
         # inductor writes an index_put_ into a graph input in place, but a scatter_ it turns into a copy of the
         # whole store and a scatter into the copy (every layer's write re-copying the stacked cache)
