@@ -94,7 +94,7 @@ def test_single_process_draft_settings_are_reset_under_pp_cp(tmp_path, capsys):
     path.write_text(yaml.safe_dump(prof))
     args = parse_args(["--artifact", "table1", "--row", "Qwen3-8B/DFlash", "--profile", str(path),
                        "--out", str(tmp_path / "r"), "--pp", "2", "--cp", "1", "--microbatch", "8"])
-    assert prof["rl"]["drafts"]["dflash"]["microbatch"] == 64 and prof["rl"]["drafts"]["dflash"]["cuda_graph"]
+    assert prof["rl"]["drafts"]["dflash"]["microbatch"] == 128 and prof["rl"]["drafts"]["dflash"]["cuda_graph"]
     cfg, _, n_mb = build_config(args, world=2)
     assert (cfg.draft.microbatch, cfg.draft.cuda_graph, n_mb) == (0, False, 8)
     err = capsys.readouterr().err
