@@ -146,8 +146,7 @@ class JointUpdate:
         B, mb = ids.shape[0], self.grpo.microbatch
         lam = self.draft_spec.loss_weight if self.draft_spec is not None else 0.0
         gen = torch.Generator().manual_seed(anchor_seed)
-        if self.compile_layers and not self._graph_compiled:
-            self._compile_update_graph(dev)
+        self.prepare()
         self.optimizer.zero_grad(set_to_none=True)
         # the statistics stay on the device until the step is done: one host sync per update, not several per
         # microbatch (a sync drains the GPU's queue, which the host then refills from empty)
@@ -191,6 +190,12 @@ class JointUpdate:
                            update_time_s=time.perf_counter() - t0,
                            draft_time_s=sum(span.seconds() for span in draft_spans),
                            kl_ref=got["kl_ref"] / n_tok)
+
+    def prepare(self) -> None:
+        """Compile the update's graph now, if it compiles its layers and has not yet (the first ``step`` does it
+        otherwise): a trainer calls it before its first timed step, so that a resumed run compiles outside it."""
+        if self.compile_layers and not self._graph_compiled:
+            self._compile_update_graph(self.policy.device)
 
     def _compile_update_graph(self, dev: torch.device) -> None:
         """Compile, in the run's first update (a warm-up step the tables leave out), the graph the compiled layers

@@ -53,6 +53,9 @@ def build_row(profile: str, artifact: str, row: str, *, out: str, seed: int = 0,
     first = trainer.try_resume(restart_on_config_change)
     if first:
         print(f"[{artifact} {row}] resuming at step {first}", flush=True)
+    if shapes := trainer.warm_up():
+        print(f"[{artifact} {row}] warmed the engine for {shapes} request shape(s) of steps {first}-"
+              f"{cfg.steps - 1}", flush=True)
     return prof, trainer, first
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import functools
 import gc
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +38,7 @@ from repro.decoding.policy_cache import SharedKVStorage
 from repro.rl.checkpoint import CheckpointWriter, load_checkpoint, warm_start_digest
 from repro.rl.config import RunConfig
 from repro.rl.drafts import build_draft, make_proposer
-from repro.rl.episodes import RolloutBatch, math_rollout, workplace_rollout
+from repro.rl.episodes import RolloutBatch, chat_prompt, math_rollout, workplace_rollout
 from repro.rl.grpo import group_advantages
 from repro.rl.joint import JointUpdate, UpdateStats
 from repro.rl.sft import draft_token_counts
@@ -55,6 +56,7 @@ STEP_METRICS = ("train/reward", "train/response_len", "train/train_inference_kl"
                 "train/rollout_tok_s", "train/draft_loss", "train/policy_loss", "train/weight_push_s",
                 "train/tool_time_s", "train/draft_time_s", "train/gen_tokens", "train/rollout_forwards",
                 "val/accuracy")
+log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -109,6 +111,17 @@ def step_metrics(cfg: RunConfig, batch: RolloutBatch, stats: UpdateStats, *, pus
 def _compiled_graphs() -> int:
     """Graphs dynamo has compiled in this process so far (a compilation inside a timed step shows in its times)."""
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+def compiled_frames_since(start_us: int) -> list[str]:
+    """The frames dynamo compiled since ``start_us`` (``time.time_ns() // 1000``), each as ``compile id, function
+    (file:line)`` and, for a recompilation, the guard that failed: what a step's ``train/compiled_graphs`` counts."""
+    found = []
+    for m in torch._dynamo.utils.get_compilation_metrics():
+        if (m.start_time_us or 0) >= start_us:
+            why = f": {m.recompile_reason}" if m.recompile_reason else ""
+            found.append(f"{m.compile_id} {m.co_name} ({Path(m.co_filename or '?').name}:{m.co_firstlineno}){why}")
+    return found
 
 
 def _device_alloc_calls() -> int | None:
@@ -228,8 +241,30 @@ class CoTrainer:
         """Greedy accuracy on the held-out split (AIME 2024's role)."""
         return float(self.rollout(step, split="heldout", greedy=True).rewards.mean())
 
+    def warm_up(self) -> int:
+        """Before the first step this process runs: compile the update's graph (``JointUpdate.prepare``) and, on an
+        engine with static caches (graphed on a GPU), run one rollout (discarded) for each request shape that the
+        training steps still to run will meet (``RolloutEngine.request_shape``: the prompts' bucket and the caches'
+        sizes follow the step's longest prompt), so that graph captures and compilations land here and not inside
+        a step the tables average, a resumed run's first step included. Returns the rollouts run. Training is
+        unchanged: each rollout is seeded by its step and nothing of it is kept."""
+        with phase("warm_up"):
+            self.update.prepare()
+            c, g = self.cfg, self.cfg.grpo
+            if self.math is None or c.rollout_backend != "suite" or self.engine.static_decoder is None:
+                return 0
+            first_step: dict = {}
+            for step in range(self.start_step, c.steps):
+                longest = max(len(chat_prompt(self.tok, p.prompt_text))
+                              for p in self.math.problems("train", g.prompts_per_step, draw=step))
+                shape = self.engine.request_shape(g.rows_per_step, longest, g.max_new_tokens)
+                first_step.setdefault(shape, step)
+            for step in first_step.values():
+                self.rollout(step)
+            return len(first_step)
+
     def train_step(self, step: int) -> tuple[dict[str, float], RolloutBatch, UpdateStats]:
-        graphs0 = _compiled_graphs()
+        graphs0, start_us = _compiled_graphs(), time.time_ns() // 1000
         t0, c0 = time.perf_counter(), time.process_time()
         with phase("step.rollout"):
             batch = self.rollout(step)
@@ -258,6 +293,9 @@ class CoTrainer:
         # graphs dynamo compiled during this step (rollout engine, compiled update, drafts): a step averaged by the
         # tables should compile none (repro.rl.summary counts those that did)
         m["train/compiled_graphs"] = _compiled_graphs() - graphs0
+        if m["train/compiled_graphs"] and step > 0:     # named in the run's log: which code met a new shape or path
+            log.warning("%s step %d compiled: %s", self.cfg.row, step,
+                        "; ".join(compiled_frames_since(start_us)) or "(frames not recorded)")
         m.update(device_memory_metrics())
         return m, batch, stats
 

@@ -187,6 +187,18 @@ class RolloutEngine:
             return self.policy_cache_slots
         return bucketed(need)
 
+    def request_shape(self, B: int, longest: int, max_new_tokens: int) -> tuple[int, int, int, int] | None:
+        """What the static caches and graphs of a request (``B`` prompts, the longest ``longest`` tokens) are made
+        for: (static rows, prefill columns, policy cache columns, draft cache columns, 0 without a draft); None on
+        an engine without static caches. Requests of one shape share buffers, captures and compilations."""
+        if self.static_decoder is None:
+            return None
+        padded = self.static_decoder.prompt_columns(longest)
+        cap = self.max_draft_slots      # padding never makes a request that fits the cap fail it
+        P = padded if cap is None or self.slots_for(padded, max_new_tokens) <= cap else longest
+        draft = self.static_slots(P, max_new_tokens) if self.proposer is not None else 0
+        return self.static_rows(B), P, self.policy_slots(P, max_new_tokens), draft
+
     def _start_proposer(self, B: int, P: int, max_new_tokens: int) -> None:
         if self.cuda_graphs == "off":
             self.proposer.reset(B)

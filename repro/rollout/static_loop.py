@@ -271,14 +271,10 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     gen.manual_seed(seed)
     B = len(prompts)
     lens = [len(p) for p in prompts]
-    P = max(lens)
-    R = engine.static_rows(B)
     decoder = engine.static_decoder
-    padded = decoder.prompt_columns(P)
-    cap = engine.max_draft_slots      # padding never makes a request that fits the cap fail it
-    P = padded if cap is None or engine.slots_for(padded, max_new_tokens) <= cap else P
-    size = engine.static_slots(P, max_new_tokens)        # before any work: a too-small cache fails here
-    st = decoder.state(R, engine.policy_slots(P, max_new_tokens), graphs)
+    # before any work: a too-small cache fails here
+    R, P, policy_slots, size = engine.request_shape(B, max(lens), max_new_tokens)
+    st = decoder.state(R, policy_slots, graphs)
     cache = st["cache"]
     cache.start()
     compactions0 = cache.compactions

@@ -241,3 +241,52 @@ def test_device_memory_metrics(monkeypatch):
                                                           {"total_size": 0.5e9, "segment_pool_id": [0, 7]}])
     assert trainer.device_memory_metrics() == {"train/device_memory_gb": 2.0, "train/device_peak_memory_gb": 5.0,
                                                "train/graph_pool_memory_gb": 3.5}
+
+
+@pytest.mark.timeout(120)
+def test_compiled_frames_since_names_the_frame_and_the_failed_guard():
+    import time
+
+    from repro.rl.trainer import compiled_frames_since
+
+    def doubled(x):
+        return x * 2
+
+    fn = torch.compile(doubled, backend="eager", dynamic=False)
+    fn(torch.ones(3))
+    start = time.time_ns() // 1000
+    assert not any("doubled" in f for f in compiled_frames_since(start))    # compiled before: not named
+    fn(torch.ones(5))                                                     # a new static size: recompiled
+    found = [f for f in compiled_frames_since(start) if "doubled" in f]
+    assert len(found) == 1 and "test_trainer.py" in found[0] and "size mismatch" in found[0]
+
+
+@pytest.mark.timeout(240)
+def test_warm_up_runs_one_rollout_per_request_shape_and_leaves_training_unchanged(tmp_path, tok, monkeypatch):
+    """On a static-cache engine, ``warm_up`` rolls out once for each request shape the run's steps will meet (the
+    steps' prompts differ in length, so in shape) and nothing of it reaches training: the logged steps equal
+    those of a run without it, and its steps build no static state the warm-up did not."""
+    def trained(name, warm):
+        tr = CoTrainer(tiny_config(tmp_path / name, draft="dspark", steps=4, cuda_graphs="all"), tok)
+        calls = []
+        prepare = tr.update.prepare
+        monkeypatch.setattr(tr.update, "prepare", lambda: calls.append(1) or prepare())
+        shapes = {tr.engine.request_shape(tr.cfg.grpo.rows_per_step,
+                                          max(len(chat_prompt(tok, p.prompt_text))
+                                              for p in tr.math.problems("train", 2, draw=s)), 10)
+                  for s in range(4)}
+        ran = tr.warm_up() if warm else 0
+        prepared = len(calls)                     # the update's compile (if any) made before the first step
+        built = dict(tr.engine.static_decoder.states._states)
+        rows = [tr.train_step(s)[0] for s in range(4)]
+        return tr, shapes, ran, built, rows, prepared
+
+    from repro.rl.episodes import chat_prompt
+    cold, shapes, ran, _, rows_cold, prepared_cold = trained("cold", False)
+    warm, shapes_w, ran_w, built, rows_warm, prepared = trained("warm", True)
+    assert ran == 0 and len(shapes) >= 2 and ran_w == len(shapes_w) == len(shapes)
+    assert (prepared_cold, prepared) == (0, 1)
+    for a, b in zip(rows_cold, rows_warm):
+        for key in ("train/reward", "train/response_len", "train/policy_loss", "train/acceptance_length"):
+            assert a[key] == b[key], key
+    assert set(warm.engine.static_decoder.states._states) <= set(built)
