@@ -222,7 +222,7 @@ class CoTrainer:
         seed = c.rollout_seed * 100003 + step * 7 + (1 if split != "train" else 0)
         if self.math is not None:
             if split == "train":
-                items, group = self.math.problems("train", g.prompts_per_step, draw=step), g.generations_per_prompt
+                items, group = self.train_problems(step), g.generations_per_prompt
             else:
                 items, group = self.math.problems("heldout", c.workload.val_size), 1
             return math_rollout(self.engine, self.tok, items, group_size=group, max_new_tokens=g.max_new_tokens,
@@ -236,6 +236,10 @@ class CoTrainer:
         return workplace_rollout(self.engine, self.tok, items, group_size=group, max_new_tokens=g.max_new_tokens,
                                  temperature=g.temperature, seed=seed, tool_latency_s=c.workload.tool_latency_s,
                                  max_tool_calls=c.workload.max_tool_calls, greedy=greedy, pool=self._pool)
+
+    def train_problems(self, step: int) -> list:
+        """The math problems of training step ``step`` (the rollout's and the warm-up's: one definition)."""
+        return self.math.problems("train", self.cfg.grpo.prompts_per_step, draw=step)
 
     def validate(self, step: int) -> float:
         """Greedy accuracy on the held-out split (AIME 2024's role)."""
@@ -255,8 +259,7 @@ class CoTrainer:
                 return 0
             first_step: dict = {}
             for step in range(self.start_step, c.steps):
-                longest = max(len(chat_prompt(self.tok, p.prompt_text))
-                              for p in self.math.problems("train", g.prompts_per_step, draw=step))
+                longest = max(len(chat_prompt(self.tok, p.prompt_text)) for p in self.train_problems(step))
                 shape = self.engine.request_shape(g.rows_per_step, longest, g.max_new_tokens)
                 first_step.setdefault(shape, step)
             for step in first_step.values():
