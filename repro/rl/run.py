@@ -50,6 +50,8 @@ def build_row(profile: str, artifact: str, row: str, *, out: str, seed: int = 0,
     require_device(cfg.device, cfg.profile)
     tok = tokenizer_for_run(cfg, out=out, seed=seed, warm_start=warm_start)
     trainer = CoTrainer(cfg, tok, kv_storage=kv_storage)
+    # a recompilation logs every compiled entry's failed guard (a step's log line names only dynamo's first)
+    torch._logging.set_logs(recompiles=True)
     first = trainer.try_resume(restart_on_config_change)
     if first:
         print(f"[{artifact} {row}] resuming at step {first}", flush=True)

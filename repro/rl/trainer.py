@@ -13,7 +13,8 @@ policy's). One step:
 ``run(logger)`` repeats it for ``cfg.steps`` steps, logs one metrics row per step (row = the run's
 table/figure row label, step = the training step; names in ``STEP_METRICS``), validates on the
 held-out split every ``val_every`` steps, checkpoints every ``ckpt_every`` steps (written in the
-background) and resumes from the last checkpoint of its run folder.
+background, never beside a timed step: each step first waits for the process's writes in flight) and resumes from
+the last checkpoint of its run folder.
 
     python -m repro.rl.run --artifact table1 --row "Qwen3-8B/DFlash" --profile cpu-tiny --out /tmp/r
 """
@@ -35,7 +36,7 @@ from repro.core.handoffs import rollout_engine
 from repro.core.progress import Progress
 from repro.decoding.cuda_graph import GraphedCallable
 from repro.decoding.policy_cache import SharedKVStorage
-from repro.rl.checkpoint import CheckpointWriter, load_checkpoint, warm_start_digest
+from repro.rl.checkpoint import CheckpointWriter, load_checkpoint, wait_for_writes, warm_start_digest
 from repro.rl.config import RunConfig
 from repro.rl.drafts import build_draft, make_proposer
 from repro.rl.episodes import RolloutBatch, chat_prompt, math_rollout, workplace_rollout
@@ -115,7 +116,9 @@ def _compiled_graphs() -> int:
 
 def compiled_frames_since(start_us: int) -> list[str]:
     """The frames dynamo compiled since ``start_us`` (``time.time_ns() // 1000``), each as ``compile id, function
-    (file:line)`` and, for a recompilation, the guard that failed: what a step's ``train/compiled_graphs`` counts."""
+    (file:line)`` and, for a recompilation, the failed guard dynamo records (that of the first compiled entry it
+    tried; ``torch._logging``'s recompiles log, which ``repro.rl.run`` turns on, lists every entry's): what a step's
+    ``train/compiled_graphs`` counts."""
     found = []
     for m in torch._dynamo.utils.get_compilation_metrics():
         if (m.start_time_us or 0) >= start_us:
@@ -267,6 +270,7 @@ class CoTrainer:
             return len(first_step)
 
     def train_step(self, step: int) -> tuple[dict[str, float], RolloutBatch, UpdateStats]:
+        checkpoint_wait = wait_for_writes()      # no checkpoint write of this process runs beside the timed step
         graphs0, start_us = _compiled_graphs(), time.time_ns() // 1000
         t0, c0 = time.perf_counter(), time.process_time()
         with phase("step.rollout"):
@@ -289,6 +293,8 @@ class CoTrainer:
                          step_cpu=(time.process_time() - c0) + batch.tool_time_s)
         if self.cfg.manual_gc_interval:
             m["train/gc_s"] = gc_s
+        if self.cfg.ckpt_every:          # outside the step's times: the wait for a checkpoint write before it
+            m["train/checkpoint_wait_s"] = checkpoint_wait
         if allocs0 is not None:      # cudaMalloc calls the update made: ~0 once the caching allocator is warm
             m["train/update_device_allocs"] = _device_alloc_calls() - allocs0
         if self.cfg.cuda_graphs != "off" or (self.cfg.draft is not None and self.cfg.draft.cuda_graph):

@@ -124,3 +124,38 @@ def test_writers_of_one_process_write_one_at_a_time(tmp_path, monkeypatch):
     second.close()
     assert entered == [1, 2]
     assert load_checkpoint(tmp_path / "a", CONFIG)["step"] == 1 and load_checkpoint(tmp_path / "b", CONFIG)["step"] == 2
+
+
+def test_wait_for_writes_returns_once_every_writer_of_the_process_landed(tmp_path, monkeypatch):
+    """A timed step waits for the writes in flight of every writer (a lockstep process's other rows' too), so no
+    write runs beside it; a failed write is left for its own writer to raise."""
+    model, _ = _state()
+    release = _held_save(monkeypatch)
+    a, b = CheckpointWriter(tmp_path / "a"), CheckpointWriter(tmp_path / "b")
+    a.save(1, {"policy": model.state_dict()}, CONFIG)
+    b.save(2, {"policy": model.state_dict()}, CONFIG)
+    waiter = threading.Thread(target=ckpt.wait_for_writes)
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive()                       # both writes are held: the wait goes on
+    release.set()
+    waiter.join(30)
+    assert not waiter.is_alive()
+    assert not (a._thread.is_alive() or b._thread.is_alive())
+    assert load_checkpoint(tmp_path / "a", CONFIG)["step"] == 1 and load_checkpoint(tmp_path / "b", CONFIG)["step"] == 2
+    assert ckpt.wait_for_writes() < 1.0            # nothing in flight: returns at once
+    a.close()
+    b.close()
+
+
+def test_a_failed_write_is_raised_by_its_writer_not_by_wait_for_writes(tmp_path, monkeypatch):
+    model, _ = _state()
+
+    def fail(obj, f):
+        raise OSError("No space left on device")
+    monkeypatch.setattr(ckpt.torch, "save", fail)
+    w = CheckpointWriter(tmp_path)
+    w.save(1, {"policy": model.state_dict()}, CONFIG)
+    ckpt.wait_for_writes()
+    with pytest.raises(RuntimeError, match="No space left"):
+        w.close()

@@ -5,6 +5,7 @@ bad configs fail before any model is built, multi-turn rollouts mask what the po
 """
 import dataclasses
 import json
+import time
 
 import pytest
 import torch
@@ -90,6 +91,22 @@ def test_crashed_run_resumes_from_its_checkpoint_without_losing_steps(tmp_path, 
     full_rows = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     assert full_rows[2]["train/draft_loss"] == json.loads(
         (tmp_path / "crash" / "metrics.jsonl").read_text().splitlines()[2])["train/draft_loss"]
+
+
+def test_a_step_waits_for_the_checkpoint_write_before_its_clock_starts(tmp_path, tok, monkeypatch):
+    """A checkpoint written in the background must not run beside a timed step: the next step waits for it first
+    and logs the wait apart from its times."""
+    import repro.rl.checkpoint as ckpt
+    real_save = torch.save
+
+    def slow_save(obj, f):
+        time.sleep(1.0)
+        real_save(obj, f)
+    monkeypatch.setattr(ckpt.torch, "save", slow_save)
+    _train(tiny_config(tmp_path, steps=3, ckpt_every=1), tok)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    waits = [r["train/checkpoint_wait_s"] for r in rows]
+    assert waits[0] < 0.5 and all(w > 0.5 for w in waits[1:]), waits     # steps 0 and 1 were checkpointed
 
 
 def _fake_warm_start(root, cfg, seed):
