@@ -146,7 +146,7 @@ class JointUpdate:
         B, mb = ids.shape[0], self.grpo.microbatch
         lam = self.draft_spec.loss_weight if self.draft_spec is not None else 0.0
         gen = torch.Generator().manual_seed(anchor_seed)
-        self.prepare()
+        self.prepare(min(B, mb), ids.shape[1])     # the first step's own shape, where no warm-up came first
         self.optimizer.zero_grad(set_to_none=True)
         # the statistics stay on the device until the step is done: one host sync per update, not several per
         # microbatch (a sync drains the GPU's queue, which the host then refills from empty)
@@ -191,20 +191,37 @@ class JointUpdate:
                            draft_time_s=sum(span.seconds() for span in draft_spans),
                            kl_ref=got["kl_ref"] / n_tok)
 
-    def prepare(self) -> None:
+    def prepare(self, rows: int, length: int) -> None:
         """Compile the update's graph now, if it compiles its layers and has not yet (the first ``step`` does it
-        otherwise): a trainer calls it before its first timed step, so that a resumed run compiles outside it."""
+        otherwise, on its own batch's shape): a trainer calls it before its first timed step with the shape of the
+        microbatches to come (``rows`` of ``length`` tokens), so that a resumed run compiles outside it."""
         if self.compile_layers and not self._graph_compiled:
-            self._compile_update_graph(self.policy.device)
+            self._compile_update_graph(self.policy.device, *self.compile_shape(rows, length))
 
-    def _compile_update_graph(self, dev: torch.device) -> None:
-        """Compile, in the run's first update (a warm-up step the tables leave out), the graph the compiled layers
-        take for a right-padded microbatch (no mask: SDPA's causal path), as a microbatch runs it, forward and
-        backward, on three rows of eleven tokens (sizes that equal no other dimension, so dynamo's duck sizing ties
-        no symbol to them); the gradients are dropped. Every rollout batch is right-padded (``repro.rl.episodes``),
-        so the masked graph is not made: a batch padded otherwise would compile it in the step that first meets it,
-        inside the steps the tables average (22 s in one update on the H200; the summary counts such steps)."""
-        ids = torch.arange(33, device=dev).view(3, 11) % self.policy.vocab_size
+    def compile_shape(self, rows: int, length: int) -> tuple[int, int]:
+        """(rows, length) near the given ones that equal no size of the policy's config and not each other (at least
+        2). Why near the real ones: inductor guards the graph on choices it makes from the first call's sizes (on a
+        CPU, ``2 * rows * length <= 4096`` from one of 3 x 11 tokens), so a graph compiled on a toy batch is
+        compiled again by the first real one. Why distinct: dynamo's duck sizing ties equal sizes to one symbol, and
+        a later batch whose sizes differ would fail that guard."""
+        cfg = self.policy.model.config
+        taken = {v for k, v in vars(cfg).items() if isinstance(v, int) and not isinstance(v, bool)
+                 and (k.endswith("_size") or k.startswith("num_") or k == "head_dim")}
+        rows = max(2, rows)
+        while rows in taken:
+            rows += 1
+        length = max(2, length)
+        while length in taken or length == rows:
+            length += 1
+        return rows, length
+
+    def _compile_update_graph(self, dev: torch.device, rows: int, length: int) -> None:
+        """Compile the graph the compiled layers take for a right-padded microbatch (no mask: SDPA's causal path),
+        as a microbatch runs it, forward and backward, on ``rows`` x ``length`` tokens; the gradients are dropped.
+        Every rollout batch is right-padded (``repro.rl.episodes``), so the masked graph is not made: a batch
+        padded otherwise would compile it in the step that first meets it, inside the steps the tables average
+        (22 s in one update on the H200; the summary counts such steps)."""
+        ids = torch.arange(rows * length, device=dev).view(rows, length) % self.policy.vocab_size
         amp = autocast_or_off(dev.type, self.autocast_dtype)
         with amp, no_cudnn_sdpa(dev), compiled_layers(self.policy, self.COMPILE_BACKEND, purpose="train"):
             out = self.policy.forward_train(ids, want_taps=self.draft is not None, attention_mask=None)

@@ -249,21 +249,25 @@ class CoTrainer:
         return float(self.rollout(step, split="heldout", greedy=True).rewards.mean())
 
     def warm_up(self) -> int:
-        """Before the first step this process runs: compile the update's graph (``JointUpdate.prepare``) and, on an
+        """Before the first step this process runs: compile the update's graph (``JointUpdate.prepare``, at the shape
+        of the run's microbatches: ``grpo.microbatch`` rows of the longest prompt plus ``max_new_tokens``) and, on an
         engine with static caches (graphed on a GPU), run one rollout (discarded) for each request shape that the
         training steps still to run will meet (``RolloutEngine.request_shape``: the prompts' bucket and the caches'
         sizes follow the step's longest prompt), so that graph captures and compilations land here and not inside
         a step the tables average, a resumed run's first step included. Returns the rollouts run. Training is
         unchanged: each rollout is seeded by its step and nothing of it is kept."""
         with phase("warm_up"):
-            self.update.prepare()
             c, g = self.cfg, self.cfg.grpo
+            longest = {step: max(len(chat_prompt(self.tok, p.prompt_text)) for p in self.train_problems(step))
+                       for step in range(self.start_step, c.steps)} if self.math is not None else {}
+            # the update's microbatches: at most grpo.microbatch rows of up to the longest prompt + answer tokens
+            self.update.prepare(min(g.microbatch, g.rows_per_step),
+                                max(longest.values(), default=16) + g.max_new_tokens)
             if self.math is None or c.rollout_backend != "suite" or self.engine.static_decoder is None:
                 return 0
             first_step: dict = {}
-            for step in range(self.start_step, c.steps):
-                longest = max(len(chat_prompt(self.tok, p.prompt_text)) for p in self.train_problems(step))
-                shape = self.engine.request_shape(g.rows_per_step, longest, g.max_new_tokens)
+            for step, n in longest.items():
+                shape = self.engine.request_shape(g.rows_per_step, n, g.max_new_tokens)
                 first_step.setdefault(shape, step)
             for step in first_step.values():
                 self.rollout(step)

@@ -326,6 +326,63 @@ def test_compiled_update_makes_its_graph_in_its_first_update(tmp_path, tok, monk
         _update(tr, padded, 2)
 
 
+def _right_padded_batch(rows: int, length: int, seed: int):
+    from repro.rl.episodes import RolloutBatch
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(length // 2, length + 1, (rows,), generator=g)
+    lens[0] = length
+    att = torch.arange(length)[None] < lens[:, None]
+    ids = torch.randint(1, 300, (rows, length), generator=g) * att
+    loss_mask = att.float()
+    loss_mask[:, :4] = 0
+    return RolloutBatch(ids, att, loss_mask, -2.0 * loss_mask, torch.zeros(rows), None, int(loss_mask.sum()), 1.0)
+
+
+@pytest.mark.timeout(300)
+def test_an_update_prepared_at_the_runs_shape_is_not_compiled_again(monkeypatch):
+    """``prepare(rows, length)`` compiles the update's graph (inductor, as on a GPU) at the shape of the run's
+    microbatches, and updates on batches of the run's sizes reuse it (dynamo's error_on_recompile). Inductor guards
+    its graph on choices made from the first call's sizes: on a CPU, ``2 * rows * length <= 4096`` after a call of
+    3 x 11 tokens, which a batch of 16 x 150 fails."""
+    from repro.core.specs import GRPOSpec, PolicySpec
+    from repro.rl.joint import JointUpdate
+    from repro.rl.warmstart import make_policy
+    from repro.rollout import compiled_layers as cl
+
+    monkeypatch.setattr(cl, "_COMPILED", {})
+    torch._dynamo.reset()
+    policy = make_policy(PolicySpec("qwen3", "tiny", {"num_hidden_layers": 2}), 300, seed=0, dtype=torch.float32,
+                         device="cpu")
+    grpo = GRPOSpec(prompts_per_step=2, generations_per_prompt=8, max_new_tokens=10, microbatch=16, lr=1e-4,
+                    compile_layers=True)
+    update = JointUpdate(policy, None, grpo, None)
+    update.prepare(16, 170)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for seed, length in enumerate((150, 170, 131)):
+            update.step(_right_padded_batch(16, length, seed), torch.randn(16))
+
+
+def test_compile_shape_is_near_the_given_one_and_ties_no_size():
+    """The compile shape moves off every size of the policy's config and off the other dimension (dynamo's duck
+    sizing would tie them into one symbol), and keeps at least 2 (0 and 1 are specialised)."""
+    from repro.core.specs import GRPOSpec, PolicySpec
+    from repro.rl.joint import JointUpdate
+    from repro.rl.warmstart import make_policy
+
+    policy = make_policy(PolicySpec("qwen3", "tiny", {}), 300, seed=0, dtype=torch.float32, device="cpu")
+    update = JointUpdate(policy, None, GRPOSpec(compile_layers=True), None)
+    cfg = policy.model.config
+    assert cfg.hidden_size == 64 and cfg.head_dim == 16
+    assert update.compile_shape(64, 64) == (65, 66)           # hidden 64 taken, then length off rows
+    assert update.compile_shape(16, 200) == (17, 200)         # head_dim 16
+    assert update.compile_shape(40, 250) == (40, 250)
+    sizes = {cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads,
+             cfg.vocab_size, cfg.num_hidden_layers}
+    for rows, length in ((1, 1), (2, 2), (4, 16), (300, 300)):
+        r, n = update.compile_shape(rows, length)
+        assert r >= max(2, rows) and n >= max(2, length) and r != n and not {r, n} & sizes, (rows, length, r, n)
+
+
 def test_right_padded_reads_each_row():
     from repro.rl.episodes import right_padded
 

@@ -287,7 +287,7 @@ def test_warm_up_runs_one_rollout_per_request_shape_and_leaves_training_unchange
         tr = CoTrainer(tiny_config(tmp_path / name, draft="dspark", steps=4, cuda_graphs="all"), tok)
         calls = []
         prepare = tr.update.prepare
-        monkeypatch.setattr(tr.update, "prepare", lambda: calls.append(1) or prepare())
+        monkeypatch.setattr(tr.update, "prepare", lambda *a: calls.append(a) or prepare(*a))
         shapes = {tr.engine.request_shape(tr.cfg.grpo.rows_per_step,
                                           max(len(chat_prompt(tok, p.prompt_text))
                                               for p in tr.math.problems("train", 2, draw=s)), 10)
