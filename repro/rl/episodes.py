@@ -15,6 +15,7 @@ KL), rewards, acceptance counters summed over every generate call, and the timin
 """
 from __future__ import annotations
 
+import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -82,18 +83,17 @@ def right_padded(attention_mask: torch.Tensor) -> bool:
 
 
 def _pack(seqs: list[list[int]], masks: list[list[float]], lps: list[list[float]], pad: int):
-    T = max(len(s) for s in seqs)
-    B = len(seqs)
+    """Right-padded ``[B, T]`` tensors of the rows: ids (``pad`` past each row's end), attention, loss mask and
+    log-probs. One tensor per kind from the rows laid end to end: a right-padded row's positions come in row-major
+    order, so a boolean-mask assignment places them (a loop of per-row tensors took milliseconds a step)."""
+    lengths = torch.tensor([len(s) for s in seqs])
+    B, T = len(seqs), int(lengths.max())
+    att = torch.arange(T)[None, :] < lengths[:, None]
     ids = torch.full((B, T), pad, dtype=torch.long)
-    att = torch.zeros(B, T, dtype=torch.bool)
-    lm = torch.zeros(B, T)
-    lp = torch.zeros(B, T)
-    for i, (s, m, l) in enumerate(zip(seqs, masks, lps)):
-        n = len(s)
-        ids[i, :n] = torch.tensor(s)
-        att[i, :n] = True
-        lm[i, :n] = torch.tensor(m)
-        lp[i, :n] = torch.tensor(l)
+    lm, lp = torch.zeros(B, T), torch.zeros(B, T)
+    ids[att] = torch.tensor(list(itertools.chain.from_iterable(seqs)), dtype=torch.long)
+    lm[att] = torch.tensor(list(itertools.chain.from_iterable(masks)), dtype=torch.float32)
+    lp[att] = torch.tensor(list(itertools.chain.from_iterable(lps)), dtype=torch.float32)
     return ids, att, lm, lp
 
 
@@ -101,7 +101,8 @@ def math_rollout(engine: RolloutEngine, tok: WorkloadTokenizer, problems: Sequen
                  group_size: int, max_new_tokens: int, temperature: float, seed: int,
                  greedy: bool = False) -> RolloutBatch:
     """``group_size`` sampled responses per problem (groups consecutive), scored by DAPO's rule."""
-    prompts = [chat_prompt(tok, p.prompt_text) for p in problems for _ in range(group_size)]
+    encoded = [chat_prompt(tok, p.prompt_text) for p in problems]      # once per problem, not per sample
+    prompts = [list(e) for e in encoded for _ in range(group_size)]
     t0 = time.perf_counter()
     out = engine.generate(prompts, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
                           stop_tokens=[tok.eos_id], seed=seed)

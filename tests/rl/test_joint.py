@@ -391,6 +391,18 @@ def test_right_padded_reads_each_row():
     assert not right_padded(torch.tensor([[1, 0, 1]], dtype=torch.bool))                 # a hole
 
 
+def test_pack_lays_each_row_out_from_the_left_and_pads_the_rest():
+    from repro.rl.episodes import _pack
+
+    ids, att, lm, lp = _pack([[5, 6, 7], [8], [9, 10]], [[0.0, 1.0, 1.0], [1.0], [0.0, 1.0]],
+                             [[0.0, -0.5, -1.5], [-2.0], [0.0, -0.25]], pad=3)
+    assert ids.tolist() == [[5, 6, 7], [8, 3, 3], [9, 10, 3]] and ids.dtype == torch.long
+    assert att.tolist() == [[True, True, True], [True, False, False], [True, True, False]]
+    assert lm.tolist() == [[0.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
+    assert lp.tolist() == [[0.0, -0.5, -1.5], [-2.0, 0.0, 0.0], [0.0, -0.25, 0.0]]
+    assert lm.dtype == lp.dtype == torch.float32
+
+
 @pytest.mark.parametrize("draft", [None, "dspark"])
 def test_dropping_the_padding_mask_of_a_right_padded_batch_changes_no_update(tmp_path, tok, draft, monkeypatch):
     """A right-padded batch trains without its padding mask (causal attention alone: SDPA's flash path). The
