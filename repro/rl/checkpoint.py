@@ -12,7 +12,7 @@ by a worker thread (at one-GPU scale, policy, fp32 master weights and Adam momen
 syncing them stalled every checkpointed step for seconds). The write runs while the run validates, logs and starts
 its next step's bookkeeping; a timed training step first waits for every write in flight in the process
 (``wait_for_writes``): a write that overlapped a timed step slowed it (an update of 0.83 s against 0.15 s in the
-lockstep step right after two other rows' checkpoints, on one H100), and in a lockstep process one row's write
+lockstep step right after another row's checkpoint, on one H100), and in a lockstep process one row's write
 overlaps the next row's step.
 
     writer = CheckpointWriter(out)

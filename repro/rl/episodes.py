@@ -136,7 +136,8 @@ def workplace_rollout(engine: RolloutEngine, tok: WorkloadTokenizer, tasks: Sequ
                       pool: ThreadPoolExecutor | None = None) -> RolloutBatch:
     """Multi-turn episodes, ``group_size`` per task; ``max_new_tokens`` bounds the policy's tokens per episode."""
     envs = [WorkplaceEnv(t, tool_latency_s, max_tool_calls) for t in tasks for _ in range(group_size)]
-    seqs = [chat_prompt(tok, e.task.prompt_text) for e in envs]
+    encoded = [chat_prompt(tok, t.prompt_text) for t in tasks]        # once per task, in the order of envs
+    seqs = [list(e) for e in encoded for _ in range(group_size)]      # each episode's own, extended per turn
     masks = [[0.0] * len(s) for s in seqs]
     lps = [[0.0] * len(s) for s in seqs]
     written = [0] * len(envs)

@@ -261,6 +261,7 @@ class CoTrainer:
             longest = {step: max(len(chat_prompt(self.tok, p.prompt_text)) for p in self.train_problems(step))
                        for step in range(self.start_step, c.steps)} if self.math is not None else {}
             # the update's microbatches: at most grpo.microbatch rows of up to the longest prompt + answer tokens
+            # (multi-turn workloads: their prompts are not known here, 16 tokens stands in for them)
             self.update.prepare(min(g.microbatch, g.rows_per_step),
                                 max(longest.values(), default=16) + g.max_new_tokens)
             if self.math is None or c.rollout_backend != "suite" or self.engine.static_decoder is None:

@@ -262,8 +262,6 @@ def test_device_memory_metrics(monkeypatch):
 
 @pytest.mark.timeout(120)
 def test_compiled_frames_since_names_the_frame_and_the_failed_guard():
-    import time
-
     from repro.rl.trainer import compiled_frames_since
 
     def doubled(x):
