@@ -5,11 +5,13 @@ with its chosen tiles. Prints the best config per shape and its copy rate; write
 gated gate/up kernel (silu(gate) * up in the product's launch) against the unfused op and its gate, 1 and 8 rows.
 ``--fma``: only the candidate CUDA-core few-row kernel (``rows_fma.py``) at 2, 5 and 8 rows against the op (the
 tensor-core kernel) at those rows and the op at one row (what a verify step's products would cost if k + 1 rows
-were as cheap as one).
+were as cheap as one). ``--splitk``: only the candidate split-K few-row kernel (``rows_splitk.py``) on the narrow
+shapes (o, down, head) at 2, 5 and 9 rows, against the same two.
 
     PYTHONPATH=. python studies/gemv/gemv_configs.py        # on a CUDA machine with Triton
     PYTHONPATH=. python studies/gemv/gemv_configs.py --gated
     PYTHONPATH=. python studies/gemv/gemv_configs.py --fma
+    PYTHONPATH=. python studies/gemv/gemv_configs.py --splitk
 """
 import itertools
 import sys
@@ -138,7 +140,45 @@ def fma_sweep():
                   f"(block_n, block_k, warps) {best[1]} {best[0]:6.2f} us", flush=True)
 
 
+SPLITK_CONFIGS = list(itertools.product((16, 32), (128, 256, 512), (2, 4, 8)))    # block_n, block_k, split_k
+
+
+def splitk_sweep():
+    from studies.gemv.rows_splitk import LOCK_SLOTS, launch_splitk
+    lock = torch.zeros(LOCK_SLOTS, dtype=torch.int32, device="cuda")
+    for name in ("o", "down", "head"):
+        n, k = SHAPES[name]
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        x1 = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        t_one = graph_time_us(lambda: gemv(x1, w))
+        for rows in (2, 5, 9):
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            ref = x.float() @ w.float().T
+            y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+            best = None
+            for bn, bk, split in SPLITK_CONFIGS:
+                run = lambda: launch_splitk(x, w, None, y, lock, block_n=bn, block_k=bk, split_k=split, num_warps=4)
+                y.fill_(float("nan"))
+                run()
+                err = excess_error(y, ref)
+                assert err <= 1, f"{name} rows {rows} {(bn, bk, split)}: error {err:.3g} of the tolerance"
+                t = graph_time_us(run)
+                assert lock.count_nonzero().item() == 0, f"{name} {(bn, bk, split)}: counters left set"
+                if best is None or t < best[0]:
+                    best = (t, (bn, bk, split))
+            y.fill_(float("nan"))
+            bn, bk, split = best[1]
+            launch_splitk(x, w, None, y, lock, block_n=bn, block_k=bk, split_k=split, num_warps=4)
+            assert excess_error(y, ref) <= 1, f"{name} rows {rows}: the best config's output after its timing"
+            t_op = graph_time_us(lambda: gemv(x, w))
+            print(f"{name:8s} rows {rows}: op at one row {t_one:6.2f} us  op (tensor cores) {t_op:6.2f} us  split-K "
+                  f"best (block_n, block_k, split_k) {best[1]} {best[0]:6.2f} us", flush=True)
+
+
 if __name__ == "__main__":
+    if "--splitk" in sys.argv[1:]:
+        splitk_sweep()
+        sys.exit(0)
     if "--fma" in sys.argv[1:]:
         fma_sweep()
         sys.exit(0)
