@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.profiler import record_function as phase  # named ranges for torch.profiler (studies/rl_profile)
 
@@ -44,6 +45,21 @@ from repro.rollout.compiled_layers import compiled_layers
 # the update's statistics, summed on the device over its microbatches (index in one float64 vector)
 _SUMS = {name: i for i, name in enumerate(("policy_loss", "draft_loss", "clip", "kl_ref", "train_inference_kl",
                                            "policy_grad_norm", "draft_grad_norm"))}
+# the compiled update's policy forward runs on rows right-padded to a multiple of this many tokens. Why: on CUDA,
+# inductor's SDPA lowering guards the graph on whether the sequence length is a multiple of 8 (the attention inputs'
+# stride alignment), so a graph compiled on one kind of length is compiled again by the first batch of the other
+# kind (a 19-22 s update in step 0 of each process's first row in Table 1's h100 run at 5b96677). Padded, every batch
+# is of one kind. The pads' outputs are dropped before the losses: the update sees the batch's own length.
+LENGTH_MULTIPLE = 8
+
+
+def pad_length(x: torch.Tensor, length: int) -> torch.Tensor:
+    """``x [B, T]`` right-padded with zeros to ``[B, length]``."""
+    return F.pad(x, (0, length - x.shape[1])) if length > x.shape[1] else x
+
+
+def aligned_length(length: int) -> int:
+    return -(-length // LENGTH_MULTIPLE) * LENGTH_MULTIPLE
 
 
 @dataclass
@@ -200,19 +216,20 @@ class JointUpdate:
 
     def compile_shape(self, rows: int, length: int) -> tuple[int, int]:
         """(rows, length) near the given ones that equal no size of the policy's config and not each other (at least
-        2). Why near the real ones: inductor guards the graph on choices it makes from the first call's sizes (on a
-        CPU, ``2 * rows * length <= 4096`` from one of 3 x 11 tokens), so a graph compiled on a toy batch is
-        compiled again by the first real one. Why distinct: dynamo's duck sizing ties equal sizes to one symbol, and
-        a later batch whose sizes differ would fail that guard."""
+        2), the length a multiple of ``LENGTH_MULTIPLE`` as the steps' padded lengths are. Why near the real ones:
+        inductor guards the graph on choices it makes from the first call's sizes (on a CPU, ``2 * rows * length <=
+        4096`` from one of 3 x 11 tokens), so a graph compiled on a toy batch is compiled again by the first real
+        one. Why distinct: dynamo's duck sizing ties equal sizes to one symbol, and a later batch whose sizes differ
+        would fail that guard."""
         cfg = self.policy.model.config
         taken = {v for k, v in vars(cfg).items() if isinstance(v, int) and not isinstance(v, bool)
                  and (k.endswith("_size") or k.startswith("num_") or k == "head_dim")}
         rows = max(2, rows)
         while rows in taken:
             rows += 1
-        length = max(2, length)
+        length = aligned_length(max(2, length))
         while length in taken or length == rows:
-            length += 1
+            length += LENGTH_MULTIPLE
         return rows, length
 
     def _compile_update_graph(self, dev: torch.device, rows: int, length: int) -> None:
@@ -269,9 +286,14 @@ class JointUpdate:
         draft loss) or None). With ``kept`` (a list) the draft does not run here: the microbatch's detached
         taps and logits are appended to it for ``_deferred_draft``."""
         att_mb = None if att is None else att[sl]
+        S = ids.shape[1]
+        T = aligned_length(S) if self.compile_layers else S     # the compiled graph's kind of length (above)
         with compiled_layers(self.policy, self.COMPILE_BACKEND if self.compile_layers else None, purpose="train"):
-            out = self.policy.forward_train(ids[sl], want_taps=self.draft is not None, attention_mask=att_mb)
-        logp = token_logprobs(out.logits, ids[sl], temperature)
+            out = self.policy.forward_train(pad_length(ids[sl], T), want_taps=self.draft is not None,
+                                            attention_mask=None if att_mb is None else pad_length(att_mb, T))
+        # the pads' outputs dropped: causal attention keeps them out of every real position's
+        logits, taps = out.logits[:, :S], [t[:, :S] for t in out.taps or ()]
+        logp = token_logprobs(logits, ids[sl], temperature)
         ref_lp = None
         if self.grpo.kl_coef:
             with torch.no_grad():
@@ -283,10 +305,10 @@ class JointUpdate:
         if self.draft is None:
             return loss, loss, logp, st, None
         if kept is not None:
-            kept.append((sl, [t.detach() for t in out.taps], out.logits.detach()))
+            kept.append((sl, [t.detach() for t in taps], logits.detach()))
             return loss, loss, logp, st, None
         span = StreamSpan(self.policy.device)
-        dl = self._draft_loss(ids[sl], mask[sl], out.logits.detach(), out.taps, gen)
+        dl = self._draft_loss(ids[sl], mask[sl], logits.detach(), taps, gen)
         span.stop()
         frac = (sl.stop - sl.start) / B
         return loss, loss + lam * frac * dl, logp, st, (span, dl.detach().double() * frac)

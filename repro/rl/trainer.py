@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch.profiler import record_function as phase  # named ranges for torch.profiler (studies/rl_profile)
 
+from repro.core.gc_time import collector_seconds, freeze_survivors
 from repro.core.handoffs import rollout_engine
 from repro.core.progress import Progress
 from repro.decoding.cuda_graph import GraphedCallable
@@ -255,7 +256,14 @@ class CoTrainer:
         training steps still to run will meet (``RolloutEngine.request_shape``: the prompts' bucket and the caches'
         sizes follow the step's longest prompt), so that graph captures and compilations land here and not inside
         a step the tables average, a resumed run's first step included. Returns the rollouts run. Training is
-        unchanged: each rollout is seeded by its step and nothing of it is kept."""
+        unchanged: each rollout is seeded by its step and nothing of it is kept. Last, every object then alive is
+        frozen out of the garbage collector's walks (``repro.core.gc_time``; ``close`` unfreezes them)."""
+        try:
+            return self._warm_up()
+        finally:
+            freeze_survivors()
+
+    def _warm_up(self) -> int:
         with phase("warm_up"):
             c, g = self.cfg, self.cfg.grpo
             longest = {step: max(len(chat_prompt(self.tok, p.prompt_text)) for p in self.train_problems(step))
@@ -276,7 +284,7 @@ class CoTrainer:
 
     def train_step(self, step: int) -> tuple[dict[str, float], RolloutBatch, UpdateStats]:
         checkpoint_wait = wait_for_writes()      # no checkpoint write of this process runs beside the timed step
-        graphs0, start_us = _compiled_graphs(), time.time_ns() // 1000
+        graphs0, start_us, gc0 = _compiled_graphs(), time.time_ns() // 1000, collector_seconds()
         t0, c0 = time.perf_counter(), time.process_time()
         with phase("step.rollout"):
             batch = self.rollout(step)
@@ -289,15 +297,14 @@ class CoTrainer:
         c2 = time.process_time()
         with phase("step.push"):
             push_s, _ = self.push()
-        gc_s = self._manual_gc(step)
+        self._manual_gc(step)
         step_time = time.perf_counter() - t0
         # CPU seconds of this process (plus the tools' latency, which is wall time by design): on a
         # shared CPU machine these are not inflated by other processes, unlike the wall times
         m = step_metrics(self.cfg, batch, stats, push_s=push_s, step_time=step_time,
                          rollout_cpu=(c1 - c0) + batch.tool_time_s, update_cpu=c2 - c1,
                          step_cpu=(time.process_time() - c0) + batch.tool_time_s)
-        if self.cfg.manual_gc_interval:
-            m["train/gc_s"] = gc_s
+        m["train/gc_s"] = collector_seconds() - gc0      # the garbage collector's share of the step's time
         if self.cfg.ckpt_every:          # outside the step's times: the wait for a checkpoint write before it
             m["train/checkpoint_wait_s"] = checkpoint_wait
         if allocs0 is not None:      # cudaMalloc calls the update made: ~0 once the caching allocator is warm
@@ -313,18 +320,15 @@ class CoTrainer:
         m.update(device_memory_metrics())
         return m, batch, stats
 
-    def _manual_gc(self, step: int) -> float:
+    def _manual_gc(self, step: int) -> None:
         """With ``manual_gc_interval`` N: Python's automatic collector off while training (``close`` turns it back
-        on), one full collection after every N-th step, timed inside the step; returns its seconds."""
+        on), one full collection after every N-th step, inside the step (its time is in ``train/gc_s``)."""
         n = self.cfg.manual_gc_interval
         if not n:
-            return 0.0
+            return
         gc.disable()
-        if (step + 1) % n:
-            return 0.0
-        t = time.perf_counter()
-        gc.collect()
-        return time.perf_counter() - t
+        if (step + 1) % n == 0:
+            gc.collect()
 
     # -- checkpoints -------------------------------------------------------------------------------------
     @functools.cached_property
@@ -382,13 +386,14 @@ class CoTrainer:
 
     def close(self) -> None:
         """End of training: wait for the checkpoint being written, stop the workplace tools' thread pool (a later
-        rollout makes a new one) and give garbage collection back to Python (``manual_gc_interval`` turned it off);
-        a failed checkpoint write is raised after the rest is done."""
+        rollout makes a new one) and give garbage collection back to Python (``manual_gc_interval`` turned it off;
+        ``warm_up`` froze the objects it left alive); a failed checkpoint write is raised after the rest is done."""
         try:
             self.checkpoints.close()
         finally:
             if self._pool is not None:
                 self._pool.shutdown()
                 self._pool = None
+            gc.unfreeze()
             if self.cfg.manual_gc_interval:
                 gc.enable()

@@ -217,10 +217,12 @@ def test_draft_lr_warmup_is_checked(tmp_path, bad):
 def test_compiled_update_forward_equals_the_eager_update(tmp_path, tok, draft, monkeypatch):
     """grpo.compile_layers: the update's decoder layers run compiled (here on AOTAutograd without codegen; inductor
     on a GPU run), taps and backward included: the policy and the draft after two updates equal the eager ones."""
+    from repro.rl import joint
     from repro.rl.joint import JointUpdate
     from repro.rollout import compiled_layers as cl
 
     monkeypatch.setattr(JointUpdate, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(joint, "LENGTH_MULTIPLE", 1)     # no padding: the compiled path alone (padding: below)
     eager = _trainer(tmp_path / "eager", tok, draft, 1.0)
     cfg = tiny_config(tmp_path / "compiled", draft=draft)
     cfg.grpo = dataclasses.replace(cfg.grpo, compile_layers=True)
@@ -274,10 +276,12 @@ def test_bf16_autocast_moe_update_compiles_and_equals_the_eager_one(tmp_path, to
     update (here on AOTAutograd without codegen), and two compiled updates leave the policy where two eager ones
     do; with another experts implementation (fp32 GEMMs under the same autocast) the update stays eager."""
     from repro.models.moe_experts import AUTOCAST_EXPERTS
+    from repro.rl import joint
     from repro.rl.joint import JointUpdate
     from repro.rollout import compiled_layers as cl
 
     monkeypatch.setattr(JointUpdate, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(joint, "LENGTH_MULTIPLE", 1)     # no padding: the compiled path alone
     cfg = tiny_config(tmp_path / "moe", draft=None, family="qwen3_moe")
     cfg.grpo = dataclasses.replace(cfg.grpo, compile_layers=True)
     eager, compiled = CoTrainer(cfg, tok), CoTrainer(cfg, tok)
@@ -373,14 +377,47 @@ def test_compile_shape_is_near_the_given_one_and_ties_no_size():
     update = JointUpdate(policy, None, GRPOSpec(compile_layers=True), None)
     cfg = policy.model.config
     assert cfg.hidden_size == 64 and cfg.head_dim == 16
-    assert update.compile_shape(64, 64) == (65, 66)           # hidden 64 taken, then length off rows
+    assert update.compile_shape(64, 64) == (65, 72)           # hidden 64 taken: the next multiple of 8
     assert update.compile_shape(16, 200) == (17, 200)         # head_dim 16
-    assert update.compile_shape(40, 250) == (40, 250)
+    assert update.compile_shape(40, 250) == (40, 256)         # 250 rounded up to a multiple of 8
     sizes = {cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads,
              cfg.vocab_size, cfg.num_hidden_layers}
     for rows, length in ((1, 1), (2, 2), (4, 16), (300, 300)):
         r, n = update.compile_shape(rows, length)
         assert r >= max(2, rows) and n >= max(2, length) and r != n and not {r, n} & sizes, (rows, length, r, n)
+        assert n % 8 == 0, (rows, length, n)
+
+
+def test_the_update_pads_its_rows_to_a_multiple_of_8_and_that_changes_nothing(monkeypatch):
+    """The compiled update's policy forward sees every batch at a length that is a multiple of 8 (inductor's CUDA
+    graphs guard on it), and the padded update's losses, statistics and new weights are those of the unpadded one."""
+    from repro.core.specs import GRPOSpec, PolicySpec
+    from repro.rl import joint
+    from repro.rl.warmstart import make_policy
+    from repro.rollout import compiled_layers as cl
+
+    monkeypatch.setattr(joint.JointUpdate, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(cl, "_COMPILED", {})
+    grpo = GRPOSpec(prompts_per_step=2, generations_per_prompt=4, max_new_tokens=10, microbatch=4, lr=1e-3,
+                    compile_layers=True)
+    batch, adv = _right_padded_batch(8, 21, 0), torch.randn(8, generator=torch.Generator().manual_seed(1))
+    results = {}
+    for multiple in (8, 1):
+        monkeypatch.setattr(joint, "LENGTH_MULTIPLE", multiple)
+        policy = make_policy(PolicySpec("qwen3", "tiny", {"num_hidden_layers": 2}), 300, seed=0,
+                             dtype=torch.float64, device="cpu")
+        seen = []
+        forward = policy.forward_train
+        monkeypatch.setattr(policy, "forward_train", lambda ids, **kw: seen.append(ids.shape[1]) or forward(ids, **kw))
+        stats = joint.JointUpdate(policy, None, grpo, None).step(batch, adv)
+        results[multiple] = (stats, [p.detach().clone() for p in policy.parameters()], seen)
+    (padded, w_padded, seen8), (plain, w_plain, seen1) = results[8], results[1]
+    assert seen8[-2:] == [24, 24] and seen1[-2:] == [21, 21]      # (the first calls: prepare's compile shape)
+    # fp64 weights; the log-probabilities are taken in fp32 (repro.rl.grpo.token_logprobs), hence fp32's tolerance
+    for key in ("policy_loss", "policy_grad_norm", "train_inference_kl", "clip_frac"):
+        assert getattr(padded, key) == pytest.approx(getattr(plain, key), rel=1e-6, abs=1e-9), key
+    for a, b in zip(w_padded, w_plain):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
 
 
 def test_right_padded_reads_each_row():
@@ -444,3 +481,33 @@ def test_dropping_the_padding_mask_of_a_right_padded_batch_changes_no_update(tmp
     tr = _trainer(tmp_path / "wrong", tok, draft, 1.0)
     s_wrong = _update(tr, left, 0)
     assert s_wrong.policy_grad_norm != pytest.approx(s_left.policy_grad_norm, rel=1e-3)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("draft", ["dflash", "eagle3"])
+def test_padding_the_compiled_update_leaves_the_drafts_update_alone(tmp_path, tok, draft, monkeypatch):
+    """With a draft, the compiled update's padded forward hands the draft its taps and logits at the batch's own
+    length: the anchors it draws and the draft it trains are those of the unpadded update (one step each)."""
+    from repro.rl import joint
+    from repro.rollout import compiled_layers as cl
+
+    monkeypatch.setattr(joint.JointUpdate, "COMPILE_BACKEND", "eager")
+    drafts = {}
+    for multiple in (8, 1):
+        monkeypatch.setattr(joint, "LENGTH_MULTIPLE", multiple)
+        monkeypatch.setattr(cl, "_COMPILED", {})
+        cfg = tiny_config(tmp_path / f"m{multiple}", draft=draft)
+        cfg.grpo = dataclasses.replace(cfg.grpo, compile_layers=True)
+        tr = CoTrainer(cfg, tok)
+        batch = tr.rollout(0)
+        batch.rewards = REWARDS.clone()
+        assert batch.input_ids.shape[1] % 8, "the test needs a batch whose length is not a multiple of 8"
+        stats = _update(tr, batch, 0)
+        drafts[multiple] = (stats.draft_loss, stats.draft_grad_norm,
+                            {k: v.detach().clone() for k, v in tr.draft.state_dict().items()})
+    (loss8, norm8, w8), (loss1, norm1, w1) = drafts[8], drafts[1]
+    assert loss8 == pytest.approx(loss1, rel=1e-5) and norm8 == pytest.approx(norm1, rel=1e-5)
+    # fp32: Adam's first step is about lr * sign(grad), so an element whose gradient is near 0 may move by up to
+    # 2 lr with a rounding's difference in its gradient; other anchors would change the loss and its gradient norm
+    for k, v in w1.items():
+        torch.testing.assert_close(w8[k], v, rtol=0, atol=2.5 * tr.cfg.draft.lr, msg=lambda m: f"draft {k}: {m}")

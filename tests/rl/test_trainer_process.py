@@ -1,6 +1,7 @@
-"""Process-level step metrics of the trainer: rl.manual_gc_interval (Megatron-LM's --manual-gc: Python's automatic
-collector off while training, one timed full collection after every N-th step, the collector back on after the
-run) and the running CUDA-graph capture count.
+"""Process-level step metrics of the trainer: the garbage collector's time in each step (train/gc_s), the freeze of
+what the warm-up leaves alive, rl.manual_gc_interval (Megatron-LM's --manual-gc: Python's automatic collector off
+while training, one full collection after every N-th step, the collector back on after the run) and the running
+CUDA-graph capture count.
 
     .venv/bin/python -m pytest -q tests/rl/test_trainer_process.py
 """
@@ -28,10 +29,37 @@ def test_manual_gc_collects_every_n_steps_inside_the_step(tmp_path, tok):
     rows = tr.run(logged)
     assert logged == [(0, False), (1, False), (2, False)]
     assert gc.isenabled()
-    assert [r["train/gc_s"] > 0 for r in rows] == [False, True, False]
+    # step 0 ran under automatic collection until its end; step 1 ends with the full collection; step 2 has none
+    assert rows[1]["train/gc_s"] > 0 and rows[2]["train/gc_s"] == 0
     assert all(r["train/gc_s"] < r["train/step_time_s"] for r in rows)
     with pytest.raises(ConfigError, match="manual_gc_interval"):
         tiny_config(tmp_path / "bad", manual_gc_interval=-1).validate()
+
+
+@pytest.mark.timeout(120)
+def test_steps_report_the_collectors_time_and_the_warm_up_freezes_what_it_leaves(tmp_path, tok):
+    """train/gc_s is the time collections took inside the step (a full collection forced inside the update shows in
+    it); warm_up freezes the objects alive after it and close() unfreezes them."""
+    from repro.rl import joint
+
+    gc.unfreeze()
+    tr = CoTrainer(tiny_config(tmp_path, steps=2).validate(), tok)
+    tr.warm_up()
+    assert gc.get_freeze_count() > 0
+    step = joint.JointUpdate.step
+
+    def collecting_step(self, *a, **kw):
+        junk = [[i] for i in range(200_000)]           # containers for the collection to walk
+        gc.collect()
+        del junk
+        return step(self, *a, **kw)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(joint.JointUpdate, "step", collecting_step)
+        forced = tr.train_step(0)[0]["train/gc_s"]
+    plain = tr.train_step(1)[0]["train/gc_s"]
+    assert forced > 0 and plain >= 0
+    tr.close()
+    assert gc.get_freeze_count() == 0
 
 
 @pytest.mark.timeout(120)
