@@ -6,16 +6,18 @@ a second or more, with no compilation to show for it. ``collector_seconds()`` is
 collection (``gc.callbacks``), so a step reports the collector's share of its clock as the difference of two
 reads (``train/gc_s``). ``freeze_survivors()``, called once the process has built and warmed what it keeps for the
 whole run, moves those objects out of the collector's reach (``gc.freeze``): later collections walk only what the
-steps allocate. Objects frozen are still freed by reference counting; only a cycle among them is never collected.
+steps allocate. Objects frozen are still freed by reference counting; a cycle among them is collected only once
+they are unfrozen (``CoTrainer.close``, and the process's exit).
 
     gc0 = collector_seconds(); step(); m["train/gc_s"] = collector_seconds() - gc0
 """
 from __future__ import annotations
 
+import atexit
 import gc
 import time
 
-_state = {"total": 0.0, "started": None, "installed": False}
+_state = {"total": 0.0, "started": None, "installed": False, "unfreeze_at_exit": False}
 
 
 def _on_collection(phase: str, info: dict) -> None:
@@ -35,7 +37,12 @@ def collector_seconds() -> float:
 
 
 def freeze_survivors() -> int:
-    """Collect once, then freeze every object still alive; returns how many are frozen."""
+    """Collect once, then freeze every object still alive; returns how many are frozen. The process unfreezes them
+    when it exits, so that the interpreter's last collection still reaches them (extensions such as Triton's
+    report the objects it never freed as leaks)."""
+    if not _state["unfreeze_at_exit"]:
+        atexit.register(gc.unfreeze)
+        _state["unfreeze_at_exit"] = True
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

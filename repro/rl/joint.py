@@ -139,6 +139,7 @@ class JointUpdate:
         self.draft_step = (DraftTrainStep(draft, cuda_graphs=True)
                            if draft_spec is not None and draft_spec.cuda_graph else None)
         self._graph_compiled = False
+        self._draft_step_prepared = False
 
     def _features(self, taps) -> TargetFeatures:
         spec = self.policy.tap_spec
@@ -207,12 +208,45 @@ class JointUpdate:
                            draft_time_s=sum(span.seconds() for span in draft_spans),
                            kl_ref=got["kl_ref"] / n_tok)
 
-    def prepare(self, rows: int, length: int) -> None:
+    def prepare(self, rows: int, length: int, batch_rows: int = 0) -> None:
         """Compile the update's graph now, if it compiles its layers and has not yet (the first ``step`` does it
         otherwise, on its own batch's shape): a trainer calls it before its first timed step with the shape of the
-        microbatches to come (``rows`` of ``length`` tokens), so that a resumed run compiles outside it."""
+        microbatches to come (``rows`` of ``length`` tokens), so that a resumed run compiles outside it. With
+        ``batch_rows`` (the rows of a step's batch) and a graphed deferred draft step, that step's graphs are
+        captured too (``_prepare_draft_step``)."""
         if self.compile_layers and not self._graph_compiled:
             self._compile_update_graph(self.policy.device, *self.compile_shape(rows, length))
+        if batch_rows and self.draft_step is not None and self._defers_draft(self.grpo.microbatch) \
+                and not self._draft_step_prepared:
+            self._prepare_draft_step(min(batch_rows, self.draft_spec.microbatch), length)
+
+    def _prepare_draft_step(self, rows: int, length: int) -> None:
+        """Capture the graphed draft step (``repro.rl.draft_graph``, one graph per sequence bucket) for the two
+        longest buckets a batch of at most ``length`` tokens falls in, on ``rows`` rows (the deferred pass's call)
+        of the policy's taps and logits for a token-index batch, at weight 0; the gradients are dropped. Why: a
+        batch that first meets a bucket otherwise captures inside a timed step (a draft pass of 0.093 s against
+        0.016 s in step 8 of Qwen3-8B/DSpark in Table 1's h100 run at 5b96677)."""
+        dev, step = self.policy.device, self.draft_step
+        top = -(-length // step.seq_bucket) * step.seq_bucket
+        amp = autocast_or_off(dev.type, self.autocast_dtype)
+        backend = self.COMPILE_BACKEND if self.compile_layers else None
+        for n in (top - step.seq_bucket, top):
+            if n < 2:
+                continue
+            ids = torch.arange(rows * n, device=dev).view(rows, n) % self.policy.vocab_size
+            # grad enabled, as in a step: a no-grad forward would compile the layers' inference graph too
+            with amp, no_cudnn_sdpa(dev), compiled_layers(self.policy, backend, purpose="train"):
+                out = self.policy.forward_train(pad_length(ids, aligned_length(n) if backend else n), want_taps=True,
+                                                attention_mask=None)
+            fused = self._features([t[:, :n].detach() for t in out.taps]).concat(self.draft.tap_layers)
+            logits = out.logits[:, :n].detach()
+            del out
+            mask = draft_loss_mask(torch.ones(rows, n, device=dev))        # float32, as a rollout batch's
+            with no_cudnn_sdpa(dev):
+                step(ids, mask, logits, fused, torch.Generator().manual_seed(0), weight=0.0,
+                     autocast_dtype=self.autocast_dtype)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._draft_step_prepared = True
 
     def compile_shape(self, rows: int, length: int) -> tuple[int, int]:
         """(rows, length) near the given ones that equal no size of the policy's config and not each other (at least

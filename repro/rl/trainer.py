@@ -251,13 +251,14 @@ class CoTrainer:
 
     def warm_up(self) -> int:
         """Before the first step this process runs: compile the update's graph (``JointUpdate.prepare``, at the shape
-        of the run's microbatches: ``grpo.microbatch`` rows of the longest prompt plus ``max_new_tokens``) and, on an
-        engine with static caches (graphed on a GPU), run one rollout (discarded) for each request shape that the
-        training steps still to run will meet (``RolloutEngine.request_shape``: the prompts' bucket and the caches'
-        sizes follow the step's longest prompt), so that graph captures and compilations land here and not inside
-        a step the tables average, a resumed run's first step included. Returns the rollouts run. Training is
-        unchanged: each rollout is seeded by its step and nothing of it is kept. Last, every object then alive is
-        frozen out of the garbage collector's walks (``repro.core.gc_time``; ``close`` unfreezes them)."""
+        of the run's microbatches: ``grpo.microbatch`` rows of the longest prompt plus ``max_new_tokens``; a graphed
+        draft step captures its longest sequence buckets there too) and, on an engine with static caches (graphed on
+        a GPU), run one rollout (discarded) for each request shape that the training steps still to run will meet
+        (``RolloutEngine.request_shape``: the prompts' bucket and the caches' sizes follow the step's longest
+        prompt), so that graph captures and compilations land here and not inside a step the tables average, a
+        resumed run's first step included. Returns the rollouts run. Training is unchanged: each rollout is seeded
+        by its step and nothing of it is kept. Last, every object then alive is frozen out of the garbage
+        collector's walks (``repro.core.gc_time``; ``close`` unfreezes them)."""
         try:
             return self._warm_up()
         finally:
@@ -271,7 +272,7 @@ class CoTrainer:
             # the update's microbatches: at most grpo.microbatch rows of up to the longest prompt + answer tokens
             # (multi-turn workloads: their prompts are not known here, 16 tokens stands in for them)
             self.update.prepare(min(g.microbatch, g.rows_per_step),
-                                max(longest.values(), default=16) + g.max_new_tokens)
+                                max(longest.values(), default=16) + g.max_new_tokens, batch_rows=g.rows_per_step)
             if self.math is None or c.rollout_backend != "suite" or self.engine.static_decoder is None:
                 return 0
             first_step: dict = {}

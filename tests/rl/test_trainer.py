@@ -285,7 +285,7 @@ def test_warm_up_runs_one_rollout_per_request_shape_and_leaves_training_unchange
         tr = CoTrainer(tiny_config(tmp_path / name, draft="dspark", steps=4, cuda_graphs="all"), tok)
         calls = []
         prepare = tr.update.prepare
-        monkeypatch.setattr(tr.update, "prepare", lambda *a: calls.append(a) or prepare(*a))
+        monkeypatch.setattr(tr.update, "prepare", lambda *a, **kw: calls.append(a) or prepare(*a, **kw))
         shapes = {tr.engine.request_shape(tr.cfg.grpo.rows_per_step,
                                           max(len(chat_prompt(tok, p.prompt_text))
                                               for p in tr.math.problems("train", 2, draw=s)), 10)

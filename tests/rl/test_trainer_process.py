@@ -116,3 +116,39 @@ def test_close_finishes_its_cleanup_when_the_last_checkpoint_write_failed(tmp_pa
     with pytest.raises(RuntimeError, match="disk full"):
         tr.close()
     assert tr._pool is None and gc.isenabled()
+
+
+@pytest.mark.timeout(120)
+def test_warm_up_captures_the_graphed_draft_steps_longest_buckets(tmp_path, tok, monkeypatch):
+    """With a graphed deferred draft step, warm_up runs it (weight 0) on the deferred pass's rows at the two longest
+    sequence buckets a batch can fall in, leaving no gradient, no optimizer state and the weights as they were; the
+    first step's draft call falls in one of those buckets (on a GPU: a replay, not a capture)."""
+    import dataclasses
+
+    import torch
+
+    from repro.rl.draft_graph import DraftTrainStep
+
+    cfg = tiny_config(tmp_path, draft="dflash", steps=1)
+    cfg.draft = dataclasses.replace(cfg.draft, microbatch=4, cuda_graph=True)      # above the policy's 2: deferred
+    tr = CoTrainer(cfg.validate(), tok)
+    calls = []
+    call = DraftTrainStep.__call__
+
+    def spy(self, ids, *a, weight, **kw):
+        calls.append((ids.shape[0], -(-ids.shape[1] // self.seq_bucket) * self.seq_bucket, weight))
+        return call(self, ids, *a, weight=weight, **kw)
+    monkeypatch.setattr(DraftTrainStep, "__call__", spy)
+    weights = [p.detach().clone() for p in tr.update.policy_params + tr.update.draft_params]
+    tr.warm_up()
+    bucket = tr.update.draft_step.seq_bucket
+    assert len(calls) == 2 and calls[1][1] == calls[0][1] + bucket
+    assert all(rows == 4 and w == 0.0 for rows, _, w in calls)
+    params = tr.update.policy_params + tr.update.draft_params
+    assert all(p.grad is None for p in params) and not tr.update.optimizer.state
+    assert all(torch.equal(p, w) for p, w in zip(params, weights))
+    prepared = {b for _, b, _ in calls}
+    calls.clear()
+    tr.train_step(0)
+    assert len(calls) == 1 and calls[0][1] in prepared
+    tr.close()
