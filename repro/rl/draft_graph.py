@@ -35,7 +35,7 @@ from repro.decoding.cuda_graph import GraphedCallable
 from repro.models.block_draft import sample_anchors
 
 
-def _pad_rows(x: torch.Tensor, length: int) -> torch.Tensor:
+def pad_rows(x: torch.Tensor, length: int) -> torch.Tensor:
     """``x [B, S, ...]`` right-padded with zeros to ``[B, length, ...]``."""
     extra = length - x.shape[1]
     if extra == 0:
@@ -60,6 +60,10 @@ class DraftTrainStep:
         # the sum over every bucket met): safe, as each call's loss and gradients are read before the next call
         self.graph = GraphedCallable(self._loss_and_grads, f"{type(draft).__name__}.train_step", enabled=cuda_graphs,
                                      shared_pool=True)
+
+    def bucket_length(self, length: int) -> int:
+        """The padded length a call over rows of ``length`` tokens runs (and is captured) at."""
+        return -(-length // self.seq_bucket) * self.seq_bucket
 
     def status(self) -> dict:
         return self.graph.status()
@@ -88,10 +92,9 @@ class DraftTrainStep:
         draft's ``.grad``. ``taps [B, S, F]`` are the draft's fused taps (``TargetFeatures.concat``),
         ``loss_mask`` its prediction mask (repro.rl.joint.draft_loss_mask)."""
         anchors = sample_anchors(loss_mask, self.draft.cfg.num_anchors, generator) if self.anchored else ()
-        S = ids.shape[1]
-        length = -(-S // self.seq_bucket) * self.seq_bucket
-        out = self.graph(_pad_rows(ids, length), _pad_rows(loss_mask, length), _pad_rows(policy_logits, length),
-                         _pad_rows(taps, length), *anchors,
+        length = self.bucket_length(ids.shape[1])
+        out = self.graph(pad_rows(ids, length), pad_rows(loss_mask, length), pad_rows(policy_logits, length),
+                         pad_rows(taps, length), *anchors,
                          autocast=str(autocast_dtype).removeprefix("torch.") if autocast_dtype is not None else "")
         loss, grads = out[0].clone(), out[1:]
         with torch.no_grad():

@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.profiler import record_function as phase  # named ranges for torch.profiler (studies/rl_profile)
 
@@ -35,7 +34,7 @@ from repro.core.specs import DraftSpec, GRPOSpec
 from repro.core.timing import StreamSpan
 from repro.models.moe_experts import compiles_whole
 from repro.parallel.draft_interface import DraftBatch, TargetFeatures
-from repro.rl.draft_graph import DraftTrainStep
+from repro.rl.draft_graph import DraftTrainStep, pad_rows
 from repro.rl.drafts import trainable_parameters
 from repro.rl.episodes import RolloutBatch, right_padded
 from repro.rl.grpo import clipped_policy_loss, token_logprobs, train_inference_kl_sum
@@ -51,11 +50,6 @@ _SUMS = {name: i for i, name in enumerate(("policy_loss", "draft_loss", "clip", 
 # kind (a 19-22 s update in step 0 of each process's first row in Table 1's h100 run at 5b96677). Padded, every batch
 # is of one kind. The pads' outputs are dropped before the losses: the update sees the batch's own length.
 LENGTH_MULTIPLE = 8
-
-
-def pad_length(x: torch.Tensor, length: int) -> torch.Tensor:
-    """``x [B, T]`` right-padded with zeros to ``[B, length]``."""
-    return F.pad(x, (0, length - x.shape[1])) if length > x.shape[1] else x
 
 
 def aligned_length(length: int) -> int:
@@ -227,20 +221,18 @@ class JointUpdate:
         batch that first meets a bucket otherwise captures inside a timed step (a draft pass of 0.093 s against
         0.016 s in step 8 of Qwen3-8B/DSpark in Table 1's h100 run at 5b96677)."""
         dev, step = self.policy.device, self.draft_step
-        top = -(-length // step.seq_bucket) * step.seq_bucket
+        top = step.bucket_length(length)
         amp = autocast_or_off(dev.type, self.autocast_dtype)
-        backend = self.COMPILE_BACKEND if self.compile_layers else None
         for n in (top - step.seq_bucket, top):
             if n < 2:
                 continue
-            ids = torch.arange(rows * n, device=dev).view(rows, n) % self.policy.vocab_size
+            ids = self._token_index_rows(rows, n)
             # grad enabled, as in a step: a no-grad forward would compile the layers' inference graph too
-            with amp, no_cudnn_sdpa(dev), compiled_layers(self.policy, backend, purpose="train"):
-                out = self.policy.forward_train(pad_length(ids, aligned_length(n) if backend else n), want_taps=True,
-                                                attention_mask=None)
-            fused = self._features([t[:, :n].detach() for t in out.taps]).concat(self.draft.tap_layers)
-            logits = out.logits[:, :n].detach()
-            del out
+            with amp, no_cudnn_sdpa(dev):
+                logits, taps = self._policy_forward(ids, None)
+            fused = self._features([t.detach() for t in taps]).concat(self.draft.tap_layers)
+            logits = logits.detach()
+            del taps
             mask = draft_loss_mask(torch.ones(rows, n, device=dev))        # float32, as a rollout batch's
             with no_cudnn_sdpa(dev):
                 step(ids, mask, logits, fused, torch.Generator().manual_seed(0), weight=0.0,
@@ -272,14 +264,16 @@ class JointUpdate:
         Every rollout batch is right-padded (``repro.rl.episodes``), so the masked graph is not made: a batch
         padded otherwise would compile it in the step that first meets it, inside the steps the tables average
         (22 s in one update on the H200; the summary counts such steps)."""
-        ids = torch.arange(rows * length, device=dev).view(rows, length) % self.policy.vocab_size
-        amp = autocast_or_off(dev.type, self.autocast_dtype)
-        with amp, no_cudnn_sdpa(dev), compiled_layers(self.policy, self.COMPILE_BACKEND, purpose="train"):
-            out = self.policy.forward_train(ids, want_taps=self.draft is not None, attention_mask=None)
+        with autocast_or_off(dev.type, self.autocast_dtype), no_cudnn_sdpa(dev):
+            logits, _ = self._policy_forward(self._token_index_rows(rows, length), None)
         with no_cudnn_sdpa(dev):
-            out.logits.float().mean().backward()
+            logits.float().mean().backward()
         self.optimizer.zero_grad(set_to_none=True)
         self._graph_compiled = True
+
+    def _token_index_rows(self, rows: int, length: int) -> torch.Tensor:
+        """A stand-in batch ``[rows, length]`` for the warm-up's compiles and captures: token ids 0, 1, 2, ..."""
+        return torch.arange(rows * length, device=self.policy.device).view(rows, length) % self.policy.vocab_size
 
     def _draft_loss(self, ids, mask, policy_logits, taps, gen) -> torch.Tensor:
         """The draft's loss on rows ``ids`` given the policy's (detached) logits and taps of those rows."""
@@ -320,13 +314,7 @@ class JointUpdate:
         draft loss) or None). With ``kept`` (a list) the draft does not run here: the microbatch's detached
         taps and logits are appended to it for ``_deferred_draft``."""
         att_mb = None if att is None else att[sl]
-        S = ids.shape[1]
-        T = aligned_length(S) if self.compile_layers else S     # the compiled graph's kind of length (above)
-        with compiled_layers(self.policy, self.COMPILE_BACKEND if self.compile_layers else None, purpose="train"):
-            out = self.policy.forward_train(pad_length(ids[sl], T), want_taps=self.draft is not None,
-                                            attention_mask=None if att_mb is None else pad_length(att_mb, T))
-        # the pads' outputs dropped: causal attention keeps them out of every real position's
-        logits, taps = out.logits[:, :S], [t[:, :S] for t in out.taps or ()]
+        logits, taps = self._policy_forward(ids[sl], att_mb)
         logp = token_logprobs(logits, ids[sl], temperature)
         ref_lp = None
         if self.grpo.kl_coef:
@@ -346,6 +334,18 @@ class JointUpdate:
         span.stop()
         frac = (sl.stop - sl.start) / B
         return loss, loss + lam * frac * dl, logp, st, (span, dl.detach().double() * frac)
+
+    def _policy_forward(self, ids: torch.Tensor, att: torch.Tensor | None) -> tuple[torch.Tensor, list]:
+        """The update's policy forward over rows ``ids [B, S]`` (``att``: their padding mask, or None): (logits, taps,
+        empty without a draft), each ``[B, S, ...]``. Compiled, the rows run right-padded to a multiple of
+        ``LENGTH_MULTIPLE`` (the compiled graph's kind of length, above) and the pads' outputs are dropped: causal
+        attention keeps them out of every real position's."""
+        S = ids.shape[1]
+        T = aligned_length(S) if self.compile_layers else S
+        with compiled_layers(self.policy, self.COMPILE_BACKEND if self.compile_layers else None, purpose="train"):
+            out = self.policy.forward_train(pad_rows(ids, T), want_taps=self.draft is not None,
+                                            attention_mask=None if att is None else pad_rows(att, T))
+        return out.logits[:, :S], [t[:, :S] for t in out.taps or ()]
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
