@@ -37,6 +37,25 @@ def excess_error(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y.float() - ref.float()).abs() / (5e-2 + 2.0 ** -7 * ref.float().abs())).max().item()
 
 
+def best_config(configs, call_for, y, ref, what: str, after_timing=None) -> tuple[float, tuple]:
+    """(time in us, config) of the fastest of ``configs``. ``call_for(config)`` is the call to time, writing ``y``;
+    before its timing each config's output is checked against ``ref`` (``y`` set to NaN first, so an output the
+    call leaves unwritten fails), and ``after_timing(config)``, if given, checks what the replays left."""
+    best = None
+    for config in configs:
+        run = call_for(config)
+        y.fill_(float("nan"))
+        run()
+        err = excess_error(y, ref)
+        assert err <= 1, f"{what} {config}: error {err:.3g} of the tolerance"
+        t = graph_time_us(run)
+        if after_timing is not None:
+            after_timing(config)
+        if best is None or t < best[0]:
+            best = (t, config)
+    return best
+
+
 def main():
     torch.manual_seed(0)
     for name, (n, k) in SHAPES.items():
@@ -44,14 +63,8 @@ def main():
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         ref = x.float() @ w.float().T
         y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
-        best = None
-        for bn, bk, warps in CONFIGS:
-            launch(x, w, None, y, block_n=bn, block_k=bk, num_warps=warps)
-            err = excess_error(y, ref)
-            assert err <= 1, f"{name} {(bn, bk, warps)}: error {err:.3g} of the tolerance"
-            t = graph_time_us(lambda: launch(x, w, None, y, block_n=bn, block_k=bk, num_warps=warps))
-            if best is None or t < best[0]:
-                best = (t, (bn, bk, warps))
+        best = best_config(CONFIGS, lambda c: lambda: launch(x, w, None, y, block_n=c[0], block_k=c[1],
+                                                             num_warps=c[2]), y, ref, name)
         err = (gemv(x, w).float() - ref).abs().max().item()
         t_op, t_cublas = graph_time_us(lambda: gemv(x, w)), graph_time_us(lambda: F.linear(x, w))
         gbs = lambda t: n * k * 2 / t / 1e3
@@ -66,16 +79,9 @@ def rows_sweep():
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             ref = x.float() @ w.float().T
             y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
-            best = None
-            for bn, bk, warps, stages in ROW_CONFIGS:
-                run = lambda: launch_rows(x, w, None, y, block_m=16, block_n=bn, block_k=bk, num_warps=warps,
-                                          num_stages=stages)
-                run()
-                err = excess_error(y, ref)
-                assert err <= 1, f"{name} rows {rows} {(bn, bk, warps, stages)}: error {err:.3g} of the tolerance"
-                t = graph_time_us(run)
-                if best is None or t < best[0]:
-                    best = (t, (bn, bk, warps, stages))
+            best = best_config(ROW_CONFIGS, lambda c: lambda: launch_rows(
+                x, w, None, y, block_m=16, block_n=c[0], block_k=c[1], num_warps=c[2], num_stages=c[3]),
+                y, ref, f"{name} rows {rows}")
             t_op, t_cublas = graph_time_us(lambda: gemv(x, w)), graph_time_us(lambda: F.linear(x, w))
             print(f"{name:8s} rows {rows:2d}: cuBLAS {t_cublas:6.2f} us  op {t_op:6.2f} us  best (block_n, block_k, "
                   f"warps, stages) {best[1]} {best[0]:6.2f} us ({n * k * 2 / best[0] / 1e3:5.0f} GB/s)", flush=True)
@@ -95,19 +101,12 @@ def gated_sweep():
         ref = unfused().float()
         configs = (itertools.product((2, 4, 8), (512, 1024), (4, 8), (3,)) if rows == 1
                    else itertools.product((16, 32), (128, 256, 512), (4, 8), (3,)))
-        best = None
-        for bn, bk, warps, stages in configs:
-            if rows == 1:
-                run = lambda: launch(x, w, None, y, block_n=bn, block_k=bk, num_warps=warps, gated=True)
-            else:
-                run = lambda: launch_rows(x, w, None, y, block_m=16, block_n=bn, block_k=bk, num_warps=warps,
-                                          num_stages=stages, gated=True)
-            run()
-            err = excess_error(y, ref)
-            assert err <= 1, f"gated rows {rows} {(bn, bk, warps, stages)}: error {err:.3g} of the tolerance"
-            t = graph_time_us(run)
-            if best is None or t < best[0]:
-                best = (t, (bn, bk, warps, stages))
+        if rows == 1:
+            call_for = lambda c: lambda: launch(x, w, None, y, block_n=c[0], block_k=c[1], num_warps=c[2], gated=True)
+        else:
+            call_for = lambda c: lambda: launch_rows(x, w, None, y, block_m=16, block_n=c[0], block_k=c[1],
+                                                     num_warps=c[2], num_stages=c[3], gated=True)
+        best = best_config(configs, call_for, y, ref, f"gated rows {rows}")
         t_op, t_unfused = graph_time_us(lambda: gemv_silu_mul(x, w)), graph_time_us(unfused)
         print(f"gated rows {rows:2d}: unfused (op + gate) {t_unfused:6.2f} us  gated op {t_op:6.2f} us  best "
               f"(block_n, block_k, warps, stages) {best[1]} {best[0]:6.2f} us", flush=True)
@@ -126,15 +125,8 @@ def fma_sweep():
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             ref = x.float() @ w.float().T
             y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
-            best = None
-            for bn, bk, warps in FMA_CONFIGS:
-                run = lambda: launch_fma(x, w, None, y, block_n=bn, block_k=bk, num_warps=warps)
-                run()
-                err = excess_error(y, ref)
-                assert err <= 1, f"{name} rows {rows} {(bn, bk, warps)}: error {err:.3g} of the tolerance"
-                t = graph_time_us(run)
-                if best is None or t < best[0]:
-                    best = (t, (bn, bk, warps))
+            best = best_config(FMA_CONFIGS, lambda c: lambda: launch_fma(x, w, None, y, block_n=c[0], block_k=c[1],
+                                                                         num_warps=c[2]), y, ref, f"{name} rows {rows}")
             t_op = graph_time_us(lambda: gemv(x, w))
             print(f"{name:8s} rows {rows}: op at one row {t_one:6.2f} us  op (tensor cores) {t_op:6.2f} us  fma best "
                   f"(block_n, block_k, warps) {best[1]} {best[0]:6.2f} us", flush=True)
@@ -155,17 +147,13 @@ def splitk_sweep():
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             ref = x.float() @ w.float().T
             y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
-            best = None
-            for bn, bk, split in SPLITK_CONFIGS:
-                run = lambda: launch_splitk(x, w, None, y, lock, block_n=bn, block_k=bk, split_k=split, num_warps=4)
-                y.fill_(float("nan"))
-                run()
-                err = excess_error(y, ref)
-                assert err <= 1, f"{name} rows {rows} {(bn, bk, split)}: error {err:.3g} of the tolerance"
-                t = graph_time_us(run)
-                assert lock.count_nonzero().item() == 0, f"{name} {(bn, bk, split)}: counters left set"
-                if best is None or t < best[0]:
-                    best = (t, (bn, bk, split))
+
+            def counters_zeroed(c):
+                assert lock.count_nonzero().item() == 0, f"{name} {c}: counters left set"
+
+            best = best_config(SPLITK_CONFIGS, lambda c: lambda: launch_splitk(
+                x, w, None, y, lock, block_n=c[0], block_k=c[1], split_k=c[2], num_warps=4),
+                y, ref, f"{name} rows {rows}", after_timing=counters_zeroed)
             y.fill_(float("nan"))
             bn, bk, split = best[1]
             launch_splitk(x, w, None, y, lock, block_n=bn, block_k=bk, split_k=split, num_warps=4)
