@@ -1,6 +1,5 @@
 """The candidate few-row kernel against fp64 (Triton's interpreter on CPU, as tests/rollout/test_decode_linear.py
 runs the op's kernels), and its IR for an sm90 target."""
-import os
 import sys
 from pathlib import Path
 
@@ -15,12 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("rows", [1, 3, 5, 8])
 def test_fma_kernel_matches_fp64(rows):
-    if torch.cuda.is_available():
-        device, dtype, rtol, atol = "cuda", torch.bfloat16, 2e-2, 1e-1
-    elif os.environ.get("TRITON_INTERPRET") == "1":
-        device, dtype, rtol, atol = "cpu", torch.float32, 1e-5, 1e-4
-    else:
-        pytest.skip("without a GPU these checks run the kernel under Triton's interpreter")
+    from triton_ir import kernel_check_setting
+    device, dtype, rtol, atol = kernel_check_setting()
     from studies.gemv.rows_fma import launch_fma
     g = torch.Generator().manual_seed(rows)
     n, k = 37, 200                                        # neither a multiple of the tiles

@@ -1,6 +1,5 @@
 """The split-K candidate against fp64 (Triton's interpreter on CPU), with the counters left zeroed for the next call,
 and its IR for an sm90 target."""
-import os
 import sys
 from pathlib import Path
 
@@ -14,12 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("rows,split_k", [(1, 2), (5, 3), (9, 4), (16, 8)])
 def test_splitk_kernel_matches_fp64(rows, split_k):
-    if torch.cuda.is_available():
-        device, dtype, rtol, atol = "cuda", torch.bfloat16, 2e-2, 1e-1
-    elif os.environ.get("TRITON_INTERPRET") == "1":
-        device, dtype, rtol, atol = "cpu", torch.float32, 1e-5, 1e-4
-    else:
-        pytest.skip("without a GPU these checks run the kernel under Triton's interpreter")
+    from triton_ir import kernel_check_setting
+    device, dtype, rtol, atol = kernel_check_setting()
     from studies.gemv.rows_splitk import launch_splitk
     g = torch.Generator().manual_seed(rows)
     n, k = 37, 200          # neither a multiple of the tiles; at 8 slices of 32 the last two slices are empty

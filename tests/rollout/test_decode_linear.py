@@ -6,7 +6,6 @@ an fp64 product under Triton's interpreter (on a GPU, compiled, on bf16 tensors)
 
     .venv/bin/python -m pytest -q tests/rollout/test_decode_linear.py
 """
-import os
 
 import pytest
 import torch
@@ -93,12 +92,8 @@ def test_kernels_match_fp64(rows):
     """Under Triton's interpreter on CPU fp32 tensors, or compiled on a GPU's bf16 ones (to bf16's rounding)."""
     if dl.gemv_triton is None:
         pytest.skip("Triton does not import here")
-    if torch.cuda.is_available():
-        device, dtype, rtol, atol = "cuda", torch.bfloat16, 2e-2, 1e-1
-    elif os.environ.get("TRITON_INTERPRET") == "1":
-        device, dtype, rtol, atol = "cpu", torch.float32, 1e-5, 1e-4
-    else:
-        pytest.skip("without a GPU these checks run the kernels under Triton's interpreter")
+    from triton_ir import kernel_check_setting
+    device, dtype, rtol, atol = kernel_check_setting()
     gt = dl.gemv_triton
     g = torch.Generator().manual_seed(rows)
     n, k = 37, 200                                        # neither a multiple of the tiles
