@@ -112,24 +112,31 @@ def gated_sweep():
               f"(block_n, block_k, warps, stages) {best[1]} {best[0]:6.2f} us", flush=True)
 
 
+def candidate_cases(names, row_counts):
+    """The cases a few-row candidate kernel is timed on: for each shape in ``names`` and each row count, (name,
+    rows, x, w, y, fp32 reference, the op's time for one row of that shape)."""
+    for name in names:
+        n, k = SHAPES[name]
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        x1 = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        t_one = graph_time_us(lambda: gemv(x1, w))
+        for rows in row_counts:
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+            yield name, rows, x, w, y, x.float() @ w.float().T, t_one
+
+
 FMA_CONFIGS = list(itertools.product((2, 4, 8), (128, 256, 512), (4, 8)))    # block_n, block_k, warps
 
 
 def fma_sweep():
     from studies.gemv.rows_fma import launch_fma
-    for name, (n, k) in SHAPES.items():
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
-        x1 = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        t_one = graph_time_us(lambda: gemv(x1, w))
-        for rows in (2, 5, 8):
-            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-            ref = x.float() @ w.float().T
-            y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
-            best = best_config(FMA_CONFIGS, lambda c: lambda: launch_fma(x, w, None, y, block_n=c[0], block_k=c[1],
-                                                                         num_warps=c[2]), y, ref, f"{name} rows {rows}")
-            t_op = graph_time_us(lambda: gemv(x, w))
-            print(f"{name:8s} rows {rows}: op at one row {t_one:6.2f} us  op (tensor cores) {t_op:6.2f} us  fma best "
-                  f"(block_n, block_k, warps) {best[1]} {best[0]:6.2f} us", flush=True)
+    for name, rows, x, w, y, ref, t_one in candidate_cases(SHAPES, (2, 5, 8)):
+        best = best_config(FMA_CONFIGS, lambda c: lambda: launch_fma(x, w, None, y, block_n=c[0], block_k=c[1],
+                                                                     num_warps=c[2]), y, ref, f"{name} rows {rows}")
+        t_op = graph_time_us(lambda: gemv(x, w))
+        print(f"{name:8s} rows {rows}: op at one row {t_one:6.2f} us  op (tensor cores) {t_op:6.2f} us  fma best "
+              f"(block_n, block_k, warps) {best[1]} {best[0]:6.2f} us", flush=True)
 
 
 SPLITK_CONFIGS = list(itertools.product((16, 32), (128, 256, 512), (2, 4, 8)))    # block_n, block_k, split_k
@@ -138,29 +145,21 @@ SPLITK_CONFIGS = list(itertools.product((16, 32), (128, 256, 512), (2, 4, 8)))  
 def splitk_sweep():
     from studies.gemv.rows_splitk import LOCK_SLOTS, launch_splitk
     lock = torch.zeros(LOCK_SLOTS, dtype=torch.int32, device="cuda")
-    for name in ("o", "down", "head"):
-        n, k = SHAPES[name]
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
-        x1 = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        t_one = graph_time_us(lambda: gemv(x1, w))
-        for rows in (2, 5, 9):
-            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-            ref = x.float() @ w.float().T
-            y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+    for name, rows, x, w, y, ref, t_one in candidate_cases(("o", "down", "head"), (2, 5, 9)):
 
-            def counters_zeroed(c):
-                assert lock.count_nonzero().item() == 0, f"{name} {c}: counters left set"
+        def counters_zeroed(c):
+            assert lock.count_nonzero().item() == 0, f"{name} {c}: counters left set"
 
-            best = best_config(SPLITK_CONFIGS, lambda c: lambda: launch_splitk(
-                x, w, None, y, lock, block_n=c[0], block_k=c[1], split_k=c[2], num_warps=4),
-                y, ref, f"{name} rows {rows}", after_timing=counters_zeroed)
-            y.fill_(float("nan"))
-            bn, bk, split = best[1]
-            launch_splitk(x, w, None, y, lock, block_n=bn, block_k=bk, split_k=split, num_warps=4)
-            assert excess_error(y, ref) <= 1, f"{name} rows {rows}: the best config's output after its timing"
-            t_op = graph_time_us(lambda: gemv(x, w))
-            print(f"{name:8s} rows {rows}: op at one row {t_one:6.2f} us  op (tensor cores) {t_op:6.2f} us  split-K "
-                  f"best (block_n, block_k, split_k) {best[1]} {best[0]:6.2f} us", flush=True)
+        best = best_config(SPLITK_CONFIGS, lambda c: lambda: launch_splitk(
+            x, w, None, y, lock, block_n=c[0], block_k=c[1], split_k=c[2], num_warps=4),
+            y, ref, f"{name} rows {rows}", after_timing=counters_zeroed)
+        y.fill_(float("nan"))
+        bn, bk, split = best[1]
+        launch_splitk(x, w, None, y, lock, block_n=bn, block_k=bk, split_k=split, num_warps=4)
+        assert excess_error(y, ref) <= 1, f"{name} rows {rows}: the best config's output after its timing"
+        t_op = graph_time_us(lambda: gemv(x, w))
+        print(f"{name:8s} rows {rows}: op at one row {t_one:6.2f} us  op (tensor cores) {t_op:6.2f} us  split-K "
+              f"best (block_n, block_k, split_k) {best[1]} {best[0]:6.2f} us", flush=True)
 
 
 if __name__ == "__main__":
