@@ -53,6 +53,7 @@ LENGTH_MULTIPLE = 8
 
 
 def aligned_length(length: int) -> int:
+    """``length`` rounded up to a multiple of ``LENGTH_MULTIPLE``."""
     return -(-length // LENGTH_MULTIPLE) * LENGTH_MULTIPLE
 
 

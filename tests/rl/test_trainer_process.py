@@ -136,7 +136,7 @@ def test_warm_up_captures_the_graphed_draft_steps_longest_buckets(tmp_path, tok,
     call = DraftTrainStep.__call__
 
     def spy(self, ids, *a, weight, **kw):
-        calls.append((ids.shape[0], -(-ids.shape[1] // self.seq_bucket) * self.seq_bucket, weight))
+        calls.append((ids.shape[0], self.bucket_length(ids.shape[1]), weight))
         return call(self, ids, *a, weight=weight, **kw)
     monkeypatch.setattr(DraftTrainStep, "__call__", spy)
     weights = [p.detach().clone() for p in tr.update.policy_params + tr.update.draft_params]
