@@ -1,10 +1,16 @@
 """publish: this machine's finished runs of a profile as reference data, for other clones to draw beside theirs.
 
-Copies every finished run folder under ``--runs`` (results/<machine>/<label>/) into ``--out``
-(results/reference/<machine>/<label>/), leaving out what is rebuilt or too large for git (checkpoints, warm-start
-weights, W&B's own files), and writes a README there: what was measured, on which machine, from which commit, and
-the command that reproduces it. The copy is built beside the destination and swapped in at the end, so an
-interrupted publish leaves the previous reference data as it was.
+Copies the artifacts finished under ``--runs`` (results/<machine>/<label>/) into ``--out``
+(results/reference/<machine>/<label>/). An artifact is a top folder of ``--runs`` (table1/, fig6/, ...) holding at
+least one finished run (env.json finished: true). It is copied whole, less its unfinished runs and what is rebuilt
+or too large for git (checkpoints, warm-start weights, W&B's own files).
+
+By default the reference's other artifacts stay, so a machine that ran only some targets publishes those. An
+artifact replaced by another commit's run keeps its summary (summary/summary.json or bench.json) in logs/ as
+``<artifact>-<sha7>.<name>``, named by the commit that measured it. ``--replace`` makes the folder this machine's
+runs alone. Where the folder has no README, one is written: what was measured, on which machine, from which
+commit, and how to reproduce it; a README already there is kept (say in it what changed). The copy is built beside
+the destination and swapped in at the end, so an interrupted publish leaves the previous reference data as it was.
 
     python -m repro.report.publish --runs results/cpu-2c-amd-epyc/cpu-tiny \\
         --out results/reference/cpu-2c-amd-epyc/cpu-tiny
@@ -25,29 +31,66 @@ from repro.core.metrics import ENV
 
 SKIP_DIRS = {"ckpt", "wandb", "__pycache__"}
 SKIP_SUFFIXES = (".pt", ".tmp", ".lock")
+SUMMARIES = ("summary/summary.json", "bench.json")   # an artifact's summary, kept in logs/ when it is replaced
+LOGS = "logs"
+
+
+def _finished(env: Path) -> bool:
+    try:
+        return bool(json.loads(env.read_text()).get("finished", False))
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def _skipped(rel: Path) -> bool:
+    return bool(SKIP_DIRS & set(rel.parts)) or rel.suffix in SKIP_SUFFIXES
 
 
 def finished_runs(root: Path) -> list[Path]:
     """Run folders under ``root`` whose logger closed cleanly (env.json finished: true)."""
-    out = []
-    for env in sorted(root.rglob(ENV)):
-        if SKIP_DIRS & set(env.relative_to(root).parts):
-            continue
-        try:
-            if json.loads(env.read_text()).get("finished", False):
-                out.append(env.parent)
-        except json.JSONDecodeError:
-            continue
+    return [env.parent for env in sorted(root.rglob(ENV))
+            if not _skipped(env.relative_to(root)) and _finished(env)]
+
+
+def finished_artifacts(root: Path) -> dict[str, list[Path]]:
+    """Top folders of ``root`` holding at least one finished run -> those runs."""
+    out: dict[str, list[Path]] = {}
+    for run in finished_runs(root):
+        out.setdefault(run.relative_to(root).parts[0], []).append(run)
     return out
 
 
-def _copy_tree(src: Path, dst: Path) -> None:
+def _copy_artifact(src: Path, dst: Path) -> None:
+    """``src`` into ``dst``, less the skipped paths and the folders of runs that did not finish."""
+    unfinished = [env.parent for env in src.rglob(ENV) if not _finished(env)]
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
-        if SKIP_DIRS & set(rel.parts) or path.suffix in SKIP_SUFFIXES or not path.is_file():
+        if _skipped(rel) or not path.is_file() or any(u == path or u in path.parents for u in unfinished):
             continue
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, dst / rel)
+
+
+def _measured_by(folder: Path) -> str:
+    """The commit (7 hex digits) that measured an artifact folder, from its runs' env.json."""
+    for env in sorted(folder.rglob(ENV)):
+        try:
+            sha = json.loads(env.read_text()).get("git", {}).get("sha")
+        except (OSError, json.JSONDecodeError):
+            continue
+        if sha:
+            return sha[:7]
+    return "unknown"
+
+
+def _keep_summary(old: Path, logs: Path, artifact: str) -> Path | None:
+    for name in SUMMARIES:
+        if (old / name).is_file():
+            logs.mkdir(parents=True, exist_ok=True)
+            kept = logs / f"{artifact}-{_measured_by(old)}.{Path(name).name}"
+            shutil.copy2(old / name, kept)
+            return kept
+    return None
 
 
 def readme(runs: list[Path], root: Path, label: str) -> str:
@@ -77,16 +120,34 @@ def readme(runs: list[Path], root: Path, label: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def publish(runs_root: Path, out: Path) -> list[Path]:
-    runs = finished_runs(runs_root)
-    if not runs:
+def publish(runs_root: Path, out: Path, replace: bool = False) -> dict[str, list[Path]]:
+    """Copy the finished artifacts of ``runs_root`` into ``out`` (merged into it unless ``replace``); returns them."""
+    artifacts = finished_artifacts(runs_root)
+    if not artifacts:
         raise FileNotFoundError(f"{runs_root}: no finished run folder to publish (run the profile's targets first)")
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        for run in runs:
-            _copy_tree(run, stage / run.relative_to(runs_root))
-        write_atomic(stage / "README.md", readme(runs, runs_root, out.name))
+        if out.is_dir() and not replace:
+            shutil.copytree(out, stage, dirs_exist_ok=True)
+        for artifact in artifacts:
+            old = stage / artifact
+            if old.is_dir():
+                if _measured_by(old) != _measured_by(runs_root / artifact):
+                    _keep_summary(old, stage / LOGS, artifact)
+                dropped = sorted({e.parent.relative_to(stage) for e in old.rglob(ENV)}
+                                 - {r.relative_to(runs_root) for r in artifacts[artifact]})
+                if dropped:
+                    print(f"publish: {artifact}: the reference's runs {[str(d) for d in dropped]} are not among "
+                          "this machine's finished runs and are dropped with the artifact it replaces",
+                          file=sys.stderr)
+                shutil.rmtree(old)
+            _copy_artifact(runs_root / artifact, stage / artifact)
+        if not (stage / "README.md").exists():
+            write_atomic(stage / "README.md", readme(finished_runs(stage), stage, out.name))
+        else:
+            print(f"publish: {out / 'README.md'} kept: say there which commit measured {sorted(artifacts)}",
+                  file=sys.stderr)
         old = out.with_name(f".{out.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         if out.exists():
@@ -96,20 +157,25 @@ def publish(runs_root: Path, out: Path) -> list[Path]:
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    return runs
+    return artifacts
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Copy this machine's finished runs into results/reference/.")
+    ap = argparse.ArgumentParser(description="Copy this machine's finished artifacts into results/reference/, "
+                                             "keeping the reference's other artifacts unless --replace.")
     ap.add_argument("--runs", type=Path, required=True, help="this machine's runs: results/<machine>/<label>")
     ap.add_argument("--out", type=Path, required=True, help="results/reference/<machine>/<label>")
+    ap.add_argument("--replace", action="store_true",
+                    help="make --out this machine's finished runs alone (default: replace only the artifacts "
+                         "finished here, keeping the others and their logs)")
     args = ap.parse_args(argv)
     try:
-        runs = publish(args.runs, args.out)
+        artifacts = publish(args.runs, args.out, replace=args.replace)
     except FileNotFoundError as exc:
         print(f"publish: error: {exc}", file=sys.stderr)
         return 2
-    print(f"publish: {len(runs)} run folders -> {args.out}")
+    n = sum(len(r) for r in artifacts.values())
+    print(f"publish: {', '.join(sorted(artifacts))} ({n} finished run folders) -> {args.out}")
     return 0
 
 
