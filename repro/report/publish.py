@@ -8,9 +8,10 @@ or too large for git (checkpoints, warm-start weights, W&B's own files).
 By default the reference's other artifacts stay, so a machine that ran only some targets publishes those. An
 artifact replaced by another commit's run keeps its summary (summary/summary.json or bench.json) in logs/ as
 ``<artifact>-<sha7>.<name>``, named by the commit that measured it. ``--replace`` makes the folder this machine's
-runs alone. Where the folder has no README, one is written: what was measured, on which machine, from which
-commit, and how to reproduce it; a README already there is kept (say in it what changed). The copy is built beside
-the destination and swapped in at the end, so an interrupted publish leaves the previous reference data as it was.
+runs alone. Where the folder has no README, or the one this tool wrote there, one is written: what was measured,
+on which machine, from which commit, and how to reproduce it; a README edited by hand is kept (say in it what
+changed). The copy is built beside the destination and swapped in at the end, so an interrupted publish leaves the
+previous reference data as it was.
 
     python -m repro.report.publish --runs results/cpu-2c-amd-epyc/cpu-tiny \\
         --out results/reference/cpu-2c-amd-epyc/cpu-tiny
@@ -56,6 +57,8 @@ def finished_artifacts(root: Path) -> dict[str, list[Path]]:
     """Top folders of ``root`` holding at least one finished run -> those runs."""
     out: dict[str, list[Path]] = {}
     for run in finished_runs(root):
+        if run == root:
+            continue
         out.setdefault(run.relative_to(root).parts[0], []).append(run)
     return out
 
@@ -128,8 +131,11 @@ def publish(runs_root: Path, out: Path, replace: bool = False) -> dict[str, list
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        generated = False
         if out.is_dir() and not replace:
             shutil.copytree(out, stage, dirs_exist_ok=True)
+            kept = stage / "README.md"
+            generated = kept.is_file() and kept.read_text() == readme(finished_runs(stage), stage, out.name)
         for artifact in artifacts:
             old = stage / artifact
             if old.is_dir():
@@ -143,7 +149,7 @@ def publish(runs_root: Path, out: Path, replace: bool = False) -> dict[str, list
                           file=sys.stderr)
                 shutil.rmtree(old)
             _copy_artifact(runs_root / artifact, stage / artifact)
-        if not (stage / "README.md").exists():
+        if generated or not (stage / "README.md").exists():         # one this tool wrote is rewritten
             write_atomic(stage / "README.md", readme(finished_runs(stage), stage, out.name))
         else:
             print(f"publish: {out / 'README.md'} kept: say there which commit measured {sorted(artifacts)}",

@@ -99,11 +99,18 @@ def test_replace_makes_the_folder_this_machines_runs_alone(tmp_path, reference):
     assert "`bbbbbbbbbb` (1 run)" in text and "1x GPU" in text and "profile=h200" in text
 
 
-def test_a_new_folder_gets_a_readme(tmp_path):
+def test_the_readme_it_wrote_follows_the_folder_and_one_edited_by_hand_stays(tmp_path):
     runs, out = tmp_path / "results" / "hw" / "cpu-tiny", tmp_path / "reference" / "hw" / "cpu-tiny"
     run(runs / "table1" / "row", "table1", "d")
     pub.publish(runs, out)
     assert "snakemake -c all table1 --config profile=cpu-tiny" in (out / "README.md").read_text()
+    run(runs / "fig6", "fig6", "e", files=("bench.json",))
+    pub.publish(runs, out)                                  # the written README now names both artifacts
+    text = (out / "README.md").read_text()
+    assert "snakemake -c all table1 fig6 --config profile=cpu-tiny" in text and "`eeeeeeeeee` (1 run)" in text
+    (out / "README.md").write_text(text + "A note by hand.\n")
+    pub.publish(runs, out)
+    assert (out / "README.md").read_text().endswith("A note by hand.\n")
 
 
 def test_nothing_finished_is_an_error_and_leaves_the_reference(tmp_path, reference, capsys):
