@@ -68,7 +68,7 @@ def _copy_artifact(src: Path, dst: Path) -> None:
     unfinished = [env.parent for env in src.rglob(ENV) if not _finished(env)]
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
-        if _skipped(rel) or not path.is_file() or any(u == path or u in path.parents for u in unfinished):
+        if _skipped(rel) or not path.is_file() or any(u in path.parents for u in unfinished):
             continue
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, dst / rel)
@@ -86,14 +86,13 @@ def _measured_by(folder: Path) -> str:
     return "unknown"
 
 
-def _keep_summary(old: Path, logs: Path, artifact: str) -> Path | None:
+def _keep_summary(old: Path, logs: Path, artifact: str) -> None:
+    """The replaced artifact's summary into ``logs/<artifact>-<sha7>.<name>`` (the first of SUMMARIES it has)."""
     for name in SUMMARIES:
         if (old / name).is_file():
             logs.mkdir(parents=True, exist_ok=True)
-            kept = logs / f"{artifact}-{_measured_by(old)}.{Path(name).name}"
-            shutil.copy2(old / name, kept)
-            return kept
-    return None
+            shutil.copy2(old / name, logs / f"{artifact}-{_measured_by(old)}.{Path(name).name}")
+            return
 
 
 def readme(runs: list[Path], root: Path, label: str) -> str:
