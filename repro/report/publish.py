@@ -36,11 +36,16 @@ SUMMARIES = ("summary/summary.json", "bench.json")   # an artifact's summary, ke
 LOGS = "logs"
 
 
-def _finished(env: Path) -> bool:
+def _env(path: Path) -> dict:
+    """A run's env.json, or {} where it cannot be read (a half-written run folder counts as unfinished)."""
     try:
-        return bool(json.loads(env.read_text()).get("finished", False))
+        return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
-        return False
+        return {}
+
+
+def _finished(env: Path) -> bool:
+    return bool(_env(env).get("finished", False))
 
 
 def _skipped(rel: Path) -> bool:
@@ -76,14 +81,8 @@ def _copy_artifact(src: Path, dst: Path) -> None:
 
 def _measured_by(folder: Path) -> str:
     """The commit (7 hex digits) that measured an artifact folder, from its runs' env.json."""
-    for env in sorted(folder.rglob(ENV)):
-        try:
-            sha = json.loads(env.read_text()).get("git", {}).get("sha")
-        except (OSError, json.JSONDecodeError):
-            continue
-        if sha:
-            return sha[:7]
-    return "unknown"
+    shas = (_env(env).get("git", {}).get("sha") for env in sorted(folder.rglob(ENV)))
+    return next((sha[:7] for sha in shas if sha), "unknown")
 
 
 def _keep_summary(old: Path, logs: Path, artifact: str) -> None:
