@@ -96,6 +96,7 @@ def _copy_into(dst: Any, src: Any) -> None:
 
 class GraphedCallable:
     total_captures = 0       # every capture in this process (trainers log it: train/graph_captures)
+    captured: list[str] = []  # the name of each of those captures, in order (a trainer names a step's own)
     emulate_replay = False   # tests: replay semantics on CPU (see the module docstring)
 
     def __init__(self, fn: Callable[..., Any], name: str, *, enabled: bool = True, warmup: int = 2,
@@ -142,8 +143,7 @@ class GraphedCallable:
                 self.eager_calls += 1
                 return self.fn(*inputs, **settings)
             self._graphs[k] = entry
-            self.captures += 1
-            GraphedCallable.total_captures += 1
+            self._count_capture()
         graph, static_in, static_out = entry
         for s, x in zip(static_in, inputs):
             if s is not x:
@@ -151,6 +151,11 @@ class GraphedCallable:
         graph.replay()
         self.replays += 1
         return static_out
+
+    def _count_capture(self) -> None:
+        self.captures += 1
+        GraphedCallable.total_captures += 1
+        GraphedCallable.captured.append(self.name)
 
     def _capture_or_fall_back(self, inputs: tuple[torch.Tensor, ...], settings: dict[str, Hashable]):
         """Capture (warm-up included), once more if the first attempt fails; None (and ``fallback_reason`` set)
@@ -187,8 +192,7 @@ class GraphedCallable:
             for _ in range(self.warmup):
                 self.fn(*static_in, **settings)
             entry = self._graphs[k] = (None, static_in, self.fn(*static_in, **settings))
-            self.captures += 1
-            GraphedCallable.total_captures += 1
+            self._count_capture()
             return entry[2]
         _, static_in, static_out = entry
         for s, x in zip(static_in, inputs):

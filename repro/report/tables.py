@@ -20,17 +20,28 @@ def latest(tidy: pd.DataFrame) -> pd.DataFrame:
     return t.groupby(["hardware", "hardware_label", "row", "metric"], as_index=False).last()
 
 
+# per-step work that belongs in a run's warm-up: the summary metric counting the averaged steps that did it, what
+# they did, and the metrics.jsonl column that tells which steps
+WARM_UP_WORK = {"averaged_steps_compiling": ("Times include compilations: dynamo compiled graphs", "compilation",
+                                             "train/compiled_graphs"),
+                "averaged_steps_capturing": ("Times include CUDA graph captures: graphs were captured", "captures",
+                                             "train/step_graph_captures")}
+
+
 def compiling_notes(tidy: pd.DataFrame) -> list[str]:
-    """The table note naming the rows whose averaged steps compiled graphs (``averaged_steps_compiling`` of
-    repro.rl.summary): one note, or none when no row's did."""
-    hits = latest(tidy[tidy["metric"] == "averaged_steps_compiling"])
-    hits = hits[hits["value"] > 0]
-    if hits.empty:
-        return []
-    where = ", ".join(f"{r.row} on {r.hardware} ({r.value:.0f})" for r in hits.itertuples())
-    return ["Times include compilations: dynamo compiled graphs inside averaged steps of " + where + " (steps "
-            "in brackets; train/compiled_graphs in each run's metrics.jsonl); those rows' times and speedups carry "
-            "the compilation."]
+    """The table notes naming the rows whose averaged steps compiled or captured graphs
+    (``averaged_steps_compiling`` / ``averaged_steps_capturing`` of repro.rl.summary): one note for each kind some
+    row's did."""
+    notes = []
+    for metric, (what, work, column) in WARM_UP_WORK.items():
+        hits = latest(tidy[tidy["metric"] == metric])
+        hits = hits[hits["value"] > 0]
+        if hits.empty:
+            continue
+        where = ", ".join(f"{r.row} on {r.hardware} ({r.value:.0f})" for r in hits.itertuples())
+        notes.append(f"{what} inside averaged steps of {where} (steps in brackets; {column} in each run's "
+                     f"metrics.jsonl); those rows' times and speedups carry the {work}.")
+    return notes
 
 
 def format_value(value, digits: int = 3) -> str:

@@ -99,13 +99,15 @@ def _pack(seqs: list[list[int]], masks: list[list[float]], lps: list[list[float]
 
 def math_rollout(engine: RolloutEngine, tok: WorkloadTokenizer, problems: Sequence[MathProblem], *,
                  group_size: int, max_new_tokens: int, temperature: float, seed: int,
-                 greedy: bool = False) -> RolloutBatch:
-    """``group_size`` sampled responses per problem (groups consecutive), scored by DAPO's rule."""
+                 greedy: bool = False, every_step: bool = False) -> RolloutBatch:
+    """``group_size`` sampled responses per problem (groups consecutive), scored by DAPO's rule. ``every_step``:
+    the engine runs every step the request could take (a warm-up's; ``RolloutEngine.generate``)."""
     encoded = [chat_prompt(tok, p.prompt_text) for p in problems]      # once per problem, not per sample
     prompts = [list(e) for e in encoded for _ in range(group_size)]
     t0 = time.perf_counter()
+    extra = {"every_step": True} if every_step else {}      # only the suite's engine has it (not the vLLM backend)
     out = engine.generate(prompts, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
-                          stop_tokens=[tok.eos_id], seed=seed)
+                          stop_tokens=[tok.eos_id], seed=seed, **extra)
     elapsed = time.perf_counter() - t0
     answers = [p.answer for p in problems for _ in range(group_size)]
     rewards = torch.tensor([dapo_reward(tok.decode(t), a) for t, a in zip(out.tokens, answers)])

@@ -155,6 +155,9 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
         compiled = _col(s, "train/compiled_graphs")
         if compiled:     # averaged steps in which dynamo compiled: their times hold the compilation
             m["averaged_steps_compiling"] = float(sum(1 for c in compiled if c > 0))
+        captured = _col(s, "train/step_graph_captures")
+        if captured:     # averaged steps that captured CUDA graphs: their times hold the captures
+            m["averaged_steps_capturing"] = float(sum(1 for c in captured if c > 0))
         m["train_inference_kl"] = _mean(_col(s, "train/train_inference_kl"))
         m["reward"] = _mean(_col(s, "train/reward"))
         if _col(s, "train/tap_wait_s"):
@@ -275,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         if metrics.get("averaged_steps_compiling"):
             print(f"summary: warning: row {row!r}: {metrics['averaged_steps_compiling']:.0f} of the averaged steps "
                   "compiled graphs (their times include the compilation; see train/compiled_graphs in its "
+                  "metrics.jsonl)", file=sys.stderr)
+        if metrics.get("averaged_steps_capturing"):
+            print(f"summary: warning: row {row!r}: {metrics['averaged_steps_capturing']:.0f} of the averaged steps "
+                  "captured CUDA graphs (their times include the captures; see train/step_graph_captures in its "
                   "metrics.jsonl)", file=sys.stderr)
     return 0
 

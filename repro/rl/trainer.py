@@ -221,7 +221,9 @@ class CoTrainer:
             torch.cuda.synchronize()
         return time.perf_counter() - t0, moved
 
-    def rollout(self, step: int, *, split: str = "train", greedy: bool = False) -> RolloutBatch:
+    def rollout(self, step: int, *, split: str = "train", greedy: bool = False,
+                every_step: bool = False) -> RolloutBatch:
+        """The rollouts of step ``step`` (``every_step``: warm_up's, math workload only)."""
         g, c = self.cfg.grpo, self.cfg
         seed = c.rollout_seed * 100003 + step * 7 + (1 if split != "train" else 0)
         if self.math is not None:
@@ -230,7 +232,9 @@ class CoTrainer:
             else:
                 items, group = self.math.problems("heldout", c.workload.val_size), 1
             return math_rollout(self.engine, self.tok, items, group_size=group, max_new_tokens=g.max_new_tokens,
-                                temperature=g.temperature, seed=seed, greedy=greedy)
+                                temperature=g.temperature, seed=seed, greedy=greedy, every_step=every_step)
+        if every_step:
+            raise ValueError("every_step=True is for the math workload's warm-up (multi-turn episodes are not warmed)")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=32)
         if split == "train":
@@ -255,7 +259,9 @@ class CoTrainer:
         draft step captures its longest sequence buckets there too) and, on an engine with static caches (graphed on
         a GPU), run one rollout (discarded) for each request shape that the training steps still to run will meet
         (``RolloutEngine.request_shape``: the prompts' bucket and the caches' sizes follow the step's longest
-        prompt), so that graph captures and compilations land here and not inside a step the tables average, a
+        prompt), each for every step a request can take (``every_step``: the attention views grow with the steps,
+        so a later step whose rows run longer would otherwise meet new ones), so that graph captures and
+        compilations land here and not inside a step the tables average, a
         resumed run's first step included. Returns the rollouts run. Training is unchanged: each rollout is seeded
         by its step and nothing of it is kept. Last, every object then alive is frozen out of the garbage
         collector's walks (``repro.core.gc_time``; ``close`` unfreezes them)."""
@@ -279,13 +285,14 @@ class CoTrainer:
             for step, n in longest.items():
                 shape = self.engine.request_shape(g.rows_per_step, n, g.max_new_tokens)
                 first_step.setdefault(shape, step)
-            for step in first_step.values():
-                self.rollout(step)
+            for step in first_step.values():      # each for every step its request can take (see the docstring)
+                self.rollout(step, every_step=True)
             return len(first_step)
 
     def train_step(self, step: int) -> tuple[dict[str, float], RolloutBatch, UpdateStats]:
         checkpoint_wait = wait_for_writes()      # no checkpoint write of this process runs beside the timed step
         graphs0, start_us, gc0 = _compiled_graphs(), time.time_ns() // 1000, collector_seconds()
+        captures0 = GraphedCallable.total_captures
         t0, c0 = time.perf_counter(), time.process_time()
         with phase("step.rollout"):
             batch = self.rollout(step)
@@ -312,6 +319,12 @@ class CoTrainer:
             m["train/update_device_allocs"] = _device_alloc_calls() - allocs0
         if self.cfg.cuda_graphs != "off" or (self.cfg.draft is not None and self.cfg.draft.cuda_graph):
             m["train/graph_captures"] = GraphedCallable.total_captures     # running count in this process
+            # CUDA graphs captured in this step: a step averaged by the tables should capture none (warm_up
+            # captures what the run's requests can meet; repro.rl.summary counts the steps that did)
+            m["train/step_graph_captures"] = GraphedCallable.total_captures - captures0
+            if m["train/step_graph_captures"] and step > 0:
+                log.warning("%s step %d captured CUDA graphs: %s", self.cfg.row, step,
+                            ", ".join(GraphedCallable.captured[captures0:]))
         # graphs dynamo compiled during this step (rollout engine, compiled update, drafts): a step averaged by the
         # tables should compile none (repro.rl.summary counts those that did)
         m["train/compiled_graphs"] = _compiled_graphs() - graphs0

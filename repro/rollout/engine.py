@@ -216,14 +216,24 @@ class RolloutEngine:
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, greedy: bool = False,
-                 temperature: float = 1.0, stop_tokens: Sequence[int] = (), seed: int = 0) -> RolloutResult:
+                 temperature: float = 1.0, stop_tokens: Sequence[int] = (), seed: int = 0,
+                 every_step: bool = False) -> RolloutResult:
+        """Sample up to ``max_new_tokens`` tokens per prompt (``stop_tokens`` end a row, kept). ``every_step``
+        (static-cache modes only; a warm-up's): the loop runs all ``max_new_tokens - 1`` steps a request can take,
+        finished rows idle, so that each step's attention views up to the cache's size (which grow with the steps)
+        are met here, with their captures and compilations, and not by a later request that runs longer. The
+        tokens are the same."""
+        if every_step and self.cuda_graphs not in STATIC_MODES:
+            raise ValueError(f"every_step=True needs a static-cache engine (cuda_graphs one of {STATIC_MODES}), "
+                             f"got cuda_graphs={self.cuda_graphs!r}")
         # decoding changes shapes every step (no cuDNN); q/k/v and gate/up as one product each (merged_projections);
         # the compiled whole steps' attention views symbolic for the request (symbolic_views)
         with no_cudnn_sdpa(self.policy.device), merged_projections(self.policy.model), symbolic_views():
             return self._generate(prompts, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
-                                  stop_tokens=stop_tokens, seed=seed)
+                                  stop_tokens=stop_tokens, seed=seed, every_step=every_step)
 
-    def _generate(self, prompts, *, max_new_tokens, greedy, temperature, stop_tokens, seed) -> RolloutResult:
+    def _generate(self, prompts, *, max_new_tokens, greedy, temperature, stop_tokens, seed,
+                  every_step=False) -> RolloutResult:
         pol, k, dev = self.policy, self.k, self.policy.device
         check_request(prompts, max_new_tokens, greedy, temperature, num_proposals=k,
                       max_model_len=self.max_model_len, vocab_size=pol.vocab_size)
@@ -233,7 +243,8 @@ class RolloutEngine:
                             self.cuda_graphs, self.policy.device)
                 self._said_cpu = True
             return generate_static(self, prompts, max_new_tokens=max_new_tokens, greedy=greedy,
-                                   temperature=temperature, stop_tokens=stop_tokens, seed=seed)
+                                   temperature=temperature, stop_tokens=stop_tokens, seed=seed,
+                                   every_step=every_step)
         lens = [len(p) for p in prompts]
         temp = 1.0 if greedy else float(temperature)
         gen = torch.Generator(device=dev)

@@ -261,8 +261,9 @@ def first_token(logits: torch.Tensor, *, greedy: bool, temperature: float, noise
 
 
 def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, greedy: bool,
-                    temperature: float, stop_tokens: Sequence[int], seed: int):
-    """``RolloutEngine.generate`` on static caches (``cuda_graphs="all"``); the request was checked by the caller."""
+                    temperature: float, stop_tokens: Sequence[int], seed: int, every_step: bool = False):
+    """``RolloutEngine.generate`` on static caches (``cuda_graphs="all"``); the request was checked by the caller.
+    ``every_step``: no early exit once every row has finished (the steps past it change no row's tokens)."""
 
     pol, k, dev = engine.policy, engine.k, engine.policy.device
     graphs = dev.type == "cuda" or GraphedCallable.emulate_replay     # graphs (or their CPU emulation)
@@ -339,7 +340,7 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     running.post(active)
     for _ in range(max_new_tokens - 1):
         with phase("rollout.wait"):
-            if not running.read():          # the flag of the step before the last one queued
+            if not running.read() and not every_step:     # the flag of the step before the last one queued
                 break
         n_valid = probs = None
         if proposer is not None:

@@ -200,6 +200,21 @@ def test_averaged_steps_that_compiled_are_counted(tmp_path):
     assert s["DFlash"]["averaged_steps_compiling"] == 1.0
 
 
+def test_averaged_steps_that_captured_graphs_are_counted(tmp_path, capsys):
+    """train/step_graph_captures > 0 in an averaged step: the row counts it, as it counts compilations; a run that
+    logs no captures (no graphs) gets no count."""
+    rows = {"no draft": {}, "DFlash": {"draft": "dflash", "baseline": "no draft"}}
+    base = _steps(5, rollout=2.0, update=1.0, tokens=10)
+    drafted = _steps(5, rollout=1.0, update=1.0, tokens=10, al=2.0)
+    for i, s in enumerate(drafted):
+        s["train/step_graph_captures"] = {0: 40, 2: 1, 4: 3}.get(i, 0)
+    _write_run(tmp_path, "no draft", base)
+    _write_run(tmp_path, "DFlash", drafted)
+    s = summarize("table1", rows, tmp_path, skip_steps=1)
+    assert "averaged_steps_capturing" not in s["no draft"]
+    assert s["DFlash"]["averaged_steps_capturing"] == 2.0
+
+
 def test_tables_name_the_rows_whose_averaged_steps_compiled(tmp_path):
     metrics = (("acceptance_length", 2.5), ("rollout_speedup", 1.4), ("e2e_speedup", 1.2))
     clean = _tidy([{"run": "s", "row": "Qwen3-8B/DFlash", "step": 0, "metric": m, "value": v} for m, v in metrics]
@@ -214,3 +229,10 @@ def test_tables_name_the_rows_whose_averaged_steps_compiled(tmp_path):
     md = (tmp_path / "hit" / "table1.md").read_text()
     assert "Times include compilations" in md and "Qwen3-8B/no draft on cpu-2c (2)" in md
     assert "Qwen3-8B/DFlash on" not in md.split("Times include compilations")[1]
+    assert "CUDA graph captures" not in md
+    captured = pd.concat([hit, _tidy([{"run": "s", "row": "Qwen3-8B/DFlash", "step": 0,
+                                       "metric": "averaged_steps_capturing", "value": 3.0}])], ignore_index=True)
+    table1.build(captured, paper[paper["artifact"] == "table1"], tmp_path / "captured")
+    md = (tmp_path / "captured" / "table1.md").read_text()
+    assert "Times include compilations" in md
+    assert "Times include CUDA graph captures" in md and "Qwen3-8B/DFlash on cpu-2c (3)" in md

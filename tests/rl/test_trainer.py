@@ -305,3 +305,27 @@ def test_warm_up_runs_one_rollout_per_request_shape_and_leaves_training_unchange
         for key in ("train/reward", "train/response_len", "train/policy_loss", "train/acceptance_length"):
             assert a[key] == b[key], key
     assert set(warm.engine.static_decoder.states._states) <= set(built)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("draft", [None, "dspark"])
+def test_steps_after_the_warm_up_capture_no_graphs(tmp_path, tok, draft, monkeypatch):
+    """Under CPU replay emulation (graphs captured and replayed as on a GPU), a run warmed up by ``warm_up`` captures
+    no graph in its steps: the warm-up's rollouts run every step a request can take (``every_step``, whose own
+    test is tests/rollout/test_cuda_graphs.py), the steps' do not. Each step logs its own captures
+    (``train/step_graph_captures``) beside the process's running count."""
+    from repro.decoding.cuda_graph import GraphedCallable
+    monkeypatch.setattr(GraphedCallable, "emulate_replay", True)
+    cfg = tiny_config(tmp_path, draft=draft, steps=4, cuda_graphs="all")
+    cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, max_new_tokens=150))
+    tr = CoTrainer(cfg, tok)
+    calls, generate = [], tr.engine.generate
+    monkeypatch.setattr(tr.engine, "generate",
+                        lambda *a, **kw: calls.append(kw.get("every_step")) or generate(*a, **kw))
+    ran = tr.warm_up()
+    warmed = GraphedCallable.total_captures
+    assert calls == [True] * ran and ran > 0
+    rows = [tr.train_step(s)[0] for s in range(4)]
+    assert calls[ran:] == [None] * 4
+    assert [r["train/step_graph_captures"] for r in rows] == [0] * 4
+    assert rows[-1]["train/graph_captures"] == warmed > 0

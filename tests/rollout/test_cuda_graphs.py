@@ -6,6 +6,7 @@ utility falls back to eager and keys graphs by shape; bad values fail clearly.
 
     .venv/bin/python -m pytest -q tests/rollout/test_cuda_graphs.py
 """
+import collections
 import contextlib
 import inspect
 import logging
@@ -15,7 +16,7 @@ import torch
 
 from repro.decoding.cuda_graph import GraphedCallable
 from repro.decoding.sampling import sample_with_noise
-from repro.decoding.static_kv import Cursor, StaticSlots, slots_needed
+from repro.decoding.static_kv import VIEW_BUCKET, Cursor, StaticSlots, slots_needed
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dflash import DFlashDraft
 from repro.models.dspark import DSparkDraft
@@ -1134,3 +1135,43 @@ def test_whole_step_on_a_cpu_reads_its_modules_unguarded_in_its_own_region():
             assert torch.equal(steps[0](x, view=4), narrow.lin(x)[:, :4])  # new weights, a new view, no recompile
             assert torch.equal(steps[1](x, view=7), wide.lin(x)[:, :7])
     assert len(graphs) == 2
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("family", ("plain",) + FAMILIES)
+def test_every_step_request_meets_every_graph_a_longer_request_would(trained, family, monkeypatch):
+    """The attention views of the static steps grow with the steps a request takes, and each view is a graph of its
+    own, so a request whose rows run longer than any before captures new graphs. ``every_step=True`` (a warm-up's)
+    runs all the steps a request can take: the same tokens, and afterwards requests of that shape capture nothing,
+    however long their rows run. The control, an engine that ran the same request without it, does capture."""
+    pol, prompts, drafts = trained
+    if family != "plain":
+        pol.set_taps(drafts[family].tap_spec)
+    make = (lambda: None) if family == "plain" else (lambda: proposer(drafts[family]))
+    ps = [list(p) for p in prompts[:4]]
+    sampled = RolloutEngine(pol).generate(ps, max_new_tokens=160, temperature=1.0, seed=0).tokens
+    frequent = [t for t, _ in collections.Counter(sum(sampled, [])).most_common(3)]   # rows stop early, unevenly
+    kw = dict(max_new_tokens=160, temperature=1.0, stop_tokens=frequent)
+    monkeypatch.setattr(GraphedCallable, "emulate_replay", True)
+    warm, control = RolloutEngine(pol, make(), cuda_graphs="all"), RolloutEngine(pol, make(), cuda_graphs="all")
+    first = warm.generate(ps, seed=0, every_step=True, **kw)
+    assert_same_rollout(first, control.generate(ps, seed=0, **kw))
+    longest = max(map(len, first.tokens))
+
+    def captures(eng, seed, **extra):
+        n0 = GraphedCallable.total_captures
+        out = eng.generate(ps, seed=seed, **{**kw, **extra})
+        return GraphedCallable.total_captures - n0, max(map(len, out.tokens))
+
+    rare = [t for t in range(pol.vocab_size) if t not in sum(sampled, [])][:3]     # rows run to the limit
+    later = [captures(warm, s) for s in range(1, 4)] + [captures(warm, 4, stop_tokens=rare)]
+    assert [n for n, _ in later] == [0] * 4
+    assert later[-1][1] >= longest + VIEW_BUCKET        # a request running past views the warm-up's rows reached
+    assert captures(control, 4, stop_tokens=rare)[0] > 0
+
+
+@pytest.mark.timeout(60)
+def test_every_step_needs_a_static_cache_engine(trained):
+    pol, prompts, _ = trained
+    with pytest.raises(ValueError, match="every_step=True needs a static-cache engine .* got cuda_graphs='off'"):
+        RolloutEngine(pol).generate([prompts[0]], max_new_tokens=4, every_step=True)
