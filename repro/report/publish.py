@@ -1,9 +1,10 @@
 """publish: this machine's finished runs of a profile as reference data, for other clones to draw beside theirs.
 
 Copies the artifacts finished under ``--runs`` (results/<machine>/<label>/) into ``--out``
-(results/reference/<machine>/<label>/). An artifact is a top folder of ``--runs`` (table1/, fig6/, ...) holding at
-least one finished run (env.json finished: true). It is copied whole, less its unfinished runs and what is rebuilt
-or too large for git (checkpoints, warm-start weights, W&B's own files).
+(results/reference/<machine>/<label>/). An artifact is a top folder of ``--runs`` (table1/, fig6/, sft/, ...) holding
+at least one finished run: a run whose env.json says finished: true, or an SFT warm start with its sft.json (the
+job's last write; its first is the tokenizer/ folder). It is copied whole, less its unfinished runs and what is
+rebuilt or too large for git (checkpoints, warm-start weights, W&B's own files).
 
 By default the reference's other artifacts stay, so a machine that ran only some targets publishes those. An
 artifact replaced by another commit's run keeps its summary (summary/summary.json or bench.json) in logs/ as
@@ -33,6 +34,7 @@ from repro.core.metrics import ENV
 SKIP_DIRS = {"ckpt", "wandb", "__pycache__"}
 SKIP_SUFFIXES = (".pt", ".tmp", ".lock")
 SUMMARIES = ("summary/summary.json", "bench.json")   # an artifact's summary, kept in logs/ when it is replaced
+WARM_START_DONE, WARM_START_BEGUN = "sft.json", "tokenizer"   # an SFT warm start's last and first writes
 LOGS = "logs"
 
 
@@ -53,9 +55,18 @@ def _skipped(rel: Path) -> bool:
 
 
 def finished_runs(root: Path) -> list[Path]:
-    """Run folders under ``root`` whose logger closed cleanly (env.json finished: true)."""
-    return [env.parent for env in sorted(root.rglob(ENV))
-            if not _skipped(env.relative_to(root)) and _finished(env)]
+    """Run folders under ``root`` whose logger closed cleanly (env.json finished: true), and finished SFT warm
+    starts (sft.json)."""
+    runs = {env.parent for env in root.rglob(ENV) if not _skipped(env.relative_to(root)) and _finished(env)}
+    runs |= {done.parent for done in root.rglob(WARM_START_DONE) if not _skipped(done.relative_to(root))}
+    return sorted(runs)
+
+
+def unfinished_runs(root: Path) -> list[Path]:
+    """Run folders under ``root`` that did not finish: env.json not finished, or a warm start without sft.json."""
+    runs = [env.parent for env in root.rglob(ENV) if not _finished(env)]
+    return runs + [begun.parent for begun in root.rglob(WARM_START_BEGUN)
+                   if begun.is_dir() and not (begun.parent / WARM_START_DONE).is_file()]
 
 
 def finished_artifacts(root: Path) -> dict[str, list[Path]]:
@@ -70,7 +81,7 @@ def finished_artifacts(root: Path) -> dict[str, list[Path]]:
 
 def _copy_artifact(src: Path, dst: Path) -> None:
     """``src`` into ``dst``, less the skipped paths and the folders of runs that did not finish."""
-    unfinished = [env.parent for env in src.rglob(ENV) if not _finished(env)]
+    unfinished = unfinished_runs(src)
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
         if _skipped(rel) or not path.is_file() or any(u in path.parents for u in unfinished):
@@ -79,9 +90,16 @@ def _copy_artifact(src: Path, dst: Path) -> None:
         shutil.copy2(path, dst / rel)
 
 
+def _run_info(run: Path) -> dict:
+    """A finished run's provenance: its env.json, or for an SFT warm start its sft.json's (artifact "sft")."""
+    if (run / ENV).is_file():
+        return _env(run / ENV)
+    return {"artifact": "sft", **_env(run / WARM_START_DONE).get("provenance", {})}
+
+
 def _measured_by(folder: Path) -> str:
-    """The commit (7 hex digits) that measured an artifact folder, from its runs' env.json."""
-    shas = (_env(env).get("git", {}).get("sha") for env in sorted(folder.rglob(ENV)))
+    """The commit (7 hex digits) that measured an artifact folder, from its runs' provenance."""
+    shas = (_run_info(run).get("git", {}).get("sha") for run in finished_runs(folder))
     return next((sha[:7] for sha in shas if sha), "unknown")
 
 
@@ -95,9 +113,9 @@ def _keep_summary(old: Path, logs: Path, artifact: str) -> None:
 
 
 def readme(runs: list[Path], root: Path, label: str) -> str:
-    envs = [json.loads((r / ENV).read_text()) for r in runs]
+    envs = [_run_info(r) for r in runs]
     artifacts = Counter(e.get("artifact", "?") for e in envs)
-    hw = envs[0]["hardware"] if envs else {}
+    hw = next((e["hardware"] for e in envs if "hardware" in e), {})
     gpus = hw.get("gpus", {}).get("devices", [])
     cpu = f"{hw.get('cpu', {}).get('model', '?')} ({hw.get('cpu', {}).get('usable_cores', '?')} cores)"
     machine = f"{len(gpus)}x {gpus[0]['name']}, host {cpu}" if gpus else f"{cpu}, no GPU (cpu-emulated)"

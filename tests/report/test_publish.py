@@ -134,3 +134,27 @@ def test_a_failed_copy_leaves_the_reference_as_it_was(tmp_path, reference, monke
         pub.publish(runs, reference)
     assert {str(p.relative_to(reference)): p.read_bytes() for p in reference.rglob("*") if p.is_file()} == before
     assert not list(reference.parent.glob(".h200*"))
+
+
+def test_sft_warm_starts_publish_as_an_artifact_without_their_weights(tmp_path, reference):
+    """An SFT warm start has no env.json: sft.json, its job's last write, marks it finished. The finished one travels
+    (sft.json, tokenizer, the job's log) without its weights; one that began (tokenizer/) but did not finish stays."""
+    runs = tmp_path / "results" / "1xgpu-host" / "h200"
+    done, begun = runs / "sft" / "dense-math", runs / "sft" / "moe-math"
+    for folder in (done, begun):
+        (folder / "tokenizer").mkdir(parents=True)
+        (folder / "tokenizer" / "tokenizer.json").write_text("{}")
+    (done / "drafts").mkdir()
+    (done / "drafts" / "dflash.pt").write_text("weights")
+    (done / "policy.pt").write_text("weights")
+    (done / "sft.json").write_text(json.dumps({"sft_loss_last": 0.5, "provenance": {
+        "git": {"sha": "b" * 40}, "hardware": HW, "date": "2026-12-07"}}))
+    (runs / "sft" / "dense-math.log").write_text("job log")
+
+    (reference / "README.md").unlink()                 # a README written here names the warm starts too
+    assert pub.publish(runs, reference) == {"sft": [done]}
+    assert "| sft | 1 |" in (reference / "README.md").read_text()
+    sft = reference / "sft"
+    assert sorted(p.relative_to(sft).as_posix() for p in sft.rglob("*") if p.is_file()) == [
+        "dense-math.log", "dense-math/sft.json", "dense-math/tokenizer/tokenizer.json"]
+    assert (reference / "table1" / "summary" / "summary.json").exists()        # the other artifacts stay

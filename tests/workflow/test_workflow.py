@@ -88,6 +88,28 @@ def test_unservable_profile_fails_before_any_job(workdir):
     assert not (workdir.path / "results" / "test-machine" / "h200" / "envcheck" / "bench.json").exists()
 
 
+@pytest.mark.skipif(hardware()["gpus"]["count"] > 0, reason="checks a CPU-only machine")
+def test_a_gpu_profiles_runs_publish_from_a_machine_without_its_hardware(workdir):
+    """Only the rules that measure need the profile's hardware: publishing a GPU profile's finished runs, copied
+    here from the GPU machine, runs on this CPU machine."""
+    run = workdir.path / "results" / "test-machine" / "h200" / "table1" / "qwen3-8b_no_draft"
+    run.mkdir(parents=True)
+    (run / "env.json").write_text('{"finished": true, "git": {"sha": "' + "a" * 40 + '"}}')
+    out = subprocess.run([*SNAKEMAKE, "-c1", "publish", "--config", "profile=h200", "machine=test-machine"],
+                         cwd=workdir.path, env=workdir.env, capture_output=True, text=True, timeout=170)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert (workdir.path / "results" / "reference" / "test-machine" / "h200" / "table1" / "qwen3-8b_no_draft"
+            / "env.json").is_file()
+
+
+def test_every_rule_that_runs_a_job_but_the_summary_checks_the_hardware():
+    """The hardware check is skipped for workflows that run no MEASURING_RULES: a new job rule must join them."""
+    common = (ROOT / "workflow" / "rules" / "common.smk").read_text()
+    measuring = set(re.findall(r'"(\w+)"', re.search(r"MEASURING_RULES = \{(.*?)\}", common).group(1)))
+    job_rules = set(re.findall(r"^rule (\w+):", (ROOT / "workflow" / "rules" / "jobs.smk").read_text(), re.M))
+    assert measuring == job_rules - {"rl_summary"}
+
+
 @pytest.mark.parametrize("artifact", ["fig3", "fig4"])
 def test_baseline_seed_replicas_are_planned_with_their_seeds(artifact):
     # cpu-tiny asks for baseline_seeds [1, 2]: the no-draft row runs again into no_draft_sampling<k>, with the main

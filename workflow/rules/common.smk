@@ -58,10 +58,17 @@ def hold_checkout_lock():
                             "or stop it, then rerun the same command")
 
 
+# the rules that measure (or train): only a workflow that runs one of them needs the profile's hardware; the others
+# read finished runs (collect, tables, compare, publish), so a GPU profile's runs publish from any machine
+MEASURING_RULES = {"envcheck_run", "attention_check", "bench_run", "rl_sft", "rl_run", "rl_submit", "rl_lockstep"}
+
+
 onstart:
     # Runs only when jobs are about to run (never in dry runs). The profile's hardware and local paths are checked
     # first; under a cluster executor (SLURM) jobs run on compute nodes, so only local paths are checked here.
     hold_checkout_lock()
+    if not any(j.rule.name in MEASURING_RULES for j in workflow.dag.needrun_jobs()):
+        return
     try:
         needs = load_profile(str(config["profile"]))
         if PLAN.engine == "suite":
