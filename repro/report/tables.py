@@ -28,7 +28,7 @@ WARM_UP_WORK = {"averaged_steps_compiling": ("Times include compilations: dynamo
                                              "train/step_graph_captures")}
 
 
-def compiling_notes(tidy: pd.DataFrame) -> list[str]:
+def warm_up_notes(tidy: pd.DataFrame) -> list[str]:
     """The table notes naming the rows whose averaged steps compiled or captured graphs
     (``averaged_steps_compiling`` / ``averaged_steps_capturing`` of repro.rl.summary): one note for each kind some
     row's did."""

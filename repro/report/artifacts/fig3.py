@@ -23,7 +23,7 @@ import pandas as pd
 from repro.report import seed_spread
 from repro.report.collect import THIS_MACHINE, origin_of_label
 from repro.report.style import measured_label, paper_label, paper_style, save_figure
-from repro.report.tables import compiling_notes, latest, to_markdown, write_table
+from repro.report.tables import latest, to_markdown, warm_up_notes, write_table
 
 ROWS = ["no draft", "EAGLE-3", "DFlash", "DSpark"]
 PANELS = (("train/reward", "reward"), ("val/accuracy", "held-out accuracy"),
@@ -153,7 +153,7 @@ def build_curves(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path, name: s
              "the drafted runs; rollout share is the no-draft run's rollout time over step time.",
              f"KL is drawn floored at {KL_FLOOR:g} (fp32 CPU runs are synced to rounding). On cpu-emulated runs "
              "step time and throughput are process CPU seconds (+ tool latency), the basis of the speedups."]
-    notes += compiling_notes(tidy)
+    notes += warm_up_notes(tidy)
     spread = (pd.concat([seed_spread.spread_table(steps), seed_spread.self_check_table(steps)], ignore_index=True)
               if len(steps) else pd.DataFrame(columns=seed_spread.TABLE_COLUMNS))
     if len(spread):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from repro.report.tables import compiling_notes, latest, write_table
+from repro.report.tables import latest, warm_up_notes, write_table
 
 METRICS = (("acceptance_length", "AL"), ("rollout_speedup", "rollout"), ("e2e_speedup", "E2E"),
            ("e2e_speedup_free_draft_update", "E2E, draft update free"),     # what the rollout alone gives
@@ -90,6 +90,6 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
              "Qwen3.5-35B-A3B); absolute behaviour is not the paper's, the comparison is of mechanisms."]
     if df["measured on"].str.endswith(", lockstep").any():
         notes.insert(1, LOCKSTEP_NOTE)
-    notes += compiling_notes(tidy)
+    notes += warm_up_notes(tidy)
     return write_table(df, Path(out_dir) / "table1", title="Table 1: end-to-end speculative decoding in RL",
                        notes=notes)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from repro.report.artifacts.table1 import LOCKSTEP_NOTE, comparison_table
-from repro.report.tables import compiling_notes, write_table
+from repro.report.tables import warm_up_notes, write_table
 
 METRICS = (("acceptance_length", "AL"), ("rollout_time_s", "rollout s"), ("rollout_speedup", "rollout x"),
            ("update_time_s", "update s"), ("update_overhead_pct", "update overhead %"),
@@ -37,6 +37,6 @@ def build(tidy: pd.DataFrame, paper: pd.DataFrame, out_dir: Path) -> list[Path]:
              "Absolute seconds are not comparable across hardware or workload scale; the ratios are."]
     if df["measured on"].str.endswith(", lockstep").any():
         notes.insert(1, LOCKSTEP_NOTE)
-    notes += compiling_notes(tidy)
+    notes += warm_up_notes(tidy)
     return write_table(df, Path(out_dir) / "table2", title="Table 2: pipeline-parallel co-training overhead",
                        notes=notes)
