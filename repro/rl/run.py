@@ -57,7 +57,7 @@ def build_row(profile: str, artifact: str, row: str, *, out: str, seed: int = 0,
         print(f"[{artifact} {row}] resuming at step {first}", flush=True)
     if shapes := trainer.warm_up():
         print(f"[{artifact} {row}] warmed the engine for {shapes} request shape(s) of steps {first}-"
-              f"{cfg.steps - 1}", flush=True)
+              f"{cfg.steps - 1} and for the validation's", flush=True)
     return prof, trainer, first
 
 

@@ -261,10 +261,12 @@ class CoTrainer:
         (``RolloutEngine.request_shape``: the prompts' bucket and the caches' sizes follow the step's longest
         prompt), each for every step a request can take (``every_step``: the attention views grow with the steps,
         so a later step whose rows run longer would otherwise meet new ones), so that graph captures and
-        compilations land here and not inside a step the tables average, a
-        resumed run's first step included. Returns the rollouts run. Training is unchanged: each rollout is seeded
-        by its step and nothing of it is kept. Last, every object then alive is frozen out of the garbage
-        collector's walks (``repro.core.gc_time``; ``close`` unfreezes them)."""
+        compilations land here and not inside a step the tables average, a resumed run's first step included; then
+        the validation's greedy request the same way, whose compilations (the drafts' greedy proposals) would
+        otherwise come after the freeze below, leaving their objects to the collector's later walks. Returns the
+        training request shapes warmed. Training is unchanged: each rollout is seeded by its step and nothing of it
+        is kept. Last, every object then alive is frozen out of the garbage collector's walks
+        (``repro.core.gc_time``; ``close`` unfreezes them)."""
         try:
             return self._warm_up()
         finally:
@@ -287,6 +289,8 @@ class CoTrainer:
                 first_step.setdefault(shape, step)
             for step in first_step.values():      # each for every step its request can take (see the docstring)
                 self.rollout(step, every_step=True)
+            if first_step:     # the validation's request (greedy, held-out problems), which the first step meets
+                self.rollout(self.start_step, split="heldout", greedy=True, every_step=True)
             return len(first_step)
 
     def train_step(self, step: int) -> tuple[dict[str, float], RolloutBatch, UpdateStats]:

@@ -311,8 +311,9 @@ def test_warm_up_runs_one_rollout_per_request_shape_and_leaves_training_unchange
 @pytest.mark.parametrize("draft", [None, "dspark"])
 def test_steps_after_the_warm_up_capture_no_graphs(tmp_path, tok, draft, monkeypatch):
     """Under CPU replay emulation (graphs captured and replayed as on a GPU), a run warmed up by ``warm_up`` captures
-    no graph in its steps: the warm-up's rollouts run every step a request can take (``every_step``, whose own
-    test is tests/rollout/test_cuda_graphs.py), the steps' do not. Each step logs its own captures
+    no graph in its steps nor in its validation (greedy, on the held-out problems): the warm-up's rollouts, the
+    validation's included, run every step a request can take (``every_step``, whose own test is
+    tests/rollout/test_cuda_graphs.py), the steps' do not. Each step logs its own captures
     (``train/step_graph_captures``) beside the process's running count."""
     from repro.decoding.cuda_graph import GraphedCallable
     monkeypatch.setattr(GraphedCallable, "emulate_replay", True)
@@ -324,8 +325,9 @@ def test_steps_after_the_warm_up_capture_no_graphs(tmp_path, tok, draft, monkeyp
                         lambda *a, **kw: calls.append(kw.get("every_step")) or generate(*a, **kw))
     ran = tr.warm_up()
     warmed = GraphedCallable.total_captures
-    assert calls == [True] * ran and ran > 0
+    assert calls == [True] * (ran + 1) and ran > 0          # each training request shape, then the validation's
     rows = [tr.train_step(s)[0] for s in range(4)]
-    assert calls[ran:] == [None] * 4
+    tr.validate(3)
+    assert calls[ran + 1:] == [None] * 5
     assert [r["train/step_graph_captures"] for r in rows] == [0] * 4
-    assert rows[-1]["train/graph_captures"] == warmed > 0
+    assert rows[-1]["train/graph_captures"] == warmed == GraphedCallable.total_captures > 0
