@@ -157,7 +157,7 @@ def publish(runs_root: Path, out: Path, replace: bool = False) -> dict[str, list
             if old.is_dir():
                 if _measured_by(old) != _measured_by(runs_root / artifact):
                     _keep_summary(old, stage / LOGS, artifact)
-                dropped = sorted({e.parent.relative_to(stage) for e in old.rglob(ENV)}
+                dropped = sorted({r.relative_to(stage) for r in finished_runs(old)}
                                  - {r.relative_to(runs_root) for r in artifacts[artifact]})
                 if dropped:
                     print(f"publish: {artifact}: the reference's runs {[str(d) for d in dropped]} are not among "
