@@ -221,6 +221,12 @@ class GraphedCallable:
             self._pool = torch.cuda.graph_pool_handle()
         return self._pool if self.shared_pool else None
 
+    @property
+    def pools(self) -> int:
+        """Memory pools this callable's graphs hold: one in all with ``shared_pool``, else one a graph."""
+        return min(len(self._graphs), 1) if self.shared_pool else len(self._graphs)
+
     def status(self) -> dict:
         return {"enabled": self.enabled, "captures": self.captures, "replays": self.replays,
-                "eager_calls": self.eager_calls, "fallback_reason": self.fallback_reason}
+                "eager_calls": self.eager_calls, "fallback_reason": self.fallback_reason, "graphs": len(self._graphs),
+                "pools": self.pools}

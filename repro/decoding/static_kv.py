@@ -328,9 +328,13 @@ class StaticProposerState:
         st, new = self._states.get_covering((batch, max_slots, dtype, str(device), fused), size_at=1, build=lambda: {
             "slots": StaticSlots(batch, max_slots, device), "sb": StaticBatch(batch, device),
             "cursor": Cursor(max_slots, device),
+            # one graph per attention view (observe: and per prompt width), each call's graphs in one memory pool:
+            # a state holds each call's largest graph's activations, not their sum (per-graph pools of a warm-up
+            # meeting every view held tens of GB). Safe: a propose's proposals are read by the verify step and its
+            # accept before the next propose, and an observe has no outputs
             "_graphs": {part: GraphedCallable(self._static_call(part, fused, device), f"{name}.{part}",
-                                              persistent_inputs=True, shared_pool=part == "observe")
-                        for part in ("propose", "observe")},     # observe: one graph a prompt width, no outputs
+                                              persistent_inputs=True, shared_pool=True)
+                        for part in ("propose", "observe")},
             **extra()})
         self.__dict__.update(st)
         if not new:

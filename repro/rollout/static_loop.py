@@ -16,7 +16,8 @@ from repro.rollout.compiled_layers import compiled_layers
 from repro.rollout.result import AcceptanceCounters, RolloutResult
 
 PROMPT_BUCKET = 16     # fused mode with static compiled shapes: prompts are left-padded to a multiple of this
-SHARED_POOL_CALLS = ("prefill", "step")     # a state's graphed calls whose graphs share one memory pool
+SHARED_POOL_CALLS = ("prefill", "step", "accept")     # a state's graphed calls whose graphs share one memory pool
+OUTPUT_BUCKET = 64     # the output buffers' width is rounded up to this: requests of nearby budgets share graphs
 
 
 class StaticDecoder:
@@ -66,22 +67,33 @@ class StaticDecoder:
                   "accept": (self._accept_step, "engine.accept")})
         for key, (fn, name) in calls.items():
             # the prefill's inputs are new tensors every request: copied into the graph's own. The prefill's graphs
-            # (one per prompt bucket) and the step's (one per attention view) each share one memory pool, so a
-            # state holds its largest graph's activations, not their sum (the step's outputs are read by the
-            # accept and the proposer's observe before the next step replays any of them)
+            # (one per prompt bucket), the step's (one per attention view) and the accept's (one per sampling
+            # setting) share one memory pool per call, so a state holds each call's largest graph's activations,
+            # not their sum. Safe because a call's outputs are read before its next replay of any key (the step's
+            # by the accept and the proposer's observe, the accept's by the loop, which copies what it keeps)
             st[key] = GraphedCallable(lambda *a, fn=fn, **kw: fn(st, *a, **kw), name,
                                       persistent_inputs=key != "prefill", shared_pool=key in SHARED_POOL_CALLS)
         return st
 
     def outputs(self, st: dict, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The state's output buffers (tokens, log-probabilities ``[R, width]``): the accept step writes them in
-        place, so a captured graph needs the same tensors on every request of this shape."""
-        key = ("outputs", width)
-        if key not in st:
+        """The state's output buffers (tokens, log-probabilities ``[R, W]``, ``W`` at least ``width``): the accept
+        step writes them in place, so a captured graph needs the same tensors on every request of this shape. The
+        widest buffers asked for serve every narrower request (smaller budgets replay the same graphs); a wider
+        request allocates new ones, rounded up to ``OUTPUT_BUCKET`` columns."""
+        have = st.get("outputs")
+        if have is None or have[0].shape[1] < width:
             R, dev = st["cache"].batch, st["cache"].device
-            st[key] = (torch.zeros(R, width, dtype=torch.long, device=dev),
-                       torch.zeros(R, width, dtype=torch.float32, device=dev))
-        return st[key]
+            W = -(-width // OUTPUT_BUCKET) * OUTPUT_BUCKET
+            st["outputs"] = (torch.zeros(R, W, dtype=torch.long, device=dev),
+                             torch.zeros(R, W, dtype=torch.float32, device=dev))
+        return st["outputs"]
+
+    def row_limit(self, st: dict) -> torch.Tensor:
+        """The state's ``[]`` buffer of the request's token budget: the accept step's graphs read it by address, so
+        requests of any budget (a multi-turn episode's turns) replay the same graphs."""
+        if "limit" not in st:
+            st["limit"] = torch.zeros((), dtype=torch.long, device=st["cache"].device)
+        return st["limit"]
 
     def row_pad(self, st: dict) -> torch.Tensor:
         """The state's ``[R]`` buffer of each row's left padding (the verify steps' graphs read it by address)."""
@@ -142,27 +154,27 @@ class StaticDecoder:
                                                  row_cols=pad[:, None] + qpos)
         return out.logits, out.taps, qpos, st["cache"].cols
 
-    def _fused_step(self, st, last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, *opt,
+    def _fused_step(self, st, last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, limit, *opt,
                     want_taps: bool, view: int, **settings):
         logits, taps, qpos, cols = self._policy_step(st, last_tok, last_pos, drafts, pad, want_taps=want_taps,
                                                      view=view)
         return taps, qpos, *self._accept_step(st, logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok,
-                                              out_lp, *opt, **settings)
+                                              out_lp, limit, *opt, **settings)
 
-    def _whole_step(self, st, last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, draft_cursor,
-                    *opt, draft_noise: int, draft_views: tuple[int, int], draft_settings: tuple, **settings):
+    def _whole_step(self, st, last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, limit,
+                    draft_cursor, *opt, draft_noise: int, draft_views: tuple[int, int], draft_settings: tuple,
+                    **settings):
         """``_fused_step``, then the proposer's observe of the committed tokens and its proposals for the next step
         (``StaticProposerState._round_static``); the last ``draft_noise`` of ``opt`` are the propose's draws."""
         cut = len(opt) - draft_noise
         taps, qpos, committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = self._fused_step(
-            st, last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, *opt[:cut], **settings)
+            st, last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, limit, *opt[:cut], **settings)
         proposals = self.proposer._round_static(committed, taps, qpos, valid, new_last, new_pos, draft_cursor,
                                                 *opt[cut:], views=draft_views, **dict(draft_settings))
         return (new_last, new_pos, new_active, new_len, hit_stop, hist, *proposals)
 
-    def _accept_step(self, st, logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt,
-                     has_stop: bool, has_probs: bool, has_valid: bool, greedy: bool, temperature: float,
-                     max_new: int):
+    def _accept_step(self, st, logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, limit, *opt,
+                     has_stop: bool, has_probs: bool, has_valid: bool, greedy: bool, temperature: float):
         opt = list(opt)
         stop = opt.pop(0) if has_stop else None
         probs = opt.pop(0) if has_probs else None
@@ -182,7 +194,7 @@ class StaticDecoder:
         else:
             lp = v.probs.gather(2, committed[:, :, None])[:, :, 0].log()
         # rows keep their tokens up to a stop token (included) and the length limit; finished rows keep none
-        n_keep = torch.minimum(n_new, max_new - gen_len)
+        n_keep = torch.minimum(n_new, limit - gen_len)
         if stop is not None:
             is_stop = torch.isin(committed, stop) & (j < n_keep[:, None])
             n_keep = torch.where(is_stop.any(1), is_stop.long().argmax(1) + 1, n_keep)
@@ -194,7 +206,7 @@ class StaticDecoder:
         out_tok.scatter_(1, idx, committed)
         out_lp.scatter_(1, idx, lp)
         new_len = gen_len + n_keep
-        new_active = active & (new_len < max_new)
+        new_active = active & (new_len < limit)
         if hit_stop is not None:
             new_active &= ~hit_stop
         # only the kept tokens' inputs stay live: rejected proposals, every new slot of a finished row, and the
@@ -323,8 +335,9 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
                 prop = proposer.propose(tok0, plen, greedy=greedy, temperature=temp, generator=gen)
 
     # -- device state -----------------------------------------------------------------------------------------
-    width = max_new_tokens + k + 1
-    out_tok, out_lp = engine.static_decoder.outputs(st, width)
+    out_tok, out_lp = decoder.outputs(st, max_new_tokens + k + 1)
+    limit = decoder.row_limit(st)
+    limit.fill_(max_new_tokens)
     out_tok[:, 0], out_lp[:, 0] = tok0, lp0
     stops = sorted({int(s) for s in stop_tokens})
     stop = torch.tensor(stops, dtype=torch.long, device=dev) if stops else None
@@ -356,7 +369,7 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         view = cache.grow_view(k + 1)        # covers every row's frontier: each moves at most k + 1 a step
         opt = [x for x in (stop, probs, n_valid) if x is not None] + noise
         settings = dict(has_stop=stop is not None, has_probs=probs is not None, has_valid=n_valid is not None,
-                        greedy=bool(greedy), temperature=temp, max_new=int(max_new_tokens))
+                        greedy=bool(greedy), temperature=temp)
         # the fused modes' one call per step holds the acceptance too (and, with a draft, its observe and next
         # propose): the profile names it all rollout.verify
         if whole:      # the next propose's draws come after this step's, as in the other modes
@@ -364,13 +377,13 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
                 k + 1, batch=R, greedy=greedy, temperature=temp, generator=gen)
             with phase("rollout.verify"):
                 new_last, new_pos, new_active, new_len, hit_stop, hist, *prop = st["fused"](
-                    last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, draft_cursor, *opt,
+                    last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, limit, draft_cursor, *opt,
                     *draft_noise, want_taps=want_taps, view=view, draft_noise=len(draft_noise),
                     draft_views=draft_views, draft_settings=draft_settings, **settings)
         elif "fused" in st:
             with phase("rollout.verify"):
                 taps, qpos, committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["fused"](
-                    last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, *opt, want_taps=want_taps,
+                    last_tok, last_pos, drafts, pad, active, gen_len, out_tok, out_lp, limit, *opt, want_taps=want_taps,
                     view=view, **settings)
         else:
             with phase("rollout.verify"):
@@ -378,7 +391,7 @@ def generate_static(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens:
                                                       view=view)
             with phase("rollout.accept"):
                 committed, valid, new_last, new_pos, new_active, new_len, hit_stop, hist = st["accept"](
-                    logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, *opt, **settings)
+                    logits, drafts, qpos, cols, last_pos, active, gen_len, out_tok, out_lp, limit, *opt, **settings)
         forwards += 1
         if proposer is not None and not whole:
             with phase("rollout.observe"):

@@ -220,7 +220,8 @@ def test_graphed_callable_is_eager_on_cpu_and_keys_by_shape(caplog):
     g = GraphedCallable(fn, "t", enabled=True)
     x = torch.ones(2, 3)
     assert torch.equal(g(x, scale=2.0), 2 * x) and calls == [(2, 3)]
-    assert g.status() == {"enabled": True, "captures": 0, "replays": 0, "eager_calls": 1, "fallback_reason": None}
+    assert g.status() == {"enabled": True, "captures": 0, "replays": 0, "eager_calls": 1, "fallback_reason": None,
+                          "graphs": 0, "pools": 0}
     k1 = g.graph_key((x,), {"scale": 2.0})
     assert k1 == g.graph_key((torch.zeros(2, 3),), {"scale": 2.0})
     assert k1 != g.graph_key((torch.ones(3, 3),), {"scale": 2.0})
@@ -242,8 +243,8 @@ def test_graphed_callable_is_eager_on_cpu_and_keys_by_shape(caplog):
 @pytest.mark.timeout(30)
 def test_shared_pool_graphs_capture_into_one_pool(trained, monkeypatch):
     """A callable with ``shared_pool`` hands every capture the same pool (made once); one without gets none (a pool
-    per graph). The engine's prefill (one graph per prompt width), its step (one per attention view) and the draft's
-    observe share theirs."""
+    per graph). Every graphed call of the engine shares its own: the prefill (one graph per prompt width), the step
+    (one per attention view), the accept (one per sampling setting), the draft's observe and propose (one per view)."""
     handles = []
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: handles.append(object()) or handles[-1])
     g = GraphedCallable(lambda x: x, "g", shared_pool=True)
@@ -254,8 +255,8 @@ def test_shared_pool_graphs_capture_into_one_pool(trained, monkeypatch):
     eng = RolloutEngine(pol, proposer(drafts["eagle3"]), cuda_graphs="all")
     eng.generate(prompts[:2], max_new_tokens=4, greedy=True)
     st = next(iter(eng.static_decoder.states._states.values()))
-    assert [st[k].shared_pool for k in ("prefill", "step", "accept")] == [True, True, False]
-    assert [eng.proposer._graphs[k].shared_pool for k in ("observe", "propose")] == [True, False]
+    assert [st[k].shared_pool for k in ("prefill", "step", "accept")] == [True, True, True]
+    assert [eng.proposer._graphs[k].shared_pool for k in ("observe", "propose")] == [True, True]
 
 
 @pytest.mark.timeout(30)
@@ -392,8 +393,8 @@ def test_a_finishing_row_keeps_only_its_kept_tokens_slots(trained):
     out = eng.static_decoder.outputs(st, max_new + k + 1)
     stop = torch.tensor([4])
     res = eng.static_decoder._accept_step(st, logits, drafts_, qpos, cols, torch.full((4,), 10),
-                                          active, gen_len, *out, stop, has_stop=True, has_probs=False,
-                                          has_valid=False, greedy=True, temperature=1.0, max_new=max_new)
+                                          active, gen_len, *out, torch.tensor(max_new), stop, has_stop=True,
+                                          has_probs=False, has_valid=False, greedy=True, temperature=1.0)
     live = (st["cache"].slots.pos[:, cols[0]] >= 0).sum(1).tolist()
     new_len = res[5].tolist()
     assert live == [k + 1, 2, 2, 0]
@@ -1165,9 +1166,17 @@ def test_every_step_request_meets_every_graph_a_longer_request_would(trained, fa
 
     rare = [t for t in range(pol.vocab_size) if t not in sum(sampled, [])][:3]     # rows run to the limit
     later = [captures(warm, s) for s in range(1, 4)] + [captures(warm, 4, stop_tokens=rare)]
-    assert [n for n, _ in later] == [0] * 4
-    assert later[-1][1] >= longest + VIEW_BUCKET        # a request running past views the warm-up's rows reached
+    # a smaller budget (a multi-turn episode's later turn): the same graphs, the budget read from a device buffer
+    later += [captures(warm, 5, stop_tokens=rare, max_new_tokens=budget) for budget in (97, 31)]
+    assert [n for n, _ in later] == [0] * 6
+    assert later[3][1] >= longest + VIEW_BUCKET         # a request running past views the warm-up's rows reached
+    assert [n for _, n in later[4:]] == [97, 31]
     assert captures(control, 4, stop_tokens=rare)[0] > 0
+    # a graph per attention view, but one memory pool per graphed call: a state holds its largest graph's memory
+    status = warm.graph_status()
+    assert max(s["graphs"] for s in status.values()) > 1
+    assert {call: s["pools"] for call, s in status.items() if s["graphs"]} == {
+        call: 1 for call, s in status.items() if s["graphs"]}
 
 
 @pytest.mark.timeout(60)
