@@ -50,6 +50,8 @@ from repro.rl.tokenizer import WorkloadTokenizer
 from repro.rl.warmstart import DTYPES, draft_file, load_draft_weights, make_policy, update_autocast_dtype
 from repro.rollout.engine import RolloutEngine
 
+OBSERVATION_TOKENS = 24     # what a tool's observation is taken to add to a multi-turn episode's prompt, at most
+
 # metric names of the per-step rows (prefix "train/" or "val/": the tables' summary names stay free);
 # *_cpu_s are process CPU seconds (+ tool latency), the basis of speedups on shared CPU machines
 STEP_METRICS = ("train/reward", "train/response_len", "train/train_inference_kl", "train/acceptance_length",
@@ -184,7 +186,7 @@ class CoTrainer:
         self.update = JointUpdate(self.policy, self.draft, cfg.grpo, cfg.draft, self.reference, autocast_dtype=amp)
         max_prompt = 256
         max_len = (max_prompt + cfg.grpo.max_new_tokens + 64
-                   + (cfg.workload.max_tool_calls * 24 if cfg.workload.name == "workplace" else 0))
+                   + (cfg.workload.max_tool_calls * OBSERVATION_TOKENS if cfg.workload.name == "workplace" else 0))
         if cfg.rollout_backend != "suite":      # vLLM (integrations/) decodes exported copies; push() reloads them
             self.engine = rollout_engine(cfg.rollout_backend).from_models(
                 self.rollout_policy, self.rollout_draft, workdir=Path(cfg.out) / cfg.rollout_backend,
@@ -234,7 +236,8 @@ class CoTrainer:
             return math_rollout(self.engine, self.tok, items, group_size=group, max_new_tokens=g.max_new_tokens,
                                 temperature=g.temperature, seed=seed, greedy=greedy, every_step=every_step)
         if every_step:
-            raise ValueError("every_step=True is for the math workload's warm-up (multi-turn episodes are not warmed)")
+            raise ValueError("every_step=True is for the math workload's warm-up (multi-turn episodes warm up through "
+                             "RolloutEngine.warm_up)")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=32)
         if split == "train":
@@ -263,10 +266,11 @@ class CoTrainer:
         so a later step whose rows run longer would otherwise meet new ones), so that graph captures and
         compilations land here and not inside a step the tables average, a resumed run's first step included; then
         the validation's greedy request the same way, whose compilations (the drafts' greedy proposals) would
-        otherwise come after the freeze below, leaving their objects to the collector's later walks. Returns the
-        training request shapes warmed. Training is unchanged: each rollout is seeded by its step and nothing of it
-        is kept. Last, every object then alive is frozen out of the garbage collector's walks
-        (``repro.core.gc_time``; ``close`` unfreezes them)."""
+        otherwise come after the freeze below, leaving their objects to the collector's later walks. Multi-turn
+        episodes instead warm every request their turns can make up to a bound (``_warm_up_turns``). Returns the
+        training request shapes warmed (multi-turn: the requests run). Training is unchanged: each rollout is
+        seeded by its step and nothing of it is kept. Last, every object then alive is frozen out of the garbage
+        collector's walks (``repro.core.gc_time``; ``close`` unfreezes them)."""
         try:
             return self._warm_up()
         finally:
@@ -281,8 +285,10 @@ class CoTrainer:
             # (multi-turn workloads: their prompts are not known here, 16 tokens stands in for them)
             self.update.prepare(min(g.microbatch, g.rows_per_step),
                                 max(longest.values(), default=16) + g.max_new_tokens, batch_rows=g.rows_per_step)
-            if self.math is None or c.rollout_backend != "suite" or self.engine.static_decoder is None:
+            if c.rollout_backend != "suite" or self.engine.static_decoder is None or self.start_step >= c.steps:
                 return 0
+            if self.math is None:
+                return self._warm_up_turns()
             first_step: dict = {}
             for step, n in longest.items():
                 shape = self.engine.request_shape(g.rows_per_step, n, g.max_new_tokens)
@@ -292,6 +298,28 @@ class CoTrainer:
             if first_step:     # the validation's request (greedy, held-out problems), which the first step meets
                 self.rollout(self.start_step, split="heldout", greedy=True, every_step=True)
             return len(first_step)
+
+    def _warm_up_turns(self) -> int:
+        """``warm_up``'s rollouts for multi-turn episodes (the workplace workload), whose turns' prompts are known
+        only as they run: ``RolloutEngine.warm_up`` for every request a turn can make up to a bound, the training
+        turns' (``rows_per_step`` rows, sampled) and the validation's (greedy). A turn's prompt is at most the
+        longest task prompt, the tokens its episode wrote before it (fewer than ``max_new_tokens``) and
+        ``max_tool_calls`` observations of up to ``OBSERVATION_TOKENS``; a longer one captures in its step (logged
+        and counted as any). Returns the requests run."""
+        c, g = self.cfg, self.cfg.grpo
+        stops = (self.tok.eos_id, self.tok.call_end_id)        # workplace_rollout's, so the same graphs
+
+        def bound(tasks) -> int:
+            first = max(len(chat_prompt(self.tok, t.prompt_text)) for t in tasks)
+            return first + g.max_new_tokens - 1 + c.workload.max_tool_calls * OBSERVATION_TOKENS
+
+        train = [t for step in range(self.start_step, c.steps)
+                 for t in self.workplace.tasks("train", g.prompts_per_step, draw=step)]
+        ran = self.engine.warm_up(g.rows_per_step, bound(train), g.max_new_tokens, greedy=False,
+                                  temperature=g.temperature, stop_tokens=stops)
+        held_out = self.workplace.tasks("heldout", c.workload.val_size)
+        return ran + self.engine.warm_up(len(held_out), bound(held_out), g.max_new_tokens, greedy=True,
+                                         temperature=1.0, stop_tokens=stops)
 
     def train_step(self, step: int) -> tuple[dict[str, float], RolloutBatch, UpdateStats]:
         checkpoint_wait = wait_for_writes()      # no checkpoint write of this process runs beside the timed step

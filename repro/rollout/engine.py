@@ -232,6 +232,34 @@ class RolloutEngine:
             return self._generate(prompts, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
                                   stop_tokens=stop_tokens, seed=seed, every_step=every_step)
 
+    def warm_up(self, rows: int, longest: int, max_new_tokens: int, *, greedy: bool, temperature: float,
+                stop_tokens: Sequence[int] = ()) -> int:
+        """Run (and discard) requests that meet every graph capture and compilation a later request of at most
+        ``rows`` prompts of at most ``longest`` tokens, with a budget of at most ``max_new_tokens`` and the same
+        sampling settings and number of stop tokens, can meet (a multi-turn episode's turns, whose prompts are known
+        only as they run). For each static batch such requests run on: one request per prompt width the prefill
+        pads to, widest first (its caches serve every narrower request: ``StateCache.get_covering``), each for every
+        step (``every_step``, so every attention view from its prompt on). Prompts longer than ``max_model_len``
+        allows are left out, as such requests fail. Returns the requests run. Static-cache engines only."""
+        if self.static_decoder is None:
+            raise ValueError(f"warm_up needs a static-cache engine (cuda_graphs one of {STATIC_MODES}), "
+                             f"got cuda_graphs={self.cuda_graphs!r}")
+        if rows < 1 or longest < 1 or max_new_tokens < 1:
+            raise ValueError(f"warm_up needs rows, longest and max_new_tokens >= 1, got {rows}, {longest}, "
+                             f"{max_new_tokens}")
+        cap = self.max_model_len - max_new_tokens - self.k       # check_request's longest prompt
+        bucket = self.static_decoder.prompt_bucket
+        top = self.static_decoder.prompt_columns(min(longest, cap)) if cap >= 1 else 0
+        widths = sorted({min(w, cap) for w in range(top, 0, -bucket)}, reverse=True)
+        batches: dict[int, int] = {}          # static rows -> the most prompts a request on them has
+        for b in range(rows, 0, -1):
+            batches.setdefault(self.static_rows(b), b)
+        for b in batches.values():
+            for w in widths:
+                self.generate([[0] * w] * b, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
+                              stop_tokens=stop_tokens, every_step=True)
+        return len(batches) * len(widths)
+
     def _generate(self, prompts, *, max_new_tokens, greedy, temperature, stop_tokens, seed,
                   every_step=False) -> RolloutResult:
         pol, k, dev = self.policy, self.k, self.policy.device

@@ -331,3 +331,36 @@ def test_steps_after_the_warm_up_capture_no_graphs(tmp_path, tok, draft, monkeyp
     assert calls[ran + 1:] == [None] * 5
     assert [r["train/step_graph_captures"] for r in rows] == [0] * 4
     assert rows[-1]["train/graph_captures"] == warmed == GraphedCallable.total_captures > 0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("draft", [None, "dspark"])
+def test_multi_turn_steps_after_the_warm_up_capture_no_graphs_and_train_the_same(tmp_path, tok, draft, monkeypatch):
+    """The workplace workload's turns are known only as they run: ``warm_up`` runs ``RolloutEngine.warm_up`` up to
+    their bound with the rollouts' settings (sampled, the validation greedy; the two stop tokens), after which,
+    under CPU replay emulation with the GPU's prompt padding, neither the steps nor the validation capture a graph;
+    a run without it captures in its steps, and trains the same. (This tiny policy ends its episodes in one turn;
+    tests/rollout/test_cuda_graphs.py checks later turns: fewer rows, longer prompts, smaller budgets.)"""
+    from repro.decoding.cuda_graph import GraphedCallable
+    from repro.rollout.static_loop import PROMPT_BUCKET
+    monkeypatch.setattr(GraphedCallable, "emulate_replay", True)
+
+    def run(name, warm):
+        cfg = tiny_config(tmp_path / name, draft=draft, steps=3, workload="workplace", cuda_graphs="all",
+                          bucket_batch=True)
+        tr = CoTrainer(cfg, tok)
+        tr.engine.static_decoder.prompt_bucket = PROMPT_BUCKET
+        ran = tr.warm_up() if warm else 0
+        rows = [tr.train_step(s)[0] for s in range(3)]
+        n0 = GraphedCallable.total_captures
+        tr.validate(2)
+        return ran, rows, GraphedCallable.total_captures - n0
+
+    ran, rows, validation = run("warm", True)
+    assert ran > 0 and [r["train/step_graph_captures"] for r in rows] == [0] * 3 and validation == 0
+    assert sum(r["train/response_len"] for r in rows) > 0
+    _, cold, _ = run("cold", False)
+    assert sum(r["train/step_graph_captures"] for r in cold) > 0
+    for a, b in zip(cold, rows):
+        for key in ("train/reward", "train/response_len", "train/gen_tokens", "train/policy_loss"):
+            assert a[key] == b[key], key

@@ -1179,6 +1179,43 @@ def test_every_step_request_meets_every_graph_a_longer_request_would(trained, fa
         call: 1 for call, s in status.items() if s["graphs"]}
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("family", ("plain", "dspark", "eagle3"))
+def test_warm_up_meets_every_graph_of_the_turns_within_its_bound(trained, family, monkeypatch):
+    """A multi-turn episode's turns: fewer rows as episodes end, longer prompts (its tokens and observations so far),
+    smaller budgets. After ``warm_up(rows, longest, max_new_tokens)`` no turn within those bounds captures a graph
+    (prompts padded to the GPU's 16-token buckets, batches to powers of two); an engine without it does. The
+    turns' tokens are those of the engine without it."""
+    pol, prompts, drafts = trained
+    if family != "plain":
+        pol.set_taps(drafts[family].tap_spec)
+    make = (lambda: None) if family == "plain" else (lambda: proposer(drafts[family]))
+    monkeypatch.setattr(GraphedCallable, "emulate_replay", True)
+
+    def engine():
+        eng = RolloutEngine(pol, make(), cuda_graphs="all", bucket_batch=True)
+        eng.static_decoder.prompt_bucket = PROMPT_BUCKET         # the GPU's padding (a CPU pads to the token)
+        return eng
+
+    warm, control = engine(), engine()
+    kw = dict(temperature=1.0, stop_tokens=[5, 9])
+    assert warm.warm_up(4, 40, 24, greedy=False, **kw) == 2 * 3       # batches of 4 and 2 rows; widths 48, 32, 16
+    g = torch.Generator().manual_seed(0)
+    grown = [p + torch.randint(0, 127, (n,), generator=g).tolist() for p, n in zip(prompts[:4], (3, 30, 12, 36))]
+    turns = [(prompts[:4], 24), (grown, 20), (grown[1:], 13), (grown[3:], 4), (grown[2:3], 24)]
+    captured = {"warm": 0, "control": 0}
+    for i, (ps, budget) in enumerate(turns):
+        out = {}
+        for name, eng in (("warm", warm), ("control", control)):
+            n0 = GraphedCallable.total_captures
+            out[name] = eng.generate(ps, max_new_tokens=budget, seed=i, **kw)
+            captured[name] += GraphedCallable.total_captures - n0
+        assert_same_rollout(out["warm"], out["control"])
+    assert captured["warm"] == 0 and captured["control"] > 0
+    with pytest.raises(ValueError, match="warm_up needs a static-cache engine"):
+        RolloutEngine(pol, make()).warm_up(4, 40, 24, greedy=True, temperature=1.0)
+
+
 @pytest.mark.timeout(60)
 def test_every_step_needs_a_static_cache_engine(trained):
     pol, prompts, _ = trained
