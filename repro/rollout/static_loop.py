@@ -17,7 +17,7 @@ from repro.rollout.result import AcceptanceCounters, RolloutResult
 
 PROMPT_BUCKET = 16     # fused mode with static compiled shapes: prompts are left-padded to a multiple of this
 SHARED_POOL_CALLS = ("prefill", "step", "accept")     # a state's graphed calls whose graphs share one memory pool
-OUTPUT_BUCKET = 64     # the output buffers' width is rounded up to this: requests of nearby budgets share graphs
+OUTPUT_BUCKET = 64     # a state's output buffers grow to a multiple of this many columns (StaticDecoder.outputs)
 
 
 class StaticDecoder:
