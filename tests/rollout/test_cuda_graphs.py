@@ -1180,12 +1180,14 @@ def test_every_step_request_meets_every_graph_a_longer_request_would(trained, fa
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("family", ("plain", "dspark", "eagle3"))
-def test_warm_up_meets_every_graph_of_the_turns_within_its_bound(trained, family, monkeypatch):
+@pytest.mark.parametrize("family, batching", [("plain", "bucketed"), ("dspark", "bucketed"), ("eagle3", "bucketed"),
+                                              ("dspark", "training batch")])
+def test_warm_up_meets_every_graph_of_the_turns_within_its_bound(trained, family, batching, monkeypatch):
     """A multi-turn episode's turns: fewer rows as episodes end, longer prompts (its tokens and observations so far),
     smaller budgets. After ``warm_up(rows, longest, max_new_tokens)`` no turn within those bounds captures a graph
-    (prompts padded to the GPU's 16-token buckets, batches to powers of two); an engine without it does. The
-    turns' tokens are those of the engine without it."""
+    (prompts padded to the GPU's 16-token buckets; batches to powers of two, or every turn on the training batch's
+    rows as a trainer on a GPU runs them, ``min_static_rows``); an engine without it does. The turns' tokens are
+    those of the engine without it."""
     pol, prompts, drafts = trained
     if family != "plain":
         pol.set_taps(drafts[family].tap_spec)
@@ -1193,13 +1195,15 @@ def test_warm_up_meets_every_graph_of_the_turns_within_its_bound(trained, family
     monkeypatch.setattr(GraphedCallable, "emulate_replay", True)
 
     def engine():
-        eng = RolloutEngine(pol, make(), cuda_graphs="all", bucket_batch=True)
+        rows = dict(bucket_batch=True) if batching == "bucketed" else dict(min_static_rows=4)
+        eng = RolloutEngine(pol, make(), cuda_graphs="all", **rows)
         eng.static_decoder.prompt_bucket = PROMPT_BUCKET         # the GPU's padding (a CPU pads to the token)
         return eng
 
     warm, control = engine(), engine()
     kw = dict(temperature=1.0, stop_tokens=[5, 9])
-    assert warm.warm_up(4, 40, 24, greedy=False, **kw) == 2 * 3       # batches of 4 and 2 rows; widths 48, 32, 16
+    batches = 2 if batching == "bucketed" else 1          # of 4 and 2 rows, or of 4; widths 48, 32, 16
+    assert warm.warm_up(4, 40, 24, greedy=False, **kw) == batches * 3
     g = torch.Generator().manual_seed(0)
     grown = [p + torch.randint(0, 127, (n,), generator=g).tolist() for p, n in zip(prompts[:4], (3, 30, 12, 36))]
     turns = [(prompts[:4], 24), (grown, 20), (grown[1:], 13), (grown[3:], 4), (grown[2:3], 24)]
