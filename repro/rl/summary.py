@@ -112,6 +112,10 @@ def overhead_interval_pct(baseline: list[float], drafted: list[float], level: fl
 
 BASES = {"wall": ("train/rollout_time_s", "train/update_time_s", "train/step_time_s"),
          "cpu": ("train/rollout_cpu_s", "train/update_cpu_s", "train/step_cpu_s")}
+# warm-up work an averaged step did (its times hold it): the summary's count of such steps, the per-step metric
+# it counts, and the warning's words for what the steps did and what their times include
+WARM_UP_LEFT = (("averaged_steps_compiling", "train/compiled_graphs", "compiled graphs", "the compilation"),
+                ("averaged_steps_capturing", "train/step_graph_captures", "captured CUDA graphs", "the captures"))
 
 
 def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int = 0,
@@ -152,12 +156,10 @@ def summarize(artifact: str, rows: dict[str, dict], runs: Path, skip_steps: int 
         if basis != "wall":
             for name, key in zip(("rollout_time_s", "update_time_s", "step_time_s"), BASES["wall"]):
                 m[name + "_wall"] = _mean(_col(s, key))
-        compiled = _col(s, "train/compiled_graphs")
-        if compiled:     # averaged steps in which dynamo compiled: their times hold the compilation
-            m["averaged_steps_compiling"] = float(sum(1 for c in compiled if c > 0))
-        captured = _col(s, "train/step_graph_captures")
-        if captured:     # averaged steps that captured CUDA graphs: their times hold the captures
-            m["averaged_steps_capturing"] = float(sum(1 for c in captured if c > 0))
+        for name, key, _, _ in WARM_UP_LEFT:
+            counts = _col(s, key)
+            if counts:
+                m[name] = float(sum(1 for c in counts if c > 0))
         m["train_inference_kl"] = _mean(_col(s, "train/train_inference_kl"))
         m["reward"] = _mean(_col(s, "train/reward"))
         if _col(s, "train/tap_wait_s"):
@@ -275,14 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     for row, metrics in result.items():
         print(f"{row:<{width}}  " + "  ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
     for row, metrics in result.items():
-        if metrics.get("averaged_steps_compiling"):
-            print(f"summary: warning: row {row!r}: {metrics['averaged_steps_compiling']:.0f} of the averaged steps "
-                  "compiled graphs (their times include the compilation; see train/compiled_graphs in its "
-                  "metrics.jsonl)", file=sys.stderr)
-        if metrics.get("averaged_steps_capturing"):
-            print(f"summary: warning: row {row!r}: {metrics['averaged_steps_capturing']:.0f} of the averaged steps "
-                  "captured CUDA graphs (their times include the captures; see train/step_graph_captures in its "
-                  "metrics.jsonl)", file=sys.stderr)
+        for name, key, did, work in WARM_UP_LEFT:
+            if metrics.get(name):
+                print(f"summary: warning: row {row!r}: {metrics[name]:.0f} of the averaged steps {did} (their times "
+                      f"include {work}; see {key} in its metrics.jsonl)", file=sys.stderr)
     return 0
 
 
