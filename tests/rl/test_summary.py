@@ -215,6 +215,25 @@ def test_averaged_steps_that_captured_graphs_are_counted(tmp_path, capsys):
     assert s["DFlash"]["averaged_steps_capturing"] == 2.0
 
 
+def test_the_summary_warns_of_each_row_whose_averaged_steps_compiled_or_captured(tmp_path, capsys):
+    """The command names each row whose averaged steps did warm-up work, how many and which metric to read."""
+    from repro.rl.summary import main
+    base = _steps(5, rollout=2.0, update=1.0, tokens=10, cpu=(2.0, 1.0))
+    drafted = _steps(5, rollout=1.0, update=1.0, tokens=10, al=2.0, cpu=(1.0, 1.0))
+    for i, s in enumerate(drafted):
+        s["train/step_graph_captures"] = {0: 40, 2: 1, 4: 3}.get(i, 0)
+        s["train/compiled_graphs"] = {3: 1}.get(i, 0)
+    _write_run(tmp_path, "Qwen3-8B/no draft", base)
+    _write_run(tmp_path, "Qwen3-8B/DFlash", drafted)
+    assert main(["--artifact", "table1", "--runs", str(tmp_path), "--rows", "Qwen3-8B/no draft,Qwen3-8B/DFlash"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [
+        "summary: warning: row 'Qwen3-8B/DFlash': 1 of the averaged steps compiled graphs (their times include the "
+        "compilation; see train/compiled_graphs in its metrics.jsonl)",
+        "summary: warning: row 'Qwen3-8B/DFlash': 2 of the averaged steps captured CUDA graphs (their times include "
+        "the captures; see train/step_graph_captures in its metrics.jsonl)"]
+
+
 def test_tables_name_the_rows_whose_averaged_steps_compiled(tmp_path):
     metrics = (("acceptance_length", 2.5), ("rollout_speedup", 1.4), ("e2e_speedup", 1.2))
     clean = _tidy([{"run": "s", "row": "Qwen3-8B/DFlash", "step": 0, "metric": m, "value": v} for m, v in metrics]
