@@ -41,7 +41,7 @@ from repro.decoding.kv import SlotTable, gather_hf_cache, select_hf_cache_rows, 
 from repro.decoding.merged_projections import merged_projections
 from repro.decoding.policy_cache import SharedKVStorage
 from repro.decoding.sampling import verify
-from repro.decoding.static_kv import batch_bucket, bucketed, slots_needed, symbolic_views
+from repro.decoding.static_kv import VIEW_BUCKET, batch_bucket, bucketed, slots_needed, symbolic_views
 from repro.models.policy import Policy
 from repro.rollout.proposer import Proposer
 from repro.rollout.result import AcceptanceCounters, RolloutResult, check_request  # noqa: F401 (re-exported)
@@ -238,9 +238,11 @@ class RolloutEngine:
         ``rows`` prompts of at most ``longest`` tokens, with a budget of at most ``max_new_tokens`` and the same
         sampling settings and number of stop tokens, can meet (a multi-turn episode's turns, whose prompts are known
         only as they run). For each static batch such requests run on: one request per prompt width the prefill
-        pads to, widest first (its caches serve every narrower request: ``StateCache.get_covering``), each for every
-        step (``every_step``, so every attention view from its prompt on). Prompts longer than ``max_model_len``
-        allows are left out, as such requests fail. Returns the requests run. Static-cache engines only."""
+        pads to (its graph is one per width), widest first (its caches serve every narrower request:
+        ``StateCache.get_covering``), each for every step (``every_step``, so every attention view from its prompt
+        on); where prompts are not padded (no prefill graphs), one every ``VIEW_BUCKET`` tokens, enough to meet
+        every view. Prompts longer than ``max_model_len`` allows are left out, as such requests fail. Returns the
+        requests run. Static-cache engines only."""
         if self.static_decoder is None:
             raise ValueError(f"warm_up needs a static-cache engine (cuda_graphs one of {STATIC_MODES}), "
                              f"got cuda_graphs={self.cuda_graphs!r}")
@@ -250,7 +252,7 @@ class RolloutEngine:
         cap = self.max_model_len - max_new_tokens - self.k       # check_request's longest prompt
         bucket = self.static_decoder.prompt_bucket
         top = self.static_decoder.prompt_columns(min(longest, cap)) if cap >= 1 else 0
-        widths = sorted({min(w, cap) for w in range(top, 0, -bucket)}, reverse=True)
+        widths = sorted({min(w, cap) for w in range(top, 0, -(bucket if bucket > 1 else VIEW_BUCKET))}, reverse=True)
         batches: dict[int, int] = {}          # static rows -> the most prompts a request on them has
         for b in range(rows, 0, -1):
             batches.setdefault(self.static_rows(b), b)

@@ -1220,6 +1220,25 @@ def test_warm_up_meets_every_graph_of_the_turns_within_its_bound(trained, family
         RolloutEngine(pol, make()).warm_up(4, 40, 24, greedy=True, temperature=1.0)
 
 
+@pytest.mark.timeout(120)
+def test_warm_up_widths_follow_the_prefill_padding(trained, monkeypatch):
+    """Padded prompts (one prefill graph per width): a request per width, widest first. Unpadded ones (a CPU, or
+    the fused mode, which graphs no prefill): a request every VIEW_BUCKET tokens, each meeting every attention view
+    from its prompt's on. Widths past what max_model_len allows with the budget are left out."""
+    pol, _, _ = trained
+    eng = RolloutEngine(pol, cuda_graphs="all", min_static_rows=4, max_model_len=180)
+    widths = []
+    generate = eng.generate
+    monkeypatch.setattr(eng, "generate", lambda ps, **kw: widths.append((len(ps), len(ps[0]))) or generate(ps, **kw))
+    assert eng.static_decoder.prompt_bucket == 1
+    assert eng.warm_up(3, 150, 8, greedy=True, temperature=1.0) == 3
+    assert widths == [(3, 150), (3, 150 - VIEW_BUCKET), (3, 150 - 2 * VIEW_BUCKET)]
+    widths.clear()
+    eng.static_decoder.prompt_bucket = PROMPT_BUCKET
+    assert eng.warm_up(2, 170, 8, greedy=True, temperature=1.0) == 11        # 172 allowed: widths 172, 160, ..., 16
+    assert widths == [(2, 172)] + [(2, w) for w in range(160, 0, -PROMPT_BUCKET)]
+
+
 @pytest.mark.timeout(60)
 def test_every_step_needs_a_static_cache_engine(trained):
     pol, prompts, _ = trained
