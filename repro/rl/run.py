@@ -55,9 +55,11 @@ def build_row(profile: str, artifact: str, row: str, *, out: str, seed: int = 0,
     first = trainer.try_resume(restart_on_config_change)
     if first:
         print(f"[{artifact} {row}] resuming at step {first}", flush=True)
-    if shapes := trainer.warm_up():
-        print(f"[{artifact} {row}] warmed the engine for {shapes} request shape(s) of steps {first}-"
-              f"{cfg.steps - 1} and for the validation's", flush=True)
+    if warmed := trainer.warm_up():
+        what = (f"{warmed} request(s) up to the turns' bound" if cfg.workload.name == "workplace" else
+                f"{warmed} request shape(s)")       # CoTrainer.warm_up: what its count is
+        print(f"[{artifact} {row}] warmed the engine with {what} of steps {first}-{cfg.steps - 1} and for the "
+              "validation's", flush=True)
     return prof, trainer, first
 
 
