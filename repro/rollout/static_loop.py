@@ -88,18 +88,21 @@ class StaticDecoder:
                              torch.zeros(R, W, dtype=torch.float32, device=dev))
         return st["outputs"]
 
+    @staticmethod
+    def _long_buffer(st: dict, key: str, *shape: int) -> torch.Tensor:
+        """The state's integer buffer ``key`` (zeros of ``shape`` when first asked for): graphs read it by address."""
+        if key not in st:
+            st[key] = torch.zeros(shape, dtype=torch.long, device=st["cache"].device)
+        return st[key]
+
     def row_limit(self, st: dict) -> torch.Tensor:
         """The state's ``[]`` buffer of the request's token budget: the accept step's graphs read it by address, so
         requests of any budget (a multi-turn episode's turns) replay the same graphs."""
-        if "limit" not in st:
-            st["limit"] = torch.zeros((), dtype=torch.long, device=st["cache"].device)
-        return st["limit"]
+        return self._long_buffer(st, "limit")
 
     def row_pad(self, st: dict) -> torch.Tensor:
         """The state's ``[R]`` buffer of each row's left padding (the verify steps' graphs read it by address)."""
-        if "pad" not in st:
-            st["pad"] = torch.zeros(st["cache"].batch, dtype=torch.long, device=st["cache"].device)
-        return st["pad"]
+        return self._long_buffer(st, "pad", st["cache"].batch)
 
     def graph_status(self) -> dict:
         out = {}
