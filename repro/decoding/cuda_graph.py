@@ -9,6 +9,13 @@ long-lived buffers: the first call's tensors become the static inputs (no copies
 again). The returned outputs are the static ones: they are overwritten by the next replay (with
 ``shared_pool=True``, whose graphs share one memory pool, by the next call of any key).
 
+Graphs of callables whose calls never overlap may share memory pools beyond that: inside ``shared_graph_pools()``,
+each ``shared_pool`` callable made takes its pool by ``pool_key`` (its name unless given) from one ``GraphPools``, so
+the engines of a lockstep's rows (``repro.rl.lockstep``), whose requests run one after another, hold each graphed
+call's largest graph's temporaries once, not once an engine and request shape. What a call returns is then valid until
+the next call of any callable of its pool key; under ``emulate_replay`` each call poisons the fresh outputs of the
+other graphs of its pool (NaN, or an impossible integer), so a caller that reads an output after that fails on the CPU.
+
 ``fn`` must be replay-safe: it may write into persistent tensors (caches), but the same inputs must give the same
 writes (the warm-up runs it for real before the replay runs it again); it must not synchronise with the host, copy
 CPU tensors it creates to the device, or skip work through a memo keyed on tensor identity. A failed capture never
@@ -20,13 +27,16 @@ wrong on the CPU as on a GPU.
     step = GraphedCallable(lambda x: model(x), "draft.propose", enabled=True)
     y = step(x, greedy=True)          # eager on CPU; captured once per input shape on CUDA, then replayed
     step.fallback_reason              # None, or why capture failed
+    with shared_graph_pools():        # engines built here share one pool per graphed call (rows taking turns)
+        engines = [build(row) for row in rows]
 """
 from __future__ import annotations
 
 import contextlib
 import gc
 import logging
-from collections.abc import Callable, Hashable
+import weakref
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import torch
@@ -85,6 +95,71 @@ def capture_into(graph: torch.cuda.CUDAGraph, pool=None):
             gc.enable()
 
 
+class GraphPools:
+    """CUDA graph memory pools by key, for graphed callables whose calls never overlap (``shared_graph_pools``)."""
+
+    def __init__(self):
+        self._handles: dict[str, Any] = {}
+        self._members: dict[str, weakref.WeakSet] = {}
+
+    def join(self, key: str, callable_: "GraphedCallable") -> None:
+        self._members.setdefault(key, weakref.WeakSet()).add(callable_)
+
+    def members(self, key: str) -> list["GraphedCallable"]:
+        """The callables that capture into ``key``'s pool."""
+        return list(self._members.get(key, ()))
+
+    def handle(self, key: str):
+        """``key``'s pool (made on first use)."""
+        if key not in self._handles:
+            self._handles[key] = torch.cuda.graph_pool_handle()
+        return self._handles[key]
+
+    def discard(self, key: str, handle) -> None:
+        """Forget ``key``'s pool if it is ``handle`` (a broken capture may leave it recording): the next capture of
+        any member takes a fresh one; graphs already captured into it keep it."""
+        if self._handles.get(key) is handle:
+            del self._handles[key]
+
+    def keys(self) -> list[str]:
+        return list(self._handles)
+
+
+_ACTIVE_POOLS: list[GraphPools] = []
+
+
+@contextlib.contextmanager
+def shared_graph_pools(pools: GraphPools | None = None) -> Iterator[GraphPools]:
+    """Every ``shared_pool`` GraphedCallable made inside takes its pool from ``pools`` (a new ``GraphPools`` if
+    none) by its ``pool_key``, for its whole life. Only for callables that never run while another of the same key
+    still needs its outputs: the rollout engines of rows that take turns, each request's outputs read within it."""
+    pools = pools if pools is not None else GraphPools()
+    _ACTIVE_POOLS.append(pools)
+    try:
+        yield pools
+    finally:
+        _ACTIVE_POOLS.remove(pools)
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    """The tensors in a call's outputs (tensors, possibly nested in tuples/lists, or None)."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in _tensors(item)]
+    return []
+
+
+def _poison(t: torch.Tensor) -> None:
+    """Overwrite an emulated graph's output as another graph of its pool may: NaN, or an impossible integer."""
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.logical_not_()
+    else:
+        t.fill_(torch.iinfo(t.dtype).min)
+
+
 def _copy_into(dst: Any, src: Any) -> None:
     """Copy a call's outputs (tensors, possibly nested in tuples/lists, or None) into the static ones."""
     if isinstance(dst, torch.Tensor):
@@ -100,7 +175,7 @@ class GraphedCallable:
     emulate_replay = False   # tests: replay semantics on CPU (see the module docstring)
 
     def __init__(self, fn: Callable[..., Any], name: str, *, enabled: bool = True, warmup: int = 2,
-                 persistent_inputs: bool = False, shared_pool: bool = False):
+                 persistent_inputs: bool = False, shared_pool: bool = False, pool_key: str | None = None):
         if warmup < 1:
             raise ValueError(f"warmup must be >= 1 (lazy initialisation must happen before capture), got {warmup}")
         self.fn, self.name, self.enabled, self.warmup = fn, name, enabled, warmup
@@ -110,15 +185,22 @@ class GraphedCallable:
         # outputs are read before the next call (of any key) overwrites them
         self.shared_pool = shared_pool
         self._pool = None
+        # inside shared_graph_pools(): the pool is the registry's for pool_key, shared with other callables
+        self.pool_key = pool_key or name
+        self._registry = _ACTIVE_POOLS[-1] if shared_pool and _ACTIVE_POOLS else None
+        if self._registry is not None:
+            self._registry.join(self.pool_key, self)
         self.fallback_reason: str | None = None
         self.captures = 0
         self.replays = 0
         self.eager_calls = 0
         self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Any]] = {}
+        self._fresh_outputs: dict[Hashable, list[torch.Tensor]] = {}     # emulation: outputs a replay may overwrite
 
     def reset(self) -> None:
         """Forget every captured graph (call when the persistent tensors ``fn`` writes are reallocated)."""
         self._graphs.clear()
+        self._fresh_outputs.clear()
         self.fallback_reason = None
 
     @staticmethod
@@ -171,6 +253,8 @@ class GraphedCallable:
                     torch.cuda.synchronize()
                 # a broken capture can leave the allocator recording into its pool: capturing into that pool again
                 # fails ("beginAllocateToPool: already recording to mempool_id"), so the retry takes a fresh one
+                if self._registry is not None and self._pool is not None:
+                    self._registry.discard(self.pool_key, self._pool)
                 self._pool = None
                 if isinstance(exc, torch.OutOfMemoryError):
                     # a graph's pool cannot use the ordinary pool's cached free blocks: hand them back to the
@@ -187,13 +271,21 @@ class GraphedCallable:
     def _emulated(self, inputs: tuple[torch.Tensor, ...], settings: dict[str, Hashable]) -> Any:
         k = self.graph_key(inputs, settings)
         entry = self._graphs.get(k)
+        self._poison_pool_peers(k)
         if entry is None:
             static_in = list(inputs) if self.persistent_inputs else [x.clone() for x in inputs]
-            for _ in range(self.warmup):
+            for _ in range(self.warmup - 1):
                 self.fn(*static_in, **settings)
-            entry = self._graphs[k] = (None, static_in, self.fn(*static_in, **settings))
+            before = _tensors(self.fn(*static_in, **settings))      # kept alive: a fresh output cannot reuse it
+            static_out = self.fn(*static_in, **settings)
+            # the outputs the capture allocated (in the graph's pool on a GPU), not tensors fn hands back from
+            # elsewhere (its inputs, persistent buffers): those a call returns at the same address every time
+            kept = {t.untyped_storage().data_ptr() for t in before}
+            fresh = [t for t in _tensors(static_out) if t.untyped_storage().data_ptr() not in kept]
+            entry = self._graphs[k] = (None, static_in, static_out)
+            self._fresh_outputs[k] = fresh
             self._count_capture()
-            return entry[2]
+            return static_out
         _, static_in, static_out = entry
         for s, x in zip(static_in, inputs):
             if s is not x:
@@ -201,6 +293,20 @@ class GraphedCallable:
         _copy_into(static_out, self.fn(*static_in, **settings))
         self.replays += 1
         return static_out
+
+    def pool_peers(self) -> list["GraphedCallable"]:
+        """The callables whose graphs share this one's memory pool (itself included; none without ``shared_pool``)."""
+        if not self.shared_pool:
+            return []
+        return self._registry.members(self.pool_key) if self._registry is not None else [self]
+
+    def _poison_pool_peers(self, key: Hashable) -> None:
+        """Emulation: a graph's replay may overwrite what the other graphs of its pool returned."""
+        for peer in self.pool_peers():
+            for k, outs in peer._fresh_outputs.items():
+                if peer is not self or k != key:
+                    for t in outs:
+                        _poison(t)
 
     def _capture(self, inputs: tuple[torch.Tensor, ...], settings: dict[str, Hashable]):
         static_in = list(inputs) if self.persistent_inputs else [x.clone() for x in inputs]
@@ -218,7 +324,8 @@ class GraphedCallable:
     def capture_pool(self):
         """The memory pool the next capture allocates from: this callable's shared one, or None (a pool of its own)."""
         if self.shared_pool and self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
+            self._pool = (self._registry.handle(self.pool_key) if self._registry is not None
+                          else torch.cuda.graph_pool_handle())
         return self._pool if self.shared_pool else None
 
     @property

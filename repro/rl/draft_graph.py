@@ -57,9 +57,10 @@ class DraftTrainStep:
         self.rope = draft.backbone.rope if self.anchored else draft.rope
         self.params = [p for p in draft.parameters() if p.requires_grad]
         # the sequence buckets' graphs share one memory pool (a run's longest rows hold the most activations, not
-        # the sum over every bucket met): safe, as each call's loss and gradients are read before the next call
+        # the sum over every bucket met): safe, as each call's loss and gradients are read before the next call.
+        # Under shared_graph_pools (a lockstep's rows, updating one after another) every draft's step shares it
         self.graph = GraphedCallable(self._loss_and_grads, f"{type(draft).__name__}.train_step", enabled=cuda_graphs,
-                                     shared_pool=True)
+                                     shared_pool=True, pool_key="draft.train_step")
 
     def bucket_length(self, length: int) -> int:
         """The padded length a call over rows of ``length`` tokens runs (and is captured) at."""

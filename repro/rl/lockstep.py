@@ -9,7 +9,8 @@ cost of its draft. Each row still trains exactly as alone (its own models, optim
 metrics.jsonl, checkpoints, run.json as ``repro.rl.run`` writes them; tests/rl/test_lockstep.py checks a lockstep
 row's values equal its separate run's), resumes from its own last checkpoint, and runs its probe (``pp_probe``) after
 the last step. What the rows share is memory that only one rollout uses at a time: their static policy caches live
-on one pair of buffers (``SharedKVStorage``), so on one GPU a lockstep holds one policy cache, not one a row.
+on one pair of buffers (``SharedKVStorage``), so on one GPU a lockstep holds one policy cache, not one a row, and
+their graphed calls capture into one memory pool per call (``shared_graph_pools``), not one a row.
 A row written ``label@k`` is the row's sampling-seed replica k (profile key ``baseline_seeds``): it trains as its
 separate ``repro.rl.run --sampling-seed k`` would, into ``<row folder>_sampling<k>``.
 
@@ -32,6 +33,7 @@ from repro.core.io import write_json_atomic
 from repro.core.layout import replica_run_name, run_dir_name
 from repro.core.profile import ProfileError
 from repro.core.specs import ARTIFACTS, ConfigError
+from repro.decoding.cuda_graph import shared_graph_pools
 from repro.decoding.policy_cache import SharedKVStorage
 from repro.rl.config import ENGINES
 from repro.rl.run import RESTART_HELP, build_row, row_logger, run_probes, write_run_record
@@ -73,8 +75,15 @@ def main(argv: list[str] | None = None) -> int:
             plan.append((replica_run_name(run_dir_name(row), int(k)), row, int(k)))
         else:
             ap.error(f"--rows entry {entry!r} is invalid: expected a row label, or label@k with k an integer >= 0")
+    # the rows' rollouts (and updates) run one after another, so their static policy caches share one pair of
+    # buffers and their graphed calls one memory pool per call (repro.decoding.cuda_graph.shared_graph_pools): on
+    # one GPU the lockstep holds each call's largest graph's temporaries once, not once a row and request shape
+    with shared_graph_pools():
+        return _run_rows(args, rows, plan)
+
+
+def _run_rows(args: argparse.Namespace, rows: list[str], plan: list[tuple[str, str, int | None]]) -> int:
     runs = []            # (name, profile, trainer, first step to run); every config checked before any training
-    # the rows' rollouts run one after another, so their static policy caches share one pair of buffers
     kv_storage = SharedKVStorage()
     try:
         for name, row, sampling in plan:

@@ -14,7 +14,7 @@ import logging
 import pytest
 import torch
 
-from repro.decoding.cuda_graph import GraphedCallable
+from repro.decoding.cuda_graph import GraphedCallable, shared_graph_pools
 from repro.decoding.sampling import sample_with_noise
 from repro.decoding.static_kv import VIEW_BUCKET, Cursor, StaticSlots, slots_needed
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
@@ -566,6 +566,104 @@ def test_a_retried_capture_takes_a_fresh_shared_pool(monkeypatch):
     g(torch.ones(3))
     g(torch.ones(4))
     assert pools == [handles[0], handles[1], handles[1]] and g.captures == 2
+
+
+@pytest.mark.timeout(30)
+def test_shared_graph_pools_give_callables_of_one_key_one_pool(monkeypatch):
+    """Inside ``shared_graph_pools()`` the ``shared_pool`` callables made take their pool by key from one registry
+    (made once a key), for their whole life; outside, each has its own; a callable without ``shared_pool`` has none. A
+    broken capture drops the key's pool, so the next capture of any member takes a fresh one."""
+    handles = []
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: handles.append(object()) or handles[-1])
+    with shared_graph_pools() as pools:
+        a, b = (GraphedCallable(lambda x: x, "policy.step", shared_pool=True) for _ in range(2))
+        c = GraphedCallable(lambda x: x, "DFlashDraft.train_step", shared_pool=True, pool_key="draft.train_step")
+        d = GraphedCallable(lambda x: x, "EAGLE3Draft.train_step", shared_pool=True, pool_key="draft.train_step")
+        own = GraphedCallable(lambda x: x, "policy.step")
+    alone = GraphedCallable(lambda x: x, "policy.step", shared_pool=True)
+    assert a.capture_pool() is b.capture_pool() is handles[0]
+    assert c.capture_pool() is d.capture_pool() is handles[1] and own.capture_pool() is None
+    assert alone.capture_pool() is handles[2] and len(handles) == 3
+    assert set(pools.members("policy.step")) == {a, b} and sorted(pools.keys()) == ["draft.train_step", "policy.step"]
+    assert set(a.pool_peers()) == {a, b} and alone.pool_peers() == [alone] and own.pool_peers() == []
+
+    def broken(inputs, settings):
+        a.capture_pool()
+        raise RuntimeError("operation failed due to a previous error during capture")
+
+    a.would_capture = lambda inputs: True
+    a._capture = broken
+    with caplog_off():
+        a(torch.ones(2))                                  # both attempts fail: it runs eagerly
+    assert a.fallback_reason and b.capture_pool() is handles[0]       # b captured into it already: keeps it
+    b._pool = None                                        # b's next capture: a fresh pool, the key's from then on
+    fresh = b.capture_pool()
+    assert fresh is handles[-1] and fresh is not handles[0] and pools.handle("policy.step") is fresh
+
+
+@contextlib.contextmanager
+def caplog_off():
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+@pytest.mark.timeout(30)
+def test_replay_emulation_poisons_the_fresh_outputs_of_a_pools_other_graphs(monkeypatch):
+    """Under ``emulate_replay`` a call overwrites what the other graphs of its pool returned (as its replay may on a
+    GPU), the call's own graph included only for its other keys; outputs ``fn`` hands back from elsewhere (an input,
+    a persistent buffer) are not the pool's and stay."""
+    monkeypatch.setattr(GraphedCallable, "emulate_replay", True)
+    persistent = torch.arange(3.0)
+    with shared_graph_pools():
+        f = GraphedCallable(lambda x: (x * 2, persistent, x), "f", shared_pool=True, persistent_inputs=True)
+        g = GraphedCallable(lambda x: (x + 1).long(), "f", shared_pool=True)
+    other = GraphedCallable(lambda x: x - 1, "other", shared_pool=True)
+    x = torch.ones(3)
+    doubled, kept, same = f(x)
+    assert doubled.tolist() == [2.0] * 3 and kept is persistent and same is x
+    assert f(x)[0] is doubled and doubled.tolist() == [2.0] * 3            # its own key: replayed, not poisoned
+    other(torch.ones(3))                                                   # another pool: nothing poisoned
+    assert doubled.tolist() == [2.0] * 3
+    ints = g(x)
+    assert torch.isnan(doubled).all() and persistent.tolist() == [0.0, 1.0, 2.0] and x.tolist() == [1.0] * 3
+    f(torch.ones(3))
+    assert (ints == torch.iinfo(torch.long).min).all() and doubled.tolist() == [2.0] * 3
+    wide = f(torch.ones(4))[0]                                             # the same callable's other key
+    assert torch.isnan(doubled).all() and wide.tolist() == [2.0] * 4
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("family", ("plain", *FAMILIES))
+def test_engines_sharing_graph_pools_generate_what_they_do_alone(trained, family, monkeypatch):
+    """Two engines of different policies (same shapes), built inside ``shared_graph_pools()`` on one
+    ``SharedKVStorage`` as a lockstep's rows are, under replay emulation (every call poisoning the outputs of the
+    other graphs of its pool, both engines' and both request shapes'), requests alternating between them: every
+    result equals the same engine's alone. An output read after another graph of its pool replayed would not."""
+    from repro.decoding.policy_cache import SharedKVStorage
+
+    pol, prompts, drafts = trained
+    other = build_policy("qwen3", "tiny", seed=9, init_std=0.3)
+    make = (lambda: None) if family == "plain" else (lambda: proposer(drafts[family]))
+    if family != "plain":
+        for p in (pol, other):
+            p.set_taps(drafts[family].tap_spec)
+    alone = [RolloutEngine(p, make(), cuda_graphs="all") for p in (pol, other)]
+    requests = [(ragged(prompts), {"greedy": True}), (prompts[6:8], {"greedy": False, "seed": 3}),
+                (ragged(prompts)[::-1], {"greedy": False, "seed": 4, "stop_tokens": [5]})]
+    want = [[eng.generate(ps, max_new_tokens=12, **kw) for eng in alone] for ps, kw in requests]
+    monkeypatch.setattr(GraphedCallable, "emulate_replay", True)
+    storage = SharedKVStorage()
+    with shared_graph_pools() as pools:                  # the engines' graphed calls are made per request shape
+        shared = [RolloutEngine(p, make(), cuda_graphs="all", kv_storage=storage) for p in (pol, other)]
+        for (ps, kw), w in zip(requests, want):
+            for eng, w_eng in zip(shared, w):
+                assert_same_rollout(eng.generate(ps, max_new_tokens=12, **kw), w_eng)
+    members = pools.members("policy.step")
+    assert len(members) == 4                          # two engines, two request shapes each: one pool
+    assert sum(len(m._fresh_outputs[k]) > 0 for m in members for k in m._fresh_outputs) >= 4     # poisoned ones
 
 
 @pytest.mark.timeout(30)
