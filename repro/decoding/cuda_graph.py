@@ -124,8 +124,23 @@ class GraphPools:
     def keys(self) -> list[str]:
         return list(self._handles)
 
+    def segment_bytes(self, segments: list[dict]) -> dict[str, int]:
+        """Bytes each key's pool holds among ``segments`` (``torch.cuda.memory_snapshot()``'s)."""
+        key_of = {tuple(h): k for k, h in self._handles.items()}
+        held = dict.fromkeys(self._handles, 0)
+        for seg in segments:
+            key = key_of.get(tuple(seg.get("segment_pool_id", (0, 0))))
+            if key is not None:
+                held[key] += seg["total_size"]
+        return held
+
 
 _ACTIVE_POOLS: list[GraphPools] = []
+
+
+def active_graph_pools() -> GraphPools | None:
+    """The ``GraphPools`` of the innermost ``shared_graph_pools()`` now open, if any."""
+    return _ACTIVE_POOLS[-1] if _ACTIVE_POOLS else None
 
 
 @contextlib.contextmanager

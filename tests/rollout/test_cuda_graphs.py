@@ -14,7 +14,7 @@ import logging
 import pytest
 import torch
 
-from repro.decoding.cuda_graph import GraphedCallable, shared_graph_pools
+from repro.decoding.cuda_graph import GraphedCallable, active_graph_pools, shared_graph_pools
 from repro.decoding.sampling import sample_with_noise
 from repro.decoding.static_kv import VIEW_BUCKET, Cursor, StaticSlots, slots_needed
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
@@ -599,6 +599,23 @@ def test_shared_graph_pools_give_callables_of_one_key_one_pool(monkeypatch):
     b._pool = None                                        # b's next capture: a fresh pool, the key's from then on
     fresh = b.capture_pool()
     assert fresh is handles[-1] and fresh is not handles[0] and pools.handle("policy.step") is fresh
+
+
+def test_graph_pools_count_their_segments(monkeypatch):
+    """``segment_bytes`` sums a memory snapshot's segments by the key whose pool they belong to (the ordinary pool's
+    and other pools' left out; a key whose pool holds none: 0); ``active_graph_pools`` is the innermost open one."""
+    handles = iter([(1, 0), (2, 0)])
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(handles))
+    assert active_graph_pools() is None
+    with shared_graph_pools() as pools:
+        assert active_graph_pools() is pools
+        pools.handle("policy.step"), pools.handle("block.propose")
+        with shared_graph_pools() as inner:
+            assert active_graph_pools() is inner
+        assert active_graph_pools() is pools
+    segments = [{"segment_pool_id": (0, 0), "total_size": 7}, {"segment_pool_id": (1, 0), "total_size": 2},
+                {"segment_pool_id": (1, 0), "total_size": 3}, {"segment_pool_id": (9, 0), "total_size": 5}]
+    assert pools.segment_bytes(segments) == {"policy.step": 5, "block.propose": 0}
 
 
 @contextlib.contextmanager
