@@ -293,6 +293,11 @@ class CoTrainer:
                                 max(longest.values(), default=16) + g.max_new_tokens, batch_rows=g.rows_per_step)
             if c.rollout_backend != "suite" or self.engine.static_decoder is None or self.start_step >= c.steps:
                 return 0
+            if self.policy.device.type == "cuda":
+                # the update's compile leaves its activations cached in the ordinary pool, which the captures below
+                # cannot use (on one H100 a fig3 row's first propose capture ran out of memory with 37.8 GiB cached
+                # there, and succeeded on its retry after releasing it): hand it back before capturing
+                torch.cuda.empty_cache()
             if self.math is None:
                 return self._warm_up_turns()
             first_step: dict = {}
