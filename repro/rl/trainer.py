@@ -139,9 +139,9 @@ def _device_alloc_calls() -> int | None:
 
 def device_memory_metrics() -> dict[str, float]:
     """The process's CUDA memory after a step, in GB (empty off CUDA): allocated now, the most allocated since the
-    process started, and what the caching allocator holds in CUDA graph pools (in a lockstep, also per shared pool:
-    ``train/graph_pool_memory_gb/<call>``). In a lockstep process every row's
-    trainer counts, so these say how far the process is from the card's limit."""
+    process started, and what the caching allocator holds in CUDA graph pools (in a lockstep, also each shared
+    pool's: ``train/graph_pool_memory_gb/<call>``). In a lockstep process every row's trainer counts, so these say
+    how far the process is from the card's limit."""
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return {}
     segments = torch.cuda.memory_snapshot()
