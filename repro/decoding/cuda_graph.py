@@ -177,11 +177,14 @@ def _poison(t: torch.Tensor) -> None:
 
 def _copy_into(dst: Any, src: Any) -> None:
     """Copy a call's outputs (tensors, possibly nested in tuples/lists, or None) into the static ones."""
-    if isinstance(dst, torch.Tensor):
-        dst.copy_(src)
-    elif isinstance(dst, (tuple, list)):
-        for d, s in zip(dst, src):
-            _copy_into(d, s)
+    for d, s in zip(_tensors(dst), _tensors(src)):
+        d.copy_(s)
+
+
+def graph_pool_bytes(segments: list[dict]) -> int:
+    """Bytes the CUDA graph pools hold among ``segments`` (``torch.cuda.memory_snapshot()``'s; the ordinary pool's
+    id is ``(0, 0)``)."""
+    return sum(seg["total_size"] for seg in segments if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0))
 
 
 class GraphedCallable:
@@ -202,7 +205,7 @@ class GraphedCallable:
         self._pool = None
         # inside shared_graph_pools(): the pool is the registry's for pool_key, shared with other callables
         self.pool_key = pool_key or name
-        self._registry = _ACTIVE_POOLS[-1] if shared_pool and _ACTIVE_POOLS else None
+        self._registry = active_graph_pools() if shared_pool else None
         if self._registry is not None:
             self._registry.join(self.pool_key, self)
         self.fallback_reason: str | None = None

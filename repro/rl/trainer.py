@@ -35,7 +35,7 @@ from torch.profiler import record_function as phase  # named ranges for torch.pr
 from repro.core.gc_time import collector_seconds, freeze_survivors
 from repro.core.handoffs import rollout_engine
 from repro.core.progress import Progress
-from repro.decoding.cuda_graph import GraphedCallable, active_graph_pools
+from repro.decoding.cuda_graph import GraphedCallable, active_graph_pools, graph_pool_bytes
 from repro.decoding.policy_cache import SharedKVStorage
 from repro.rl.checkpoint import CheckpointWriter, load_checkpoint, wait_for_writes, warm_start_digest
 from repro.rl.config import RunConfig
@@ -145,11 +145,9 @@ def device_memory_metrics() -> dict[str, float]:
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return {}
     segments = torch.cuda.memory_snapshot()
-    pools = sum(seg["total_size"] for seg in segments
-                if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0))      # (0, 0): the ordinary pool
     out = {"train/device_memory_gb": torch.cuda.memory_allocated() / 1e9,
            "train/device_peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9,
-           "train/graph_pool_memory_gb": pools / 1e9}
+           "train/graph_pool_memory_gb": graph_pool_bytes(segments) / 1e9}
     shared = active_graph_pools()        # a lockstep's pools shared by call: what each call's pool holds
     if shared is not None:
         out.update({f"train/graph_pool_memory_gb/{key}": n / 1e9 for key, n in shared.segment_bytes(segments).items()})

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from repro.decoding.cuda_graph import shared_graph_pools
+from repro.decoding.cuda_graph import graph_pool_bytes, shared_graph_pools
 from repro.decoding.policy_cache import SharedKVStorage
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
 from repro.models.dspark import DSparkDraft
@@ -28,8 +28,7 @@ def pool_bytes() -> int:
     if not torch.cuda.is_available():
         return 0
     torch.cuda.synchronize()
-    return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
-               if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0))
+    return graph_pool_bytes(torch.cuda.memory_snapshot())
 
 
 def requests(prompts):

@@ -14,7 +14,7 @@ import logging
 import pytest
 import torch
 
-from repro.decoding.cuda_graph import GraphedCallable, active_graph_pools, shared_graph_pools
+from repro.decoding.cuda_graph import GraphedCallable, active_graph_pools, graph_pool_bytes, shared_graph_pools
 from repro.decoding.sampling import sample_with_noise
 from repro.decoding.static_kv import VIEW_BUCKET, Cursor, StaticSlots, slots_needed
 from repro.models.block_draft import BlockDraftConfig, BlockProposer
@@ -616,6 +616,7 @@ def test_graph_pools_count_their_segments(monkeypatch):
     segments = [{"segment_pool_id": (0, 0), "total_size": 7}, {"segment_pool_id": (1, 0), "total_size": 2},
                 {"segment_pool_id": (1, 0), "total_size": 3}, {"segment_pool_id": (9, 0), "total_size": 5}]
     assert pools.segment_bytes(segments) == {"policy.step": 5, "block.propose": 0}
+    assert graph_pool_bytes(segments) == 10                # every graph pool's, the ordinary pool's left out
 
 
 @contextlib.contextmanager
