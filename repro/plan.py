@@ -52,9 +52,11 @@ class Job:
 
     @property
     def shell(self) -> str:
-        """The rule's command: progress and output on the terminal and in the log (failure kept by pipefail)."""
+        """The rule's command: progress and output on the terminal and in the log (failure kept by pipefail). ``tee
+        -i`` outlives a Ctrl-C (or ``timeout``'s SIGINT) sent to the whole process group, so a training job that
+        stops at its next step boundary (repro.rl.stop) still has its log and its pipe."""
         log = shlex.quote(self.log)
-        return f"set -o pipefail; mkdir -p $(dirname {log}); {self.cmd} 2>&1 | tee {log}"
+        return f"set -o pipefail; mkdir -p $(dirname {log}); {self.cmd} 2>&1 | tee -i {log}"
 
 
 def _digest(obj) -> str:

@@ -10,7 +10,9 @@ metrics.jsonl, checkpoints, run.json as ``repro.rl.run`` writes them; tests/rl/t
 row's values equal its separate run's), resumes from its own last checkpoint, and runs its probe (``pp_probe``) after
 the last step. What the rows share is memory that only one rollout uses at a time: their static policy caches live
 on one pair of buffers (``SharedKVStorage``), so on one GPU a lockstep holds one policy cache, not one a row, and
-their graphed calls capture into one memory pool per call (``shared_graph_pools``), not one a row.
+their graphed calls capture into one memory pool per call (``shared_graph_pools``), not one a row. A SIGINT or
+SIGTERM during the steps stops the process after the row step in flight with every row checkpointed after its last
+finished step (``repro.rl.stop``); the same command continues from there.
 A row written ``label@k`` is the row's sampling-seed replica k (profile key ``baseline_seeds``): it trains as its
 separate ``repro.rl.run --sampling-seed k`` would, into ``<row folder>_sampling<k>``.
 
@@ -37,6 +39,7 @@ from repro.decoding.cuda_graph import shared_graph_pools
 from repro.decoding.policy_cache import SharedKVStorage
 from repro.rl.config import ENGINES
 from repro.rl.run import RESTART_HELP, build_row, row_logger, run_probes, write_run_record
+from repro.rl.stop import StopOnSignal, say
 
 
 def rotated(items: list, k: int) -> list:
@@ -102,13 +105,24 @@ def _run_rows(args: argparse.Namespace, rows: list[str], plan: list[tuple[str, s
         return 2
     n_steps = steps.pop()
     logged: dict[str, list[dict]] = {name: [] for name, *_ in runs}
+    stopped = False
     with contextlib.ExitStack() as stack:
         logs = {name: stack.enter_context(row_logger(t, first)) for name, _, t, first in runs}
         try:
-            for step in range(min(first for *_, first in runs), n_steps):
-                for name, _, trainer, first in rotated(runs, step):
-                    if step >= first:
-                        logged[name].append(trainer.run_step(step, logs[name]))
+            with StopOnSignal("lockstep") as stop:
+                for step in range(min(first for *_, first in runs), n_steps):
+                    for name, _, trainer, first in rotated(runs, step):
+                        if step >= first:
+                            logged[name].append(trainer.run_step(step, logs[name]))
+                        if stop.requested:
+                            break
+                    if stop.requested:
+                        break
+            # a stop after the last row's last step changes nothing; otherwise each row keeps what it ran
+            stopped = stop.requested and any(t.last_done != n_steps - 1 for _, _, t, _ in runs)
+            if stopped:
+                for _, _, trainer, _ in runs:
+                    trainer.save_after_stop()
         finally:
             errors = []
             for _, _, trainer, _ in runs:      # every row closes (its last checkpoint lands) before an error
@@ -118,6 +132,10 @@ def _run_rows(args: argparse.Namespace, rows: list[str], plan: list[tuple[str, s
                     errors.append(exc)
             if errors:
                 raise errors[0]
+        if stopped:
+            say("lockstep: stopped; rows at steps " + ", ".join(f"{name} {t.last_done}" for name, _, t, _ in runs)
+                + "; each checkpointed there")
+            return stop.exit_code
         for name, prof, trainer, _ in runs:
             run_probes(prof, trainer, logs[name])
     for name, _, trainer, first in runs:

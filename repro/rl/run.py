@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -31,6 +32,7 @@ from repro.core.specs import ARTIFACTS, ConfigError, require_device
 from repro.rl.checkpoint import drop_checkpoint
 from repro.rl.config import ENGINES, check_engine, load_run_profile, run_config_from_profile
 from repro.rl.hf_tokenizer import tokenizer_for_run
+from repro.rl.stop import StopOnSignal, say
 from repro.rl.trainer import CoTrainer
 
 RESTART_HELP = ("a checkpoint in the run folder from another config is dropped and the run starts over, instead "
@@ -49,17 +51,20 @@ def build_row(profile: str, artifact: str, row: str, *, out: str, seed: int = 0,
                                   checkpoint_root=checkpoint_root or None, sampling_seed=sampling_seed)
     require_device(cfg.device, cfg.profile)
     tok = tokenizer_for_run(cfg, out=out, seed=seed, warm_start=warm_start)
+    t_build = time.perf_counter()
     trainer = CoTrainer(cfg, tok, kv_storage=kv_storage)
+    built_s = time.perf_counter() - t_build
     # a recompilation logs every compiled entry's failed guard (a step's log line names only dynamo's first)
     torch._logging.set_logs(recompiles=True)
     first = trainer.try_resume(restart_on_config_change)
     if first:
         print(f"[{artifact} {row}] resuming at step {first}", flush=True)
+    t_warm = time.perf_counter()
     if warmed := trainer.warm_up():
         what = (f"{warmed} request(s) up to the turns' bound" if cfg.workload.name == "workplace" else
                 f"{warmed} request shape(s)")       # CoTrainer.warm_up: what its count is
-        print(f"[{artifact} {row}] warmed the engine with {what} of steps {first}-{cfg.steps - 1} and for the "
-              "validation's", flush=True)
+        print(f"[{artifact} {row}] built in {built_s:.1f} s, then warmed the engine with {what} of steps "
+              f"{first}-{cfg.steps - 1} and for the validation's in {time.perf_counter() - t_warm:.1f} s", flush=True)
     return prof, trainer, first
 
 
@@ -126,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run: error: {exc}", file=sys.stderr)
         return 2
     with row_logger(trainer, first) as log:
-        rows = trainer.run(log)
+        with StopOnSignal("run") as stop:
+            rows = trainer.run(log, stop=stop)
+        if stop.requested and trainer.last_done != trainer.cfg.steps - 1:
+            say(f"run: stopped after step {trainer.last_done}, its state checkpointed in {trainer.cfg.out}")
+            return stop.exit_code
         run_probes(prof, trainer, log)
     write_run_record(trainer, first, rows)
     return 0

@@ -44,6 +44,7 @@ from repro.rl.episodes import RolloutBatch, chat_prompt, math_rollout, workplace
 from repro.rl.grpo import group_advantages
 from repro.rl.joint import JointUpdate, UpdateStats
 from repro.rl.sft import draft_token_counts
+from repro.rl.stop import StopOnSignal
 from repro.rl.tasks.math import math_tasks
 from repro.rl.tasks.workplace import WorkplaceTaskSet
 from repro.rl.tokenizer import WorkloadTokenizer
@@ -211,6 +212,8 @@ class CoTrainer:
         self.start_step = 0
         self.progress: Progress | None = None        # steps of this run, shown as they finish
         self.checkpoints = CheckpointWriter(cfg.out)      # written in the background; close() waits for the last
+        self.last_done: int | None = None            # the last step this process finished, and the last saved
+        self.saved_step: int | None = None
         self.push()
 
     # -- pieces of a step --------------------------------------------------------------------------------
@@ -396,6 +399,16 @@ class CoTrainer:
         if self.draft is not None:
             state["draft"] = self.draft.state_dict()
         self.checkpoints.save(step, state, self.cfg.to_dict(), self.warm_digest)
+        self.saved_step = step
+
+    def save_after_stop(self) -> bool:
+        """A stopped run (repro.rl.stop): checkpoint the state after the last step this process finished, unless that
+        is the run's last step (its run record follows) or already checkpointed. Returns whether it saved."""
+        step = self.last_done
+        if step is None or step == self.cfg.steps - 1 or step == self.saved_step:
+            return False
+        self.save(step)
+        return True
 
     def try_resume(self, restart_on_config_change: bool = False) -> int:
         """Load the run folder's last checkpoint; returns the first step still to run (0 if none)."""
@@ -411,9 +424,18 @@ class CoTrainer:
         return self.start_step
 
     # -- the loop ----------------------------------------------------------------------------------------
-    def run(self, logger, *, on_step: Callable[[int, dict], None] | None = None) -> list[dict[str, float]]:
+    def run(self, logger, *, on_step: Callable[[int, dict], None] | None = None,
+            stop: StopOnSignal | None = None) -> list[dict[str, float]]:
+        """Every step still to run; under ``stop``, a requested stop ends the loop after the step in flight with
+        the state checkpointed (the rows run so far are returned)."""
+        rows = []
         try:
-            return [self.run_step(step, logger, on_step) for step in range(self.start_step, self.cfg.steps)]
+            for step in range(self.start_step, self.cfg.steps):
+                rows.append(self.run_step(step, logger, on_step))
+                if stop is not None and stop.requested:
+                    self.save_after_stop()
+                    break
+            return rows
         finally:
             self.close()
 
@@ -427,6 +449,7 @@ class CoTrainer:
             m["val/accuracy"] = self.validate(step)
             m["val/time_s"] = time.perf_counter() - tv
         logger.log(m, row=cfg.row, step=step)
+        self.last_done = step
         if cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0 and not last:   # a finished run keeps none
             self.save(step)
         if on_step is not None:

@@ -1,8 +1,10 @@
 """repro.rl.lockstep: rows trained in one process with their steps interleaved give each row exactly the values of
 its separate ``repro.rl.run`` (only the timings may differ), write the same run folders, and refuse bad input."""
 import json
+import signal
 
 import pytest
+import torch
 import yaml
 
 from repro.core.layout import replica_run_name, run_dir_name
@@ -141,3 +143,71 @@ def test_a_crashed_lockstep_job_resumes_every_row_without_losing_steps(tmp_path,
         whole, resumed = (_values(tmp_path / "whole" / run_dir_name(row)),
                           _values(tmp_path / "crashed" / run_dir_name(row)))
         assert [r["step"] for r in resumed] == [0, 1, 2] and resumed == whole, row
+
+
+def _signal_on_call(monkeypatch, n: int, signum: int):
+    """The n-th row step of the process gets ``signum`` while it runs (as Ctrl-C or a scheduler would send it);
+    returns the unpatched step."""
+    real_step, calls = run.CoTrainer.run_step, []
+
+    def step_with_signal(self, step, logger, on_step=None):
+        calls.append(step)
+        if len(calls) == n:
+            signal.raise_signal(signum)
+        return real_step(self, step, logger, on_step)
+
+    monkeypatch.setattr(run.CoTrainer, "run_step", step_with_signal)
+    return real_step
+
+
+def _checkpointed_step(run_dir) -> int:
+    return torch.load(run_dir / "ckpt" / "latest.pt", weights_only=False)["step"]
+
+
+@pytest.mark.timeout(600)
+def test_a_signalled_lockstep_stops_at_a_step_boundary_and_continues(tmp_path, profile_file, monkeypatch,
+                                                                    varied_rewards):
+    """SIGINT mid-run (Ctrl-C, ``timeout``): the row step in flight finishes, every row is checkpointed after its
+    last finished step although the profile writes no periodic checkpoint, the process returns 130 without run
+    records, and the same command continues to exactly the values of a run never stopped."""
+    prof = yaml.safe_load(profile_file.read_text())
+    prof["table1"].update(steps=3, ckpt_every=0)
+    profile_file.write_text(yaml.safe_dump(prof, sort_keys=False))
+    args = ["--artifact", "table1", "--rows", ",".join(ROWS), "--profile", str(profile_file)]
+    assert lockstep.main(args + ["--out-root", str(tmp_path / "whole")]) == 0
+
+    handler = signal.getsignal(signal.SIGINT)
+    real_step = _signal_on_call(monkeypatch, 3, signal.SIGINT)  # during ROWS[1]'s step 1 (first in step 1's rotation)
+    assert lockstep.main(args + ["--out-root", str(tmp_path / "stopped")]) == 128 + signal.SIGINT
+    assert signal.getsignal(signal.SIGINT) is handler
+    for row, last in zip(ROWS, (0, 1)):
+        folder = tmp_path / "stopped" / run_dir_name(row)
+        assert not (folder / "run.json").exists(), row
+        assert [r["step"] for r in _values(folder)] == list(range(last + 1)), row
+        assert _checkpointed_step(folder) == last, row
+    monkeypatch.setattr(run.CoTrainer, "run_step", real_step)
+    assert lockstep.main(args + ["--out-root", str(tmp_path / "stopped")]) == 0
+    for row in ROWS:
+        whole, resumed = (_values(tmp_path / "whole" / run_dir_name(row)),
+                          _values(tmp_path / "stopped" / run_dir_name(row)))
+        assert [r["step"] for r in resumed] == [0, 1, 2] and resumed == whole, row
+        assert (tmp_path / "stopped" / run_dir_name(row) / "run.json").is_file(), row
+
+
+@pytest.mark.timeout(600)
+def test_a_signalled_run_stops_at_a_step_boundary_and_continues(tmp_path, profile_file, monkeypatch,
+                                                              varied_rewards):
+    """The same for one row's ``repro.rl.run`` under SIGTERM (a scheduler's preemption notice): 143, a checkpoint
+    after step 0, then the uninterrupted values."""
+    prof = yaml.safe_load(profile_file.read_text())
+    prof["table1"].update(steps=2, ckpt_every=0)
+    profile_file.write_text(yaml.safe_dump(prof, sort_keys=False))
+    args = ["--artifact", "table1", "--row", ROWS[1], "--profile", str(profile_file)]
+    assert run.main(args + ["--out", str(tmp_path / "whole")]) == 0
+    real_step = _signal_on_call(monkeypatch, 1, signal.SIGTERM)
+    assert run.main(args + ["--out", str(tmp_path / "stopped")]) == 128 + signal.SIGTERM
+    assert not (tmp_path / "stopped" / "run.json").exists()
+    assert _checkpointed_step(tmp_path / "stopped") == 0
+    monkeypatch.setattr(run.CoTrainer, "run_step", real_step)
+    assert run.main(args + ["--out", str(tmp_path / "stopped")]) == 0
+    assert _values(tmp_path / "stopped") == _values(tmp_path / "whole")

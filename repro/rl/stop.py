@@ -1,0 +1,69 @@
+"""Stop a training loop at a step boundary on SIGINT or SIGTERM, so that the steps already run are kept.
+
+A co-training job killed mid-run resumes from its last periodic checkpoint and runs again every step after it (up
+to ``ckpt_every`` - 1 steps, or the whole run where a profile writes none). Under ``StopOnSignal`` the first SIGINT
+or SIGTERM (Ctrl-C, ``timeout``, a scheduler's preemption notice, Snakemake stopping its jobs) only sets
+``requested``: the loop finishes the step in flight, checkpoints each row after its last finished step
+(``CoTrainer.save_after``) and returns ``exit_code`` (128 + the signal's number), and the same command run again
+continues from there. A second signal stops at once (KeyboardInterrupt), as an untrapped one would. Handlers are
+installed only in the main thread and only for the ``with`` block: a build or warm-up outside it stops at once.
+
+    with StopOnSignal("lockstep") as stop:
+        for step in ...:
+            trainer.run_step(step, log)
+            if stop.requested:
+                break
+    if stop.requested:
+        trainer.save_after(step)
+        return stop.exit_code
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopOnSignal:
+    def __init__(self, who: str):
+        self.who = who
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signum or 0)
+
+    def __enter__(self) -> StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signum is not None:       # a second signal: stop now, as without this handler
+            self.__exit__()
+            raise KeyboardInterrupt
+        self.signum = signum
+        say(f"{self.who}: {signal.Signals(signum).name}: stopping after the step in flight, with every row "
+            "checkpointed after its last finished step; the same command continues from there (a second signal "
+            "stops at once)")
+
+
+def say(message: str) -> None:
+    """Print to stderr, never raising: the reader of a pipe may already be gone when a job is being stopped."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except OSError:
+        pass
