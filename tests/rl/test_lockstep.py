@@ -138,11 +138,16 @@ def test_a_crashed_lockstep_job_resumes_every_row_without_losing_steps(tmp_path,
         lockstep.main(args + ["--out-root", str(tmp_path / "crashed")])
     assert not (tmp_path / "crashed" / run_dir_name(ROWS[1]) / "run.json").exists()
     monkeypatch.setattr(run.CoTrainer, "run_step", real_step)
-    assert lockstep.main(args + ["--out-root", str(tmp_path / "crashed")]) == 0
+    _continues_to_the_whole_run(args, tmp_path / "whole", tmp_path / "crashed")
+
+
+def _continues_to_the_whole_run(args, whole, out):
+    """The same lockstep command again finishes every row with exactly the values of the run never stopped."""
+    assert lockstep.main(args + ["--out-root", str(out)]) == 0
     for row in ROWS:
-        whole, resumed = (_values(tmp_path / "whole" / run_dir_name(row)),
-                          _values(tmp_path / "crashed" / run_dir_name(row)))
-        assert [r["step"] for r in resumed] == [0, 1, 2] and resumed == whole, row
+        resumed = _values(out / run_dir_name(row))
+        assert [r["step"] for r in resumed] == [0, 1, 2] and resumed == _values(whole / run_dir_name(row)), row
+        assert (out / run_dir_name(row) / "run.json").is_file(), row
 
 
 def _signal_on_call(monkeypatch, n: int, signum: int):
@@ -186,12 +191,7 @@ def test_a_signalled_lockstep_stops_at_a_step_boundary_and_continues(tmp_path, p
         assert [r["step"] for r in _values(folder)] == list(range(last + 1)), row
         assert _checkpointed_step(folder) == last, row
     monkeypatch.setattr(run.CoTrainer, "run_step", real_step)
-    assert lockstep.main(args + ["--out-root", str(tmp_path / "stopped")]) == 0
-    for row in ROWS:
-        whole, resumed = (_values(tmp_path / "whole" / run_dir_name(row)),
-                          _values(tmp_path / "stopped" / run_dir_name(row)))
-        assert [r["step"] for r in resumed] == [0, 1, 2] and resumed == whole, row
-        assert (tmp_path / "stopped" / run_dir_name(row) / "run.json").is_file(), row
+    _continues_to_the_whole_run(args, tmp_path / "whole", tmp_path / "stopped")
 
 
 @pytest.mark.timeout(600)
