@@ -19,6 +19,7 @@ installed only in the main thread and only for the ``with`` block: a build or wa
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -56,9 +57,15 @@ class StopOnSignal:
             self.__exit__()
             raise KeyboardInterrupt
         self.signum = signum
-        say(f"{self.who}: {signal.Signals(signum).name}: stopping after the step in flight, with every row "
-            "checkpointed after its last finished step; the same command continues from there (a second signal "
-            "stops at once)")
+        # straight to fd 2: the handler may interrupt a write to sys.stderr (the progress bar's), and writing
+        # through the same buffered stream from inside it would raise a reentrant-call RuntimeError there
+        message = (f"{self.who}: {signal.Signals(signum).name}: stopping after the step in flight, with every row "
+                   "checkpointed after its last finished step; the same command continues from there (a second "
+                   "signal stops at once)\n")
+        try:
+            os.write(2, message.encode())
+        except OSError:
+            pass
 
 
 def say(message: str) -> None:
