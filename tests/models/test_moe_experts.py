@@ -67,9 +67,21 @@ def test_outside_autocast_or_on_bf16_weights_it_is_grouped_mm(family):
                 assert torch.equal(grouped_mm_autocast_experts_forward(experts, hidden, index, weights), want)
 
 
+def _routes(model) -> list:
+    """Each MoE layer's top-k expert choices of the model's next forward (filled in by forward hooks)."""
+    routes = []
+    for layer in model.model.model.layers:
+        layer.mlp.gate.register_forward_hook(
+            lambda mod, inp, out: routes.append(next(t for t in out if not t.is_floating_point()).sort(-1).values))
+    return routes
+
+
 def test_the_policys_update_gradients_stay_near_fp64():
     """The MoE policy's loss gradient under bf16 autocast with the cast experts: within bf16 rounding of the fp64
-    policy's (same weights, eager experts), in norm, for every experts weight; and the fp32 forward is untouched."""
+    policy's (same weights, eager experts), in norm, for every experts weight of a layer whose tokens took the same
+    experts in both; and the fp32 forward is untouched. Where bf16 rounding moved a token to another expert (a
+    router tie broken the other way: which layer, if any, depends on the CPU's bf16 kernels) the gradients differ
+    by the route, not by rounding, so the test asks for such layers to be rare, not absent."""
     pol = build_policy("qwen3_moe", "tiny", seed=0, vocab_size=64)
     ref = build_policy("qwen3_moe", "tiny", seed=0, vocab_size=64, dtype=torch.float64)
     ref.load_state_dict({k: v.double() for k, v in pol.state_dict().items()})
@@ -85,7 +97,11 @@ def test_the_policys_update_gradients_stay_near_fp64():
         logits.double().square().mean().backward()
         return {n: p.grad.double() for n, p in model.model.named_parameters() if "experts" in n}
 
+    routes_got, routes_want = _routes(pol), _routes(ref)
     got, want = grads(pol, True), grads(ref, False)
     assert got.keys() == want.keys() and got
+    same_route = [torch.equal(a, b) for a, b in zip(routes_got, routes_want, strict=True)]
+    assert sum(same_route) >= len(same_route) - 1, same_route
     for name in want:
-        assert (got[name] - want[name]).norm() <= 2e-2 * want[name].norm(), name
+        if same_route[int(name.split(".layers.")[1].split(".")[0])]:
+            assert (got[name] - want[name]).norm() <= 2e-2 * want[name].norm(), name

@@ -468,8 +468,13 @@ def test_dropping_the_padding_mask_of_a_right_padded_batch_changes_no_update(tmp
     assert s_drop.policy_loss == pytest.approx(s_keep.policy_loss, rel=1e-5, abs=1e-7)
     assert s_drop.policy_grad_norm == pytest.approx(s_keep.policy_grad_norm, rel=1e-4)
     assert s_drop.draft_loss == pytest.approx(s_keep.draft_loss, rel=1e-4)
+    # Adam's first step moves a weight by lr * g / (|g| + eps): by about lr where the gradient is large, by a
+    # fraction of lr that rounding decides where it is near eps (one weight of 2048 moved 1.3e-3 lr apart on a CPU
+    # without AVX-512), so the weights agree to a hundredth of the learning rate (the gradients themselves are
+    # compared through the norms above)
+    lr = tiny_config(tmp_path / "lr").grpo.lr
     for k in p_keep:
-        torch.testing.assert_close(p_drop[k], p_keep[k], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(p_drop[k], p_keep[k], rtol=1e-5, atol=1e-2 * lr)
 
     # the same rows left-padded: the mask stays (right_padded is False) and matters
     left = dataclasses.replace(batch, **{name: torch.stack([row.roll(int(row.shape[0] - n)) for row, n in
