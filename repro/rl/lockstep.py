@@ -109,13 +109,11 @@ def _run_rows(args: argparse.Namespace, rows: list[str], plan: list[tuple[str, s
     with contextlib.ExitStack() as stack:
         logs = {name: stack.enter_context(row_logger(t, first)) for name, _, t, first in runs}
         try:
+            row_steps = ((step, name, trainer) for step in range(min(first for *_, first in runs), n_steps)
+                         for name, _, trainer, first in rotated(runs, step) if step >= first)
             with StopOnSignal("lockstep") as stop:
-                for step in range(min(first for *_, first in runs), n_steps):
-                    for name, _, trainer, first in rotated(runs, step):
-                        if step >= first:
-                            logged[name].append(trainer.run_step(step, logs[name]))
-                        if stop.requested:
-                            break
+                for step, name, trainer in row_steps:
+                    logged[name].append(trainer.run_step(step, logs[name]))
                     if stop.requested:
                         break
             # a stop after the last row's last step changes nothing; otherwise each row keeps what it ran

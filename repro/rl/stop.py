@@ -4,7 +4,7 @@ A co-training job killed mid-run resumes from its last periodic checkpoint and r
 to ``ckpt_every`` - 1 steps, or the whole run where a profile writes none). Under ``StopOnSignal`` the first SIGINT
 or SIGTERM (Ctrl-C, ``timeout``, a scheduler's preemption notice, Snakemake stopping its jobs) only sets
 ``requested``: the loop finishes the step in flight, checkpoints each row after its last finished step
-(``CoTrainer.save_after``) and returns ``exit_code`` (128 + the signal's number), and the same command run again
+(``CoTrainer.save_after_stop``) and returns ``exit_code`` (128 + the signal's number), and the same command run again
 continues from there. A second signal stops at once (KeyboardInterrupt), as an untrapped one would. Handlers are
 installed only in the main thread and only for the ``with`` block: a build or warm-up outside it stops at once.
 
@@ -14,7 +14,7 @@ installed only in the main thread and only for the ``with`` block: a build or wa
             if stop.requested:
                 break
     if stop.requested:
-        trainer.save_after(step)
+        trainer.save_after_stop()
         return stop.exit_code
 """
 from __future__ import annotations
