@@ -83,7 +83,7 @@ def test_inschedule_blocking_negative_control(tmp_path):
     reproduce the reference that TapChannel reproduces bit for bit."""
     cfg = PPConfig(pp=2, schedule="1f1b", transport="inschedule", n_microbatches=2, steps=1)
     try:
-        outs = spawn(marked_worker, 2, args=(cfg, str(tmp_path)), timeout_s=40)
+        outs = spawn(marked_worker, 2, args=(cfg, str(tmp_path)), timeout_s=20)
     except TimeoutError as exc:
         assert "ranks [0, 1] of 2 still running" in str(exc)
         assert {p.name for p in tmp_path.iterdir()} == {"rank0", "rank1"}, "timed out before the schedule ran"
