@@ -302,7 +302,7 @@ class Plan:
             args = ["-m", "repro.rl.dist_run", "--artifact", a, "--row", row_q, "--profile",
                     shlex.quote(self.profile_arg), *engine, "--checkpoint-root", self.config["checkpoint_root"],
                     "--pp", str(mesh["pp"]), "--cp", str(mesh["cp"]), "--out", out_dir, *seed,
-                    "--log-artifact", "artifact"]
+                    "--log-artifact", "artifact", "--restart-on-config-change"]
             self._add(Job("rl", a, (out,), log, " ".join(self._torchrun(world, nodes) + args), gpus=world,
                           nodes=nodes, settings=self._row_settings(a, row), what=f"{a} {row} under torchrun"))
             return out

@@ -167,13 +167,23 @@ def load_checkpoint(out: str | os.PathLike, config: dict, warm_digest: str = "",
     old_digest = state.get("warm_start_digest", warm_digest)     # checkpoints from before digests: trusted
     if old_digest != warm_digest:
         return _start_over(path, "from another warm start (its files changed since)")
-    old, new = _comparable(state.get("config", {})), _comparable(config)
-    if old != new:
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if (key := config_difference(state.get("config", {}), config)) is not None:
         if restart_on_config_change:
-            return _start_over(path, f"of another config (key {diff[0]!r} changed)")
-        raise ConfigError(f"checkpoint {path} was written by a different config (first differing key "
-                          f"{diff[0]!r}: {old.get(diff[0])!r} vs {new.get(diff[0])!r}); use a fresh --out, or "
-                          "--restart-on-config-change to start this run over")
+            return _start_over(path, f"of another config (key {key!r} changed)")
+        raise config_refusal(path, key, state.get("config", {}), config)
     torch.set_rng_state(state["rng"])
     return state
+
+
+def config_difference(old: dict, new: dict) -> str | None:
+    """The first key (in name order) whose value differs between a checkpoint's config and the run's, ignoring the
+    keys a resumed run may change (its steps, folder, checkpoint period); None if they agree."""
+    old, new = _comparable(old), _comparable(new)
+    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return diff[0] if diff else None
+
+
+def config_refusal(path: Path, key: str, old: dict, new: dict) -> ConfigError:
+    return ConfigError(f"checkpoint {path} was written by a different config (first differing key {key!r}: "
+                       f"{old.get(key)!r} vs {new.get(key)!r}); use a fresh --out, or --restart-on-config-change "
+                       "to start this run over")

@@ -17,8 +17,15 @@ row's artifact), so it never enters that artifact's summaries.
 
 Everything is validated before a process group or a model exists (``pp * cp`` = world size, layers
 per stage, microbatches for 1F1B, the profile's engine, the run folder); a bad value exits with code 2
-and a message naming it. Not supported yet: resuming (no checkpoints are written), a KL-to-reference
-penalty, TP/EP.
+and a message naming it. Not supported yet: a KL-to-reference penalty, TP/EP.
+
+Every ``ckpt_every`` steps each rank writes its part of the update and rank 0 commits them
+(``repro.rl.dist_checkpoint``). On SIGINT or SIGTERM to any rank (``timeout``, a scheduler's preemption notice,
+Snakemake stopping its jobs; torchrun forwards one it gets) every rank finishes the step in flight, the state after
+it is checkpointed and the ranks exit 128 + the signal's number (``repro.rl.stop``; a second signal, two seconds
+or more after the first, stops at once). torchrun kills its workers 30 s after forwarding a signal, so a longer
+step is lost and the run continues from its last periodic checkpoint. The same command run again, with the same
+layout, continues after the last checkpoint; a folder holding only a killed run's metrics starts over.
 
 A paper profile (``engine: nemo-rl``) runs here with ``--engine suite --checkpoint-root /path``: its
 ``rl:`` section's policies load the real checkpoints (every rank loads its copy, rank 0 also the
@@ -49,9 +56,12 @@ from repro.rl.config import (
     policy_mesh,
     run_config_from_profile,
 )
+from repro.rl.dist_checkpoint import commit, drop, load_rank, resumable_step, save_rank
 from repro.rl.grpo import group_advantages
 from repro.rl.mesh_update import Mesh, MeshShape, MeshUpdate
-from repro.rl.trainer import CoTrainer, step_metrics
+from repro.rl.run import RESTART_HELP
+from repro.rl.stop import StopOnSignal, say
+from repro.rl.trainer import CoTrainer, checkpoint_due, step_metrics
 
 DIST_ARTIFACT = "dist"       # MetricsLogger's artifact label of these runs (results/<hw>/<profile>/dist/...)
 TRANSPORTS = ("auto", "shm", "host_staging", "gloo", "p2p", "cuda_ipc")
@@ -84,7 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "(its rl: section)")
     ap.add_argument("--checkpoint-root", default="",
                     help="folder holding the profile's checkpoints: (policies with a checkpoint key)")
-    ap.add_argument("--out", required=True, help="run folder (must not hold an earlier run's metrics.jsonl)")
+    ap.add_argument("--out", required=True,
+                    help="run folder: a new one, or an unfinished run's, which continues after its last checkpoint")
     ap.add_argument("--pp", type=int, default=0,
                     help="pipeline stages (the draft lives on the last); 0: the policy's rl mesh suggestion")
     ap.add_argument("--cp", type=int, default=0,
@@ -113,6 +124,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "single-process artifact's tables; 'artifact' logs it as --artifact's own run "
                          "(the workflow's paper profiles on the suite engine, where torchrun is how every "
                          "row runs)")
+    ap.add_argument("--restart-on-config-change", action="store_true", help=RESTART_HELP)
     return ap.parse_args(argv)
 
 
@@ -169,9 +181,9 @@ def build_config(args: argparse.Namespace, world: int) -> tuple[RunConfig, MeshS
                                   f"cp={shape.cp} on nodes of {local_world} ranks: the pipeline of CP shard "
                                   f"{c} spans nodes {nodes}, and {transport} serves one node; expected "
                                   f"pp*cp <= {local_world} (or --tap-transport p2p)")
-    if (Path(args.out) / "metrics.jsonl").exists():
-        raise ConfigError(f"config out={args.out!r} is invalid: it already holds a run's metrics.jsonl "
-                          "(dist_run does not resume); expected a new folder")
+    if (Path(args.out) / "run.json").exists():
+        raise ConfigError(f"config out={args.out!r} is invalid: it holds a finished run (run.json); expected a new "
+                          "folder or an unfinished run's")
     return cfg, shape, n_mb
 
 
@@ -181,11 +193,30 @@ def tap_transport(name: str, device: str) -> str:
     return "cuda_ipc" if device.startswith("cuda") else "shm"
 
 
+class MeshStop:
+    """``StopOnSignal`` agreed across the ranks: ``requested`` is true on every rank once any rank got a signal. A
+    collective: every rank reads it exactly once after each step (``CoTrainer.run`` does on rank 0)."""
+
+    def __init__(self, stop: StopOnSignal, device: str):
+        self.stop, self.device, self.signum = stop, device, 0
+
+    @property
+    def requested(self) -> bool:
+        flag = torch.tensor([self.stop.signum or 0], dtype=torch.int64, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self.signum = int(flag.item())
+        return self.signum != 0
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
 class DistCoTrainer(CoTrainer):
     """Rank 0's loop: ``CoTrainer``'s rollout, validation, weight push and logging around the mesh update."""
 
-    def attach(self, mesh_update: MeshUpdate) -> None:
-        self.mesh_update = mesh_update
+    def attach(self, mesh_update: MeshUpdate, layout: dict[str, int]) -> None:
+        self.mesh_update, self.layout = mesh_update, layout
 
     def train_step(self, step: int):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -212,7 +243,60 @@ class DistCoTrainer(CoTrainer):
         return m, batch, stats
 
     def save(self, step: int) -> None:
-        """No checkpoints: the optimizer state lives on every rank (resuming is not supported yet)."""
+        """Collective with the other ranks' ``save_rank`` of the same step (``follow``): every rank's part is
+        written, then rank 0 commits them."""
+        save_rank(self.cfg.out, step, 0, self.mesh_update.state_dict())
+        dist.barrier()
+        commit(self.cfg.out, step, self.layout, self.cfg.to_dict(), self.warm_digest)
+        self.saved_step = step
+
+
+def resume(upd: MeshUpdate, trainer: DistCoTrainer | None, args: argparse.Namespace, cfg: RunConfig,
+           layout: dict[str, int]) -> int:
+    """Collective: the first step to run. With a checkpoint to continue, every rank loads its part of it and rank 0's
+    trainer takes the gathered weights into its engine. A checkpoint that is refused raises ConfigError on every
+    rank."""
+    rank, box = dist.get_rank(), [None]
+    if rank == 0:
+        try:
+            box = [resumable_step(args.out, layout, cfg.to_dict(), trainer.warm_digest, args.restart_on_config_change)]
+        except ConfigError as exc:
+            box = [str(exc)]
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], str):
+        raise ConfigError(box[0])
+    if box[0] is None:
+        return 0
+    step = box[0]
+    upd.load_state_dict(load_rank(args.out, step, rank))
+    gathered = upd.gather_to_root()
+    if rank == 0:
+        load_weights(trainer.policy.model, gathered[0])
+        if trainer.draft is not None:
+            load_weights(trainer.draft, gathered[1])
+        trainer.push()
+        trainer.start_step = trainer.saved_step = step + 1
+        trainer.saved_step = step
+    return step + 1
+
+
+def follow(upd: MeshUpdate, cfg: RunConfig, first: int, stop: MeshStop) -> int:
+    """A rank other than 0: its part of every step from ``first`` and of rank 0's checkpoints (``DistCoTrainer``).
+    Returns the last step done."""
+    saved, step = None, first - 1
+    for step in range(first, cfg.steps):
+        follower_step(upd, cfg, step)
+        upd.gather_to_root()
+        if checkpoint_due(cfg, step):
+            save_rank(cfg.out, step, dist.get_rank(), upd.state_dict())
+            dist.barrier()
+            saved = step
+        if stop.requested:               # as CoTrainer.run and save_after_stop on rank 0
+            if step not in (cfg.steps - 1, saved):
+                save_rank(cfg.out, step, dist.get_rank(), upd.state_dict())
+                dist.barrier()
+            break
+    return step
 
 
 @torch.no_grad()
@@ -281,36 +365,63 @@ def main(argv: list[str] | None = None) -> int:
                          transport=tap_transport(args.tap_transport, device), device=device,
                          autocast_dtype=amp)
         del policy
+        layout = {"pp": shape.pp, "cp": shape.cp, "world": world}
         if rank == 0:
-            trainer.attach(upd)
-            print(f"[{args.artifact} {args.row}] dist_run: pp={shape.pp} cp={shape.cp} ({world} ranks, "
-                  f"{n_mb} microbatches of {cfg.grpo.microbatch}), {cfg.steps} steps -> {args.out}",
-                  flush=True)
-            parallel = {"pp": shape.pp, "cp": shape.cp, "world": world, "microbatches": n_mb,
-                        "tap_transport": upd.transport, "backend": dist.get_backend(),
-                        "update_autocast": str(amp).removeprefix("torch.") if amp is not None else "off"}
-            # artifact "dist": the run keeps its row label and config (cfg.artifact) but stays out of the
-            # single-process artifact's summaries and tables (different microbatching, parallel layout)
-            label = DIST_ARTIFACT if args.log_artifact == "dist" else args.artifact
-            with MetricsLogger(args.out, artifact=label, profile=cfg.profile,
-                               config={**cfg.to_dict(), "parallel": parallel}, name=Path(args.out).name,
-                               extra_tags=[f"row:{args.row}",
-                                           f"draft:{cfg.draft.family if cfg.draft else 'none'}",
-                                           f"source_artifact:{args.artifact}", f"pp:{shape.pp}",
-                                           f"cp:{shape.cp}", "launcher:torchrun"]) as log:
-                rows = trainer.run(log)
-            write_json_atomic(Path(args.out) / "run.json", {
-                "artifact": args.artifact, "row": args.row, "profile": cfg.profile, "steps": cfg.steps,
-                "resumed_at": 0, "last": rows[-1] if rows else None, "draft_warm_start": trainer.draft_warm,
-                "parallel": parallel})
-        else:
-            for step in range(cfg.steps):
-                follower_step(upd, cfg, step)
-                upd.gather_to_root()
+            trainer.attach(upd, layout)
+        try:
+            first = resume(upd, trainer, args, cfg, layout)
+        except ConfigError as exc:
+            if rank == 0:
+                print(f"dist_run: error: {exc}", file=sys.stderr)
+            return 2
+        with StopOnSignal(f"dist_run rank {rank}", same_within_s=2.0) as signals:
+            stop = MeshStop(signals, device)
+            if rank == 0:
+                done = lead(trainer, upd, args, cfg, shape, n_mb, amp, first, stop)
+            else:
+                done = follow(upd, cfg, first, stop)
         upd.close()
+        if stop.signum and done != cfg.steps - 1:
+            if rank == 0:
+                say(f"dist_run: stopped after step {done}, every rank's state checkpointed in {args.out}; the same "
+                    "command continues from there")
+            return stop.exit_code
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def lead(trainer: DistCoTrainer, upd: MeshUpdate, args: argparse.Namespace, cfg: RunConfig, shape: MeshShape,
+         n_mb: int, amp, first: int, stop: MeshStop) -> int:
+    """Rank 0: the steps from ``first`` with their metrics logged, then, unless a signal stopped the run before its
+    last step (its state checkpointed), the run record. Returns the last step done."""
+    if first:
+        print(f"[{args.artifact} {args.row}] resuming at step {first}", flush=True)
+    world = shape.pp * shape.cp
+    print(f"[{args.artifact} {args.row}] dist_run: pp={shape.pp} cp={shape.cp} ({world} ranks, "
+          f"{n_mb} microbatches of {cfg.grpo.microbatch}), {cfg.steps} steps -> {args.out}",
+          flush=True)
+    parallel = {"pp": shape.pp, "cp": shape.cp, "world": world, "microbatches": n_mb,
+                "tap_transport": upd.transport, "backend": dist.get_backend(),
+                "update_autocast": str(amp).removeprefix("torch.") if amp is not None else "off"}
+    # artifact "dist": the run keeps its row label and config (cfg.artifact) but stays out of the
+    # single-process artifact's summaries and tables (different microbatching, parallel layout)
+    label = DIST_ARTIFACT if args.log_artifact == "dist" else args.artifact
+    with MetricsLogger(args.out, artifact=label, profile=cfg.profile, config={**cfg.to_dict(), "parallel": parallel},
+                       name=Path(args.out).name, resume_at=first or None,
+                       extra_tags=[f"row:{args.row}", f"draft:{cfg.draft.family if cfg.draft else 'none'}",
+                                   f"source_artifact:{args.artifact}", f"pp:{shape.pp}", f"cp:{shape.cp}",
+                                   "launcher:torchrun"]) as log:
+        rows = trainer.run(log, stop=stop)
+    done = first - 1 if trainer.last_done is None else trainer.last_done
+    if stop.signum and done != cfg.steps - 1:
+        return done
+    write_json_atomic(Path(args.out) / "run.json", {
+        "artifact": args.artifact, "row": args.row, "profile": cfg.profile, "steps": cfg.steps,
+        "resumed_at": first, "last": rows[-1] if rows else None, "draft_warm_start": trainer.draft_warm,
+        "parallel": parallel})
+    drop(args.out)
+    return done
 
 
 if __name__ == "__main__":

@@ -379,6 +379,27 @@ class MeshUpdate:
             else:
                 dist.recv(self.embed_copy.weight.data, src=first, group=mesh.pp_group)
 
+    # -- checkpoints (repro.rl.dist_checkpoint) ----------------------------------------------------------
+    def state_dict(self) -> dict:
+        """This rank's part of the run: its stage's parameters, the draft (last stage) and the embedding copy a
+        block draft reads, the optimizer's moments and the number of updates made."""
+        return {"stage": self.stage.state_dict(),
+                "draft": self.draft.state_dict() if self.draft is not None else None,
+                "embed_copy": self.embed_copy.state_dict() if self.embed_copy is not None else None,
+                "optimizer": self.optimizer.state_dict(), "steps_done": self.steps_done}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()`` of the same rank of the same layout."""
+        self.stage.load_state_dict(state["stage"])
+        for name, module in (("draft", self.draft), ("embed_copy", self.embed_copy)):
+            if (module is None) != (state[name] is None):
+                raise ValueError(f"the checkpoint {'holds' if module is None else 'lacks'} a {name} and this rank "
+                                 f"{'does not' if module is None else 'does'}: written by another layout or draft")
+            if module is not None:
+                module.load_state_dict(state[name])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_done = int(state["steps_done"])
+
     # -- weights back to rank 0 -------------------------------------------------------------------------
     def gather_to_root(self) -> tuple[dict, dict] | None:
         """Rank 0 receives every stage's parameters (HF names) and the draft's from CP index 0 of each

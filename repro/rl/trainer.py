@@ -155,6 +155,12 @@ def device_memory_metrics() -> dict[str, float]:
     return out
 
 
+
+def checkpoint_due(cfg: RunConfig, step: int) -> bool:
+    """Whether a run checkpoints after step ``step``: every ``ckpt_every`` steps, never after its last (a finished
+    run keeps no checkpoint)."""
+    return bool(cfg.ckpt_every) and (step + 1) % cfg.ckpt_every == 0 and step != cfg.steps - 1
+
 class CoTrainer:
     def __init__(self, cfg: RunConfig, tok: WorkloadTokenizer, *, kv_storage: SharedKVStorage | None = None):
         """``kv_storage``: the rollout engine's static policy caches take their buffers from it, shared with the
@@ -450,7 +456,7 @@ class CoTrainer:
             m["val/time_s"] = time.perf_counter() - tv
         logger.log(m, row=cfg.row, step=step)
         self.last_done = step
-        if cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0 and not last:   # a finished run keeps none
+        if checkpoint_due(cfg, step):
             self.save(step)
         if on_step is not None:
             on_step(step, m)

@@ -71,7 +71,7 @@ def test_suite_engine_plans_the_paper_rows_as_torchrun_commands(paper_root):
         folder = re.sub(r"[^a-z0-9.-]+", "_", row.lower()).strip("_")
         want = (f"-m torch.distributed.run --standalone --nproc-per-node 8 -m repro.rl.dist_run --artifact table1 "
                 f"--row {shlex.quote(row)} --profile paper-h100 --engine suite --checkpoint-root {paper_root} {mesh} "
-                f"--out {runs}/{folder} --seed 0 --log-artifact artifact")
+                f"--out {runs}/{folder} --seed 0 --log-artifact artifact --restart-on-config-change")
         assert any(want in c for c in cmds), f"{want}\nnot among\n" + "\n".join(cmds)
         assert f"{runs}/{folder}/run.json" in text, text            # the workflow's DAG holds the same runs
     assert "rl_sft" not in text and "integrations.nemo_rl" not in plan and "--warm-start" not in plan
