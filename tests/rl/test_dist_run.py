@@ -64,7 +64,7 @@ def test_torchrun_two_steps_pp2_logs_metrics(tmp_path):
 def test_a_signalled_torchrun_row_checkpoints_every_rank_and_the_same_command_continues(tmp_path):
     """SIGTERM to torchrun, which forwards it to both ranks, once the first step is logged: every rank finishes the
     step in flight and writes its part, rank 0 commits them and the job fails without a run.json. The same command
-    then continues after that step (cpu-tiny writes no periodic checkpoint: without the stop it would start over)
+    then continues after that step (cpu-tiny checkpoints every 10 steps: without the stop a 4-step run starts over)
     and ends with the metrics of an uninterrupted run, beside it, every step logged once."""
     cut, whole = tmp_path / "cut", tmp_path / "whole"
     reference = subprocess.Popen(torchrun_row(whole, 4), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
