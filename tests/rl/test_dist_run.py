@@ -68,31 +68,32 @@ def test_a_signalled_torchrun_row_checkpoints_every_rank_and_the_same_command_co
     and ends with the metrics of an uninterrupted run, beside it, every step logged once."""
     cut, whole = tmp_path / "cut", tmp_path / "whole"
     reference = subprocess.Popen(torchrun_row(whole, 4), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
     stopped = subprocess.Popen(torchrun_row(cut, 4), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         while not ((cut / "metrics.jsonl").is_file() and (cut / "metrics.jsonl").read_text().strip()):
             assert stopped.poll() is None, stopped.stderr.read()[-3000:]
             time.sleep(0.05)
-        stopped.send_signal(signal.SIGTERM)
+        stopped.send_signal(signal.SIGTERM)          # torchrun alone: it forwards the signal to its workers
         err = stopped.communicate(timeout=120)[1]
-    finally:
-        for proc in (stopped, reference):
-            if proc.poll() is None and proc is stopped:
-                proc.kill()
-    assert stopped.returncode != 0 and not (cut / "run.json").exists(), err[-3000:]
-    manifest = json.loads((cut / "ckpt" / "dist" / "latest.json").read_text())
-    at = manifest["step"]
-    assert 0 <= at < 3 and manifest["layout"] == {"pp": 2, "cp": 1, "world": 2}
-    assert sorted(p.name for p in (cut / "ckpt" / "dist" / f"step{at}").iterdir()) == ["rank0.pt", "rank1.pt"]
-    assert "stopped after step" in err
+        assert stopped.returncode != 0 and not (cut / "run.json").exists(), err[-3000:]
+        manifest = json.loads((cut / "ckpt" / "dist" / "latest.json").read_text())
+        at = manifest["step"]
+        assert 0 <= at < 3 and manifest["layout"] == {"pp": 2, "cp": 1, "world": 2}
+        assert sorted(p.name for p in (cut / "ckpt" / "dist" / f"step{at}").iterdir()) == ["rank0.pt", "rank1.pt"]
+        assert "stopped after step" in err
 
-    again = subprocess.run(torchrun_row(cut, 4), check=False, cwd=ROOT, env=ENV, capture_output=True, text=True,
-                           timeout=170)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"resuming at step {at + 1}" in again.stdout
-    assert reference.wait(timeout=170) == 0
+        again = subprocess.run(torchrun_row(cut, 4), check=False, cwd=ROOT, env=ENV, capture_output=True,
+                               text=True, timeout=170)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        assert f"resuming at step {at + 1}" in again.stdout
+        assert reference.wait(timeout=170) == 0
+    finally:                           # a failed check leaves no torchrun or worker behind
+        for proc in (stopped, reference):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     got, want = metrics_of(cut), metrics_of(whole)
     assert [r["step"] for r in got] == [0, 1, 2, 3]
     for g, w in zip(got, want):
