@@ -1,11 +1,11 @@
 """Shared timing, memory and output discipline for the suite's benchmark programs.
 
 Timing: warm-up first, then repeated samples; CUDA events on GPUs, ``perf_counter`` on CPUs; Python's cyclic
-garbage collector collects once before the samples and is paused during them (as ``timeit`` does: a collection
-walks every live object, and a benchmark process holding compiled graphs of many configurations pays for them in
-whichever sample a collection lands); a distributed run synchronises ranks before each sample and reports the
-slowest rank. Results are
-summarised as median with a p20/p80 spread, and the raw samples are always kept.
+garbage collector collects its young generations before the samples and is paused during them (as ``timeit``
+pauses it: a full collection walks every live object, and a benchmark process holding compiled graphs of many
+configurations pays for them in whichever sample a collection lands); a distributed run synchronises ranks before
+each sample and reports the slowest rank. Results are summarised as median with a p20/p80 spread, and the raw
+samples are always kept.
 
 Output: ``BenchRun`` owns a run folder. Each measured point goes to ``bench.json`` (raw samples,
 config, provenance; written atomically when the run ends) and, as summary metrics, through the
