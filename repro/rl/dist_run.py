@@ -275,8 +275,7 @@ def resume(upd: MeshUpdate, trainer: DistCoTrainer | None, args: argparse.Namesp
         if trainer.draft is not None:
             load_weights(trainer.draft, gathered[1])
         trainer.push()
-        trainer.start_step = trainer.saved_step = step + 1
-        trainer.saved_step = step
+        trainer.start_step = step + 1
     return step + 1
 
 
