@@ -2,9 +2,8 @@
 
 Used by the multi-rank tests and the CPU (cpu-emulated) benchmarks. Each rank is a fresh process (forked from a
 server that imported torch and the function's module once where there is no GPU, spawned where there is). Workers
-rendezvous through a
-``file://`` store in a private temp folder (no port races), run with one intra-op thread each, and
-are killed when the hard timeout passes, so a deadlocked collective fails a test instead of hanging.
+rendezvous through a ``file://`` store in a private temp folder (no port races), run with one intra-op thread each,
+and are killed when the hard timeout passes, so a deadlocked collective fails a test instead of hanging.
 Each worker's return value (anything picklable) comes back in rank order; an exception in any
 worker is re-raised in the parent with that worker's traceback.
 

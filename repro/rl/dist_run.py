@@ -211,6 +211,10 @@ class MeshStop:
     def exit_code(self) -> int:
         return 128 + self.signum
 
+    def cut_short(self, done: int, steps: int) -> bool:
+        """Whether the agreed stop ended the run before its last step (``done``: the last step run)."""
+        return self.signum != 0 and done != steps - 1
+
 
 class DistCoTrainer(CoTrainer):
     """Rank 0's loop: ``CoTrainer``'s rollout, validation, weight push and logging around the mesh update."""
@@ -243,10 +247,9 @@ class DistCoTrainer(CoTrainer):
         return m, batch, stats
 
     def save(self, step: int) -> None:
-        """Collective with the other ranks' ``save_rank`` of the same step (``follow``): every rank's part is
+        """Collective with the other ranks' ``save_part`` of the same step (``follow``): every rank's part is
         written, then rank 0 commits them."""
-        save_rank(self.cfg.out, step, 0, self.mesh_update.state_dict())
-        dist.barrier()
+        save_part(self.mesh_update, self.cfg, step)
         commit(self.cfg.out, step, self.layout, self.cfg.to_dict(), self.warm_digest)
         self.saved_step = step
 
@@ -279,6 +282,13 @@ def resume(upd: MeshUpdate, trainer: DistCoTrainer | None, args: argparse.Namesp
     return step + 1
 
 
+def save_part(upd: MeshUpdate, cfg: RunConfig, step: int) -> None:
+    """Collective: every rank writes its part of the state after ``step``; returns once all have (rank 0 then
+    commits them)."""
+    save_rank(cfg.out, step, dist.get_rank(), upd.state_dict())
+    dist.barrier()
+
+
 def follow(upd: MeshUpdate, cfg: RunConfig, first: int, stop: MeshStop) -> int:
     """A rank other than 0: its part of every step from ``first`` and of rank 0's checkpoints (``DistCoTrainer``).
     Returns the last step done."""
@@ -287,13 +297,11 @@ def follow(upd: MeshUpdate, cfg: RunConfig, first: int, stop: MeshStop) -> int:
         follower_step(upd, cfg, step)
         upd.gather_to_root()
         if checkpoint_due(cfg, step):
-            save_rank(cfg.out, step, dist.get_rank(), upd.state_dict())
-            dist.barrier()
+            save_part(upd, cfg, step)
             saved = step
         if stop.requested:               # as CoTrainer.run and save_after_stop on rank 0
             if step not in (cfg.steps - 1, saved):
-                save_rank(cfg.out, step, dist.get_rank(), upd.state_dict())
-                dist.barrier()
+                save_part(upd, cfg, step)
             break
     return step
 
@@ -380,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 done = follow(upd, cfg, first, stop)
         upd.close()
-        if stop.signum and done != cfg.steps - 1:
+        if stop.cut_short(done, cfg.steps):
             if rank == 0:
                 say(f"dist_run: stopped after step {done}, every rank's state checkpointed in {args.out}; the same "
                     "command continues from there")
@@ -413,7 +421,7 @@ def lead(trainer: DistCoTrainer, upd: MeshUpdate, args: argparse.Namespace, cfg:
                                    "launcher:torchrun"]) as log:
         rows = trainer.run(log, stop=stop)
     done = first - 1 if trainer.last_done is None else trainer.last_done
-    if stop.signum and done != cfg.steps - 1:
+    if stop.cut_short(done, cfg.steps):
         return done
     write_json_atomic(Path(args.out) / "run.json", {
         "artifact": args.artifact, "row": args.row, "profile": cfg.profile, "steps": cfg.steps,

@@ -155,11 +155,11 @@ def device_memory_metrics() -> dict[str, float]:
     return out
 
 
-
 def checkpoint_due(cfg: RunConfig, step: int) -> bool:
     """Whether a run checkpoints after step ``step``: every ``ckpt_every`` steps, never after its last (a finished
     run keeps no checkpoint)."""
     return bool(cfg.ckpt_every) and (step + 1) % cfg.ckpt_every == 0 and step != cfg.steps - 1
+
 
 class CoTrainer:
     def __init__(self, cfg: RunConfig, tok: WorkloadTokenizer, *, kv_storage: SharedKVStorage | None = None):
