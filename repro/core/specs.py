@@ -17,6 +17,8 @@ from typing import Any, Mapping
 from pydantic import ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 from pydantic.dataclasses import dataclass
 
+from kernels.backend_names import NAMES as BACKEND_NAMES  # torch-free, so a profile validates without torch
+
 POLICY_FAMILIES = ("qwen3", "qwen3_moe", "llama", "gpt_oss")
 POLICY_SCALES = ("tiny", "gpu")
 DRAFT_FAMILIES = ("eagle3", "dflash", "dspark")
@@ -159,10 +161,8 @@ class DraftSpec:
         bad = sorted(set(self.options) - set(allowed))
         _check(not bad, f"{key}.options", bad, f"keys among {list(allowed)} for family {self.family!r}")
         backend = self.options.get("attn_backend", "auto")
-        from kernels.attention.backends import (
-            NAMES,  # kernels is the floor below; imported only to name backends
-        )
-        _check(backend in NAMES, f"{key}.options.attn_backend", backend, f"one of {list(NAMES)}")
+        _check(backend in BACKEND_NAMES, f"{key}.options.attn_backend", backend,
+               f"one of {list(BACKEND_NAMES)}")
         vd = self.options.get("draft_vocab_size", 0)
         _check(isinstance(vd, int) and not isinstance(vd, bool) and vd >= 0 and not (vd and self.checkpoint),
                f"{key}.options.draft_vocab_size", vd, "an integer >= 0 (0: the full vocabulary), and none with a "

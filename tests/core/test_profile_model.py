@@ -6,6 +6,8 @@ a bad value fail before any job, naming the file, the key path, the value and wh
 import copy
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -19,6 +21,15 @@ pytestmark = pytest.mark.timeout(60)
 def test_every_shipped_profile_loads(name):
     model = load_profile_model(name)
     assert model.name == name and load_profile(name)["name"] == name
+
+
+def test_profiles_validate_without_importing_torch():
+    """The workflow validates its profile at every parse, planning included: no torch import for that."""
+    code = ("import sys; from repro.core.profile import available_profiles, load_profile_model\n"
+            "for name in available_profiles(): load_profile_model(name)\n"
+            "assert 'torch' not in sys.modules, 'validating a profile imported torch'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 def _at(tree: dict, path: str) -> dict:

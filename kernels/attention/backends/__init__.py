@@ -40,6 +40,7 @@ from kernels.attention.backends.sdpa_cuda import SdpaCudaBackend
 from kernels.attention.backends.tiled import TiledBackward
 from kernels.attention.backends.torch_ref import TorchBackend
 from kernels.attention.spec import MaskSpec
+from kernels.backend_names import NAMES, PREFIX_FULL_MERGES, WRAPPED, prefix_full, tiled
 
 _REGISTRY: dict[str, Backend] = {
     "torch": TorchBackend(),
@@ -51,12 +52,10 @@ _REGISTRY: dict[str, Backend] = {
     "flash_attn": FlashAttnBackend(),
     "flash4": Flash4Backend(),
 }
-_REGISTRY.update({f"prefix_full[{n}]{tag}": PrefixAsFull(_REGISTRY[n], merge)
-                  for n in ("torch", "sdpa_cpu", "sdpa_cuda", "cudnn", "flash_attn", "flash4")
-                  for tag, merge in (("", "auto"), (":torch_fold", "torch"))})
-_REGISTRY.update({f"tiled[{n}]": TiledBackward(_REGISTRY[n])
-                  for n in ("torch", "sdpa_cpu", "sdpa_cuda", "cudnn", "flash_attn", "flash4")})
-NAMES = ("auto", *_REGISTRY)
+_REGISTRY.update({prefix_full(n, suffix): PrefixAsFull(_REGISTRY[n], merge)
+                  for n in WRAPPED for suffix, merge in PREFIX_FULL_MERGES.items()})
+_REGISTRY.update({tiled(n): TiledBackward(_REGISTRY[n]) for n in WRAPPED})
+assert tuple(_REGISTRY) == NAMES[1:], "kernels/backend_names.py names every registered backend, in order"
 CUDA_ORDER = ("flash4", "flash_attn", "sdpa_cuda", "prefix_full[flash_attn]", "prefix_full[sdpa_cuda]")
 CPU_ORDER = ("sdpa_cpu", "torch")
 
