@@ -141,7 +141,7 @@ def test_on_a_gpu_profile_sft_runs_under_the_profiles_autocast(tmp_path, monkeyp
     from repro.core.specs import DraftSpec, PolicySpec
 
     prof = load_profile("cpu-tiny")
-    prof["rl"]["sft"] = {**prof["rl"]["sft"], "steps": 6, "draft_steps": 3}
+    prof["rl"]["sft"] = {**prof["rl"]["sft"], "steps": 6, "draft_steps": 3, "batch": 4}   # a CPU runs bf16 slowly
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(prof))
     assert sft_main(["--profile", str(path), "--policy", "dense", "--workload", "math", "--threads", "1",
