@@ -278,11 +278,12 @@ def check_padded_ttt(p: dict, cfg: dict, mode: str) -> dict:
     return worst
 
 
-def check_ring(world: int, cases: dict, backend: str) -> dict:
+def check_ring(world: int, cases: dict, backend_of: dict[str, str]) -> dict:
+    """Every case through the ring at ``world`` ranks, case ``name`` on backend ``backend_of[name]``."""
     import dataclasses
 
     from kernels.launch import spawn
-    cs = [dataclasses.replace(c, backend=backend) for c in cases.values()]
+    cs = [dataclasses.replace(c, backend=backend_of[name]) for name, c in cases.items()]
     res = spawn(run_cases, world, args=(cs,), timeout_s=900)
     errs = {}
     for name, i in zip(cases, range(len(cs))):
@@ -300,6 +301,13 @@ def routes(name: str, spec: MaskSpec, device, dtype) -> list[str]:
     own = name if b.supports(spec, device, dtype) else f"prefix_full[{name}]"
     extra = ["prefix_full[flash4]", "fused"] if name == "flash4" else []
     return [r for r in [own, *extra] if r == "fused" or r in backends.NAMES]
+
+
+def ring_routes(name: str, case_names, prefix: MaskSpec, device, dtype) -> dict[str, str]:
+    """The backend each ring case runs on: ``name``, and for the block drafts' prefix masks the first of its block
+    routes (``name`` where it runs prefix masks, else ``prefix_full[name]``)."""
+    block = routes(name, prefix, device, dtype)[0]
+    return {c: block if c == "block" else name for c in case_names}
 
 
 def available(name: str, spec: MaskSpec, device, dtype) -> str | None:
@@ -379,13 +387,14 @@ def run_check(profile: str, cfg: dict, only: set | None = None) -> dict:
                 lambda mode=mode: check_padded_ttt(p, cfg, mode))
     if want("ring"):
         ring_backend = "flash4" if "flash4" in names else (names[0] if names else "torch")
+        backend_of = ring_routes(ring_backend, cases, specs["prefix"], dev, dt)
         n_dev = torch.cuda.device_count() if dev.type == "cuda" else 2
         for world in cfg["ring_world"]:
             if world > n_dev:
                 rows.append({"path": "ring", "backend": ring_backend, "case": f"C={world}", "status": "SKIP",
                              "error": f"needs {world} devices, found {n_dev}"})
                 continue
-            row("ring", ring_backend, f"C={world}", lambda world=world: check_ring(world, cases, ring_backend))
+            row("ring", ring_backend, f"C={world}", lambda world=world: check_ring(world, cases, backend_of))
     used = {n: dict(getattr(backends.get(n), "used", {})) for n in names if getattr(backends.get(n), "used", None)}
     return {"profile": profile, "device": str(dev), "dtype": cfg["dtype"], "tolerance": tol, "backends": names,
             "skipped": skipped, "used": used, "rows": rows,

@@ -88,3 +88,15 @@ def test_flash4_rows_through_the_standin(monkeypatch):
     assert res["verdict"] == "PASS", [(k, r.get("error"), r.get("worst")) for k, r in got.items()]
     assert all(r["worst"] < 1e-5 for r in got.values())
     assert res["used"]["flash4"]["prefix_fwd"] == "mask+sparse"
+
+
+def test_the_ring_runs_the_block_drafts_on_their_prefix_route():
+    """The ring check's backend without flash-attn-4 on a GPU is sdpa_cuda, which runs causal and full masks only:
+    the block drafts' case (prefix masks) goes through prefix_full[sdpa_cuda], the other cases through sdpa_cuda
+    itself (sdpa_cuda everywhere raised "cannot run mask kind 'prefix'" on one H100 without flash-attn-4). A backend
+    that runs prefix masks keeps them."""
+    prefix = ac.kernel_specs([5, 7, 3, 4])["prefix"]
+    cases = ["trunk", "ttt2", "ttt3", "block"]
+    got = ac.ring_routes("sdpa_cuda", cases, prefix, torch.device("cuda"), torch.bfloat16)
+    assert got == {"trunk": "sdpa_cuda", "ttt2": "sdpa_cuda", "ttt3": "sdpa_cuda", "block": "prefix_full[sdpa_cuda]"}
+    assert ac.ring_routes("torch", cases, prefix, torch.device("cpu"), torch.float32) == dict.fromkeys(cases, "torch")
