@@ -53,6 +53,7 @@ from kernels.attention.selfcheck import (
     split_keys_backward,
 )
 from kernels.attention.spec import MaskSpec
+from kernels.backend_names import prefix_full
 from repro.core.io import write_json_atomic
 from repro.core.profile import bench_settings
 from repro.core.provenance import provenance
@@ -298,16 +299,16 @@ def check_ring(world: int, cases: dict, backend_of: dict[str, str]) -> dict:
 def routes(name: str, spec: MaskSpec, device, dtype) -> list[str]:
     """The block-path routes for backend ``name``: itself where it runs prefix masks, else prefix_full[name]."""
     b = backends.get(name)
-    own = name if b.supports(spec, device, dtype) else f"prefix_full[{name}]"
-    extra = ["prefix_full[flash4]", "fused"] if name == "flash4" else []
+    own = name if b.supports(spec, device, dtype) else prefix_full(name)
+    extra = [prefix_full("flash4"), "fused"] if name == "flash4" else []
     return [r for r in [own, *extra] if r == "fused" or r in backends.NAMES]
 
 
-def ring_routes(name: str, case_names, prefix: MaskSpec, device, dtype) -> dict[str, str]:
-    """The backend each ring case runs on: ``name``, and for the block drafts' prefix masks the first of its block
+def ring_routes(name: str, cases: dict[str, Case], prefix: MaskSpec, device, dtype) -> dict[str, str]:
+    """The backend each ring case runs on: ``name``, and for a block-draft case (prefix masks) the first of its block
     routes (``name`` where it runs prefix masks, else ``prefix_full[name]``)."""
     block = routes(name, prefix, device, dtype)[0]
-    return {c: block if c == "block" else name for c in case_names}
+    return {c: block if case.family == "block" else name for c, case in cases.items()}
 
 
 def available(name: str, spec: MaskSpec, device, dtype) -> str | None:
@@ -358,7 +359,7 @@ def run_check(profile: str, cfg: dict, only: set | None = None) -> dict:
     for name in names:
         b = backends.get(name)
         for kind, spec in specs.items():
-            bk = b if b.supports(spec, dev, dt) else backends.get(f"prefix_full[{name}]")
+            bk = b if b.supports(spec, dev, dt) else backends.get(prefix_full(name))
             if want("kernel"):
                 row("kernel", bk.name, kind, lambda bk=bk, spec=spec: check_kernel(bk, spec, cfg))
             if want("kernel") and name == "flash4" and kind in ("causal", "prefix"):   # backward split per K/V head

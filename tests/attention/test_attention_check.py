@@ -96,7 +96,8 @@ def test_the_ring_runs_the_block_drafts_on_their_prefix_route():
     itself (sdpa_cuda everywhere raised "cannot run mask kind 'prefix'" on one H100 without flash-attn-4). A backend
     that runs prefix masks keeps them."""
     prefix = ac.kernel_specs([5, 7, 3, 4])["prefix"]
-    cases = ["trunk", "ttt2", "ttt3", "block"]
+    cases = ac.front_cases(bench_settings("cpu-tiny", "attention_check"))
+    assert list(cases) == ["trunk", "ttt2", "ttt3", "block"]
     got = ac.ring_routes("sdpa_cuda", cases, prefix, torch.device("cuda"), torch.bfloat16)
     assert got == {"trunk": "sdpa_cuda", "ttt2": "sdpa_cuda", "ttt3": "sdpa_cuda", "block": "prefix_full[sdpa_cuda]"}
     assert ac.ring_routes("torch", cases, prefix, torch.device("cpu"), torch.float32) == dict.fromkeys(cases, "torch")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import backend_names  # the module, not its functions: they would hide the submodules prefix_full, tiled
 from kernels.attention.backends.base import Backend, acc_dtype, check_qkv
 from kernels.attention.backends.cudnn import CudnnBackend
 from kernels.attention.backends.flash4 import Flash4Backend
@@ -40,7 +41,7 @@ from kernels.attention.backends.sdpa_cuda import SdpaCudaBackend
 from kernels.attention.backends.tiled import TiledBackward
 from kernels.attention.backends.torch_ref import TorchBackend
 from kernels.attention.spec import MaskSpec
-from kernels.backend_names import NAMES, PREFIX_FULL_MERGES, WRAPPED, prefix_full, tiled
+from kernels.backend_names import NAMES, PREFIX_FULL_MERGES, WRAPPED
 
 _REGISTRY: dict[str, Backend] = {
     "torch": TorchBackend(),
@@ -52,9 +53,9 @@ _REGISTRY: dict[str, Backend] = {
     "flash_attn": FlashAttnBackend(),
     "flash4": Flash4Backend(),
 }
-_REGISTRY.update({prefix_full(n, suffix): PrefixAsFull(_REGISTRY[n], merge)
+_REGISTRY.update({backend_names.prefix_full(n, suffix): PrefixAsFull(_REGISTRY[n], merge)
                   for n in WRAPPED for suffix, merge in PREFIX_FULL_MERGES.items()})
-_REGISTRY.update({tiled(n): TiledBackward(_REGISTRY[n]) for n in WRAPPED})
+_REGISTRY.update({backend_names.tiled(n): TiledBackward(_REGISTRY[n]) for n in WRAPPED})
 assert tuple(_REGISTRY) == NAMES[1:], "kernels/backend_names.py names every registered backend, in order"
 CUDA_ORDER = ("flash4", "flash_attn", "sdpa_cuda", "prefix_full[flash_attn]", "prefix_full[sdpa_cuda]")
 CPU_ORDER = ("sdpa_cpu", "torch")

@@ -23,6 +23,7 @@ from kernels.attention import triton_ops
 from kernels.attention.backends.base import Backend, acc_dtype
 from kernels.attention.spec import MaskSpec
 from kernels.attention.staging import to_device
+from kernels.backend_names import prefix_full
 
 
 def _expand(spec: MaskSpec):
@@ -87,7 +88,7 @@ class PrefixAsFull(Backend):
         if merge not in ("auto", "torch", "triton"):
             raise ValueError(f"merge must be 'auto', 'torch' or 'triton', got {merge!r}")
         self.inner, self.merge = inner, merge
-        self.name = f"prefix_full[{inner.name}]" + (":torch_fold" if merge == "torch" else "")
+        self.name = prefix_full(inner.name, ":torch_fold" if merge == "torch" else "")
 
     def _fold(self, q, name: str, spec, replicas: tuple, *outs):
         """The Triton fold ``name``(*replicas, CSR of ``spec``'s replicas, *outs) when it runs here

@@ -24,6 +24,7 @@ import torch
 
 from kernels.attention.backends.base import Backend, acc_dtype
 from kernels.attention.spec import MaskSpec
+from kernels.backend_names import tiled
 
 GRAD_ACC = ("input", "fp32")
 
@@ -71,7 +72,7 @@ class TiledBackward(Backend):
         if grad_acc not in GRAD_ACC:
             raise ValueError(f"grad_acc must be one of {GRAD_ACC}, got {grad_acc!r}")
         self.inner, self.tile, self.grad_acc, self.kv_tile = inner, tile, grad_acc, kv_tile
-        self.name = f"tiled[{inner.name}]"
+        self.name = tiled(inner.name)
 
     def supports(self, spec, device, dtype) -> bool:
         return self.inner.supports(spec, device, dtype)
